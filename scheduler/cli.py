@@ -1,0 +1,54 @@
+"""The ``scheduler`` command. Each area registers its own subcommands (``register``) and
+benchmarks (``register_bench``); heavy imports stay inside the handlers so that
+``scheduler config validate`` starts in a fraction of a second."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# Modules exposing register(subparsers) and/or register_bench(bench_subparsers).
+COMMAND_MODULES = (
+    "scheduler.config.cli",
+    "scheduler.datalayer.cli",
+    "scheduler.energy.cli",
+    "scheduler.framework.cli",
+    "scheduler.sim.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scheduler", description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench = sub.add_parser("bench", help="benchmarks that print figures")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        if hasattr(module, "register"):
+            module.register(sub)
+        if hasattr(module, "register_bench"):
+            module.register_bench(bench_sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        code: int = args.handler(args)
+    except BrokenPipeError:  # `scheduler ... | head`: the reader left; not an error
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

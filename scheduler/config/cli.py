@@ -1,0 +1,48 @@
+"""``scheduler config validate`` and ``scheduler config schema``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError, json_schemas, load_fleet
+
+
+def add_config_dirs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--regions", type=Path, default=EMBEDDED_REGIONS, help="folder of region YAML files")
+    parser.add_argument("--policies", type=Path, default=EMBEDDED_POLICIES, help="folder of policy YAML files")
+
+
+def register(sub: Any) -> None:
+    config = sub.add_parser("config", help="check and describe the region and policy files")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    validate = config_sub.add_parser("validate", help="exit 0 when every file is valid, else list each problem")
+    add_config_dirs(validate)
+    validate.set_defaults(handler=_validate)
+    schema = config_sub.add_parser("schema", help="print the JSON Schema of region and policy files")
+    schema.set_defaults(handler=_schema)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    try:
+        fleet = load_fleet(args.regions, args.policies)
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(issue, file=sys.stderr)
+        print(f"{len(exc.issues)} problem(s) found", file=sys.stderr)
+        return 1
+    pools = sum(len(r.pools) for r in fleet.regions)
+    gpus = sum(p.count for r in fleet.regions for p in r.pools)
+    print(
+        f"ok: {len(fleet.regions)} regions ({pools} pools, {gpus:,} GPUs) in {fleet.regions_dir}; "
+        f"{len(fleet.policies)} policies ({', '.join(sorted(fleet.policies))}) in {fleet.policies_dir}"
+    )
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schemas(), indent=2))
+    return 0

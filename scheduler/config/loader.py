@@ -1,0 +1,230 @@
+"""Reading ``regions/`` and ``policies/`` in named steps: parse, default, validate, build.
+
+- parse:    YAML text -> a mapping (syntax errors name the file and line)
+- default:  fill the defaults that depend on other fields, visibly (never over a bad value)
+- validate: pydantic, strict; every error names the file, the field path and the bad value
+- build:    cross-file checks (unique names, at least one region and policy) -> ``Fleet``
+
+Every problem found is reported, not just the first, so an operator fixes a file once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from scheduler.config.schema import PolicyConfig, RegionConfig
+from scheduler.energy.hardware import GPU_CATALOGUE
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent.parent
+# The configs shipped with the project: what `make demo` and a bare command run on.
+EMBEDDED_REGIONS = PROJECT_DIR / "regions"
+EMBEDDED_POLICIES = PROJECT_DIR / "policies"
+
+DEFAULT_CARBON_POLL_S = 300.0
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    file: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field}: {self.message}" if self.field else f"{self.file}: {self.message}"
+
+
+class ConfigError(Exception):
+    """One or more problems in the config files; ``issues`` lists each."""
+
+    def __init__(self, issues: Iterable[ConfigIssue]) -> None:
+        self.issues = tuple(issues)
+        super().__init__("\n".join(str(issue) for issue in self.issues))
+
+
+@dataclass(frozen=True)
+class Fleet:
+    regions: tuple[RegionConfig, ...]
+    policies: Mapping[str, PolicyConfig]
+    regions_dir: Path
+    policies_dir: Path
+
+    def policy(self, name: str) -> PolicyConfig:
+        try:
+            return self.policies[name]
+        except KeyError:
+            known = ", ".join(sorted(self.policies))
+            raise ConfigError(
+                [ConfigIssue(str(self.policies_dir), "", f"no policy named {name!r} (known: {known})")]
+            ) from None
+
+
+# --- parse -------------------------------------------------------------------------------
+
+
+def parse(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([ConfigIssue(str(path), "", f"{where}invalid YAML: {problem}")]) from None
+    except OSError as exc:
+        raise ConfigError([ConfigIssue(str(path), "", f"cannot read: {exc.strerror}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [ConfigIssue(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")]
+        )
+    return data
+
+
+# --- default -----------------------------------------------------------------------------
+
+
+def default_region(raw: dict[str, Any]) -> dict[str, Any]:
+    """A region's carbon source defaults to CSV replay of its grid zone; a pool's power cap
+    to its GPU's TDP. Only absent keys are filled; a present but bad value stays for
+    validation to report."""
+    region = dict(raw)
+    carbon = region.get("carbon", {})
+    if isinstance(carbon, dict):
+        carbon = dict(carbon)
+        carbon.setdefault("provider", "csv")
+        if "grid_zone" in region:
+            carbon.setdefault("zone", region["grid_zone"])
+        carbon.setdefault("poll_interval_s", DEFAULT_CARBON_POLL_S)
+        region["carbon"] = carbon
+    pools = region.get("pools")
+    if isinstance(pools, list):
+        filled = []
+        for pool in pools:
+            if isinstance(pool, dict) and "power_cap_w" not in pool:
+                spec = GPU_CATALOGUE.get(str(pool.get("gpu")))
+                if spec is not None:
+                    pool = {**pool, "power_cap_w": spec.tdp_w}
+            filled.append(pool)
+        region["pools"] = filled
+    return region
+
+
+# --- validate ----------------------------------------------------------------------------
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.startswith(("function-", "json-or-python")):
+            continue
+        else:
+            path += f".{part}" if path else str(part)
+    return path or "(top level)"
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    message = str(error["msg"])
+    if message.startswith("Value error, "):
+        return message.removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return "unknown key (not part of the schema)"
+    if error["type"] == "missing":
+        return "required field is missing"
+    return f"{message}, got {error.get('input')!r}"
+
+
+def validate(model: type[ModelT], raw: Mapping[str, Any], source: str) -> ModelT:
+    # JSON mode keeps strict typing (no '8' -> 8) while accepting YAML lists for tuples.
+    try:
+        return model.model_validate_json(json.dumps(raw, default=str), strict=True)
+    except ValidationError as exc:
+        raise ConfigError(
+            ConfigIssue(source, _field_path(tuple(err["loc"])), _describe(err))
+            for err in exc.errors(include_url=False)
+        ) from None
+
+
+# --- build -------------------------------------------------------------------------------
+
+
+def _yaml_files(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        raise ConfigError([ConfigIssue(str(directory), "", "not a directory")])
+    files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
+    if not files:
+        raise ConfigError([ConfigIssue(str(directory), "", "holds no *.yaml files")])
+    return files
+
+
+def load_region(path: Path) -> RegionConfig:
+    return validate(RegionConfig, default_region(parse(path)), str(path))
+
+
+def load_policy(path: Path) -> PolicyConfig:
+    return validate(PolicyConfig, parse(path), str(path))
+
+
+def _load_all(paths: list[Path], load: Any) -> tuple[list[Any], list[ConfigIssue]]:
+    loaded: list[tuple[Path, Any]] = []
+    issues: list[ConfigIssue] = []
+    for path in paths:
+        try:
+            loaded.append((path, load(path)))
+        except ConfigError as exc:
+            issues.extend(exc.issues)
+    return loaded, issues
+
+
+def _check_unique(items: list[tuple[Path, Any]], what: str) -> list[ConfigIssue]:
+    seen: dict[str, Path] = {}
+    issues = []
+    for path, item in items:
+        if item.name in seen:
+            issues.append(
+                ConfigIssue(str(path), "name", f"{what} {item.name!r} is also defined in {seen[item.name]}")
+            )
+        seen.setdefault(item.name, path)
+    return issues
+
+
+def load_fleet(regions_dir: Path | None = None, policies_dir: Path | None = None) -> Fleet:
+    """Load and check every region and policy file; raise one ConfigError listing all issues."""
+    regions_dir = regions_dir or EMBEDDED_REGIONS
+    policies_dir = policies_dir or EMBEDDED_POLICIES
+    issues: list[ConfigIssue] = []
+    regions: list[tuple[Path, RegionConfig]] = []
+    policies: list[tuple[Path, PolicyConfig]] = []
+    try:
+        regions, found = _load_all(_yaml_files(regions_dir), load_region)
+        issues += found + _check_unique(regions, "region")
+    except ConfigError as exc:
+        issues.extend(exc.issues)
+    try:
+        policies, found = _load_all(_yaml_files(policies_dir), load_policy)
+        issues += found + _check_unique(policies, "policy")
+    except ConfigError as exc:
+        issues.extend(exc.issues)
+    if issues:
+        raise ConfigError(issues)
+    return Fleet(
+        regions=tuple(region for _, region in regions),
+        policies={policy.name: policy for _, policy in policies},
+        regions_dir=regions_dir,
+        policies_dir=policies_dir,
+    )
+
+
+def json_schemas() -> dict[str, Any]:
+    return {
+        "region": RegionConfig.model_json_schema(),
+        "policy": PolicyConfig.model_json_schema(),
+    }

@@ -1,0 +1,246 @@
+"""Pydantic schemas for the YAML files operators edit: ``regions/*.yaml``, ``policies/*.yaml``.
+
+Unknown keys are errors (``extra="forbid"``) and nothing is coerced silently: a string
+where a number belongs is an error, not a guess. Defaults that depend on other fields
+(a pool's power cap defaults to its GPU's TDP, a region's carbon zone to its grid zone) are
+filled by the loader's ``default`` step, visibly, before validation.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+
+from scheduler.energy.hardware import GPU_CATALOGUE
+from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
+
+SCORER_NAMES = ("energy", "carbon", "latency", "load", "price")
+CARBON_PROVIDERS = ("csv", "electricitymaps", "watttime", "ukci", "casdk")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: object) -> float:
+    """'90s', '15m', '2h', '1d', '250ms' or a bare number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration like '90m' or '2h', got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    else:
+        raise ValueError(f"expected a duration like '90m' or '2h', got {value!r}")
+    if seconds <= 0:
+        raise ValueError(f"a duration must be positive, got {value!r}")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _known_gpu(name: str) -> str:
+    if name not in GPU_CATALOGUE:
+        raise ValueError(f"{name!r} is not a known GPU (known: {', '.join(GPU_CATALOGUE)})")
+    return name
+
+
+def _known_model(name: str) -> str:
+    if name not in MODEL_CATALOGUE:
+        raise ValueError(f"{name!r} is not a known model (known: {', '.join(MODEL_CATALOGUE)})")
+    return name
+
+
+def _known_precision(name: str) -> str:
+    if name not in PRECISION_BYTES:
+        raise ValueError(f"{name!r} is not a known precision (known: {', '.join(PRECISION_BYTES)})")
+    return name
+
+
+def _upper_code(code: str) -> str:
+    if not re.fullmatch(r"[A-Z]{2,8}", code):
+        raise ValueError(f"expected an upper-case jurisdiction code like 'EU' or 'US', got {code!r}")
+    return code
+
+
+Slug = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+GpuName = Annotated[str, AfterValidator(_known_gpu)]
+ModelName = Annotated[str, AfterValidator(_known_model)]
+Precision = Annotated[str, AfterValidator(_known_precision)]
+Jurisdiction = Annotated[str, AfterValidator(_upper_code)]
+
+
+class Strict(BaseModel):
+    # Files are validated in strict JSON mode by the loader (no '8' -> 8); code that builds
+    # configs directly (tests, generated fleets) may pass lists for tuples.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GeoLocation(Strict):
+    lat: float = Field(ge=-90, le=90)
+    lon: float = Field(ge=-180, le=180)
+
+
+class ModelDeployment(Strict):
+    """A model served on a pool: which weights, at which precision, up to which context."""
+
+    name: ModelName
+    precision: Precision = "bf16"
+    max_context: int = Field(gt=0)
+    # GPUs per replica (tensor parallelism).
+    tensor_parallel: int = Field(default=1, ge=1, le=16)
+
+
+class PoolConfig(Strict):
+    name: Slug
+    gpu: GpuName
+    count: int = Field(gt=0, le=20000)
+    models: tuple[ModelDeployment, ...] = Field(min_length=1)
+    power_cap_w: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _replicas_fit(self) -> PoolConfig:
+        spec = GPU_CATALOGUE[self.gpu]
+        if self.power_cap_w > spec.tdp_w:
+            raise ValueError(
+                f"power_cap_w {self.power_cap_w} exceeds the {self.gpu} TDP of {spec.tdp_w} W"
+            )
+        for deployment in self.models:
+            if deployment.tensor_parallel > self.count:
+                raise ValueError(
+                    f"model {deployment.name} needs tensor_parallel={deployment.tensor_parallel} "
+                    f"GPUs but the pool has count={self.count}"
+                )
+        return self
+
+
+class CarbonSource(Strict):
+    """Where the region's grid carbon intensity comes from."""
+
+    provider: Literal["csv", "electricitymaps", "watttime", "ukci", "casdk"]
+    zone: str = Field(min_length=1)
+    poll_interval_s: Duration
+
+
+class LocalProfile(Strict):
+    """How the region runs on a laptop or CI box: one small CPU replica of ``model``,
+    standing for ``stands_for`` (a pool of this region) in energy prediction and routing."""
+
+    model: str = "tiny-llama"
+    stands_for: Slug
+
+
+class RegionConfig(Strict):
+    name: Slug
+    jurisdiction: Jurisdiction
+    certifications: tuple[str, ...] = ()
+    grid_zone: str = Field(min_length=1)
+    pue: float = Field(ge=1.0, le=3.0)
+    price_per_kwh: float = Field(ge=0, le=10)
+    location: GeoLocation
+    endpoint: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+    carbon: CarbonSource
+    pools: tuple[PoolConfig, ...] = Field(min_length=1)
+    local: LocalProfile | None = None
+
+    @model_validator(mode="after")
+    def _unique_pools(self) -> RegionConfig:
+        names = [pool.name for pool in self.pools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"pool names must be unique, repeated: {duplicates}")
+        if self.local is not None and self.local.stands_for not in names:
+            raise ValueError(f"local.stands_for {self.local.stands_for!r} is not a pool of this region")
+        return self
+
+
+class ScorerWeights(Strict):
+    energy: float = Field(default=0.0, ge=0)
+    carbon: float = Field(default=0.0, ge=0)
+    latency: float = Field(default=0.0, ge=0)
+    load: float = Field(default=0.0, ge=0)
+    price: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ScorerWeights:
+        if not any(self.as_dict().values()):
+            raise ValueError("at least one scorer weight must be positive")
+        return self
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in SCORER_NAMES}
+
+
+class MaxAge(Strict):
+    """How old each kind of live signal may be before its scorer abstains."""
+
+    carbon: Duration
+    region_state: Duration
+    price: Duration
+
+
+class FallbackConfig(Strict):
+    """The performance-and-reliability order used when energy ranking is off or a signal it
+    needs is stale. Energy and carbon weights are not allowed here."""
+
+    weights: ScorerWeights
+
+    @model_validator(mode="after")
+    def _performance_only(self) -> FallbackConfig:
+        if self.weights.energy or self.weights.carbon:
+            raise ValueError("fallback weights may not use the energy or carbon scorers")
+        return self
+
+
+class UnknownRegionState(Strict):
+    """How a region counts when its live state is older than ``max_age.region_state``
+    (``stale``: it was publishing and stopped) or was never seen (``missing``)."""
+
+    stale: Literal["unhealthy", "assume-healthy"]
+    missing: Literal["unhealthy", "assume-healthy"]
+
+
+class LongContextConfig(Strict):
+    threshold_tokens: int = Field(gt=0)
+    min_hbm_gb: float = Field(gt=0)
+
+
+class SloClass(Strict):
+    # TTFT budget = ttft_ms + ttft_ms_per_1k_prompt_tokens * prompt_tokens / 1000:
+    # a prefill allowance, as long prompts take longer to read on any hardware.
+    ttft_ms: float = Field(gt=0)
+    ttft_ms_per_1k_prompt_tokens: float = Field(ge=0)
+    tpot_ms: float = Field(gt=0)
+
+
+class SloDefaults(Strict):
+    interactive: SloClass
+    batch: SloClass
+    deferrable: SloClass
+
+
+class PolicyConfig(Strict):
+    name: Slug
+    description: str = ""
+    weights: ScorerWeights
+    max_age: MaxAge
+    fallback: FallbackConfig
+    unknown_region_state: UnknownRegionState
+    long_context: LongContextConfig
+    slo: SloDefaults
+    sensitive_task_classes: tuple[str, ...] = ()
+    # Workload classes a tenant's hard energy budget never blocks.
+    critical_workload_classes: tuple[Literal["interactive", "batch", "deferrable"], ...] = ()
+
+    def slo_for(self, workload_class: str) -> SloClass:
+        slo: SloClass = getattr(self.slo, workload_class)
+        return slo

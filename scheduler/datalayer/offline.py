@@ -1,0 +1,32 @@
+"""Snapshot inputs read straight from files, for one-shot tools (``route --explain``,
+``bench decide``): carbon signals replayed from the shipped hourly CSVs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from scheduler.config.schema import RegionConfig
+from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, load_zone, zone_file
+from scheduler.types import Signal
+
+
+def csv_carbon_signals(
+    regions: Sequence[RegionConfig], at: float, carbon_dir: Path = SHIPPED_CARBON_DIR, age_s: float | None = None
+) -> dict[str, Signal]:
+    """Each region's zone signal at ``at`` (the CSV year replayed at ``at``'s time of year).
+    With ``age_s``, the signal is the one observed ``age_s`` before ``at``: as a feed that
+    stopped updating then would have left it."""
+    signals: dict[str, Signal] = {}
+    for region in regions:
+        zone = region.carbon.zone
+        if zone in signals:
+            continue
+        series = load_zone(zone_file(carbon_dir, zone), zone)
+        signal = series.replay(at if age_s is None else at - age_s)
+        if age_s is not None:
+            # The exact age asked for, not rounded to the hour the row starts at.
+            signal = replace(signal, observed_at=at - age_s, fetched_at=at - age_s)
+        signals[zone] = signal
+    return signals

@@ -1,0 +1,1 @@
+"""Energy model, hardware and model catalogues, calibration, NVML meter, attribution."""

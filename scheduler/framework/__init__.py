@@ -1,0 +1,1 @@
+"""The scheduling framework: plugin protocols, the registry and the Scheduler."""

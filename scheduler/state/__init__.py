@@ -1,0 +1,1 @@
+"""Shared state: the ``StateStore`` protocol, ``RedisStore`` and ``MemoryStore``."""

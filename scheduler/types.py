@@ -1,0 +1,318 @@
+"""Core value types shared by the scheduler, the data layer, the server and the simulator.
+
+Everything here is a frozen dataclass: a routing decision is a pure function of
+(Request, FleetSnapshot) and nothing in either may change under it. Times are UTC epoch
+seconds (float); every live input carries the ``observed_at`` of the value it holds, and age
+is always measured from it, never from when we fetched it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from scheduler.config.schema import ModelDeployment, PolicyConfig, PoolConfig, RegionConfig
+    from scheduler.energy.hardware import GpuSpec
+    from scheduler.energy.model import EnergyCoefficients
+    from scheduler.energy.models import ModelSpec
+    from scheduler.framework.arrays import FleetArrays
+
+WorkloadClass = Literal["interactive", "batch", "deferrable"]
+WORKLOAD_CLASSES: tuple[WorkloadClass, ...] = ("interactive", "batch", "deferrable")
+
+
+@dataclass(frozen=True, slots=True)
+class GeoPoint:
+    lat: float
+    lon: float
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What the scheduler needs to know about one inference request (never the prompt text)."""
+
+    request_id: str
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    tenant: str = ""
+    workload_class: WorkloadClass = "interactive"
+    # None: the policy's default for the workload class.
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    # Empty: no residency requirement. Otherwise the jurisdictions the request may run in.
+    allowed_jurisdictions: frozenset[str] = frozenset()
+    required_certifications: frozenset[str] = frozenset()
+    # None: any precision the fleet serves (subject to the sensitive-class rule).
+    precision: str | None = None
+    task_class: str | None = None
+    client_location: GeoPoint | None = None
+    # Requests sharing a prefix key can reuse each other's KV cache.
+    prefix_key: str | None = None
+    # Prompt tokens expected to be served from the prefix cache.
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """A timestamped value from outside: grid carbon intensity, price, ...
+
+    ``observed_at`` is the time the value describes; ``fetched_at`` when we got it.
+    """
+
+    kind: str
+    key: str
+    value: float
+    unit: str
+    observed_at: float
+    fetched_at: float
+    source: str
+    is_forecast: bool = False
+    is_estimated: bool = False
+    confidence: float | None = None
+    # How the provider estimated the value when ``is_estimated`` (e.g. Electricity Maps'
+    # ``estimationMethod``); None when measured or unknown.
+    estimation_method: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLiveState:
+    queue_depth: int = 0
+    running: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+    gpu_power_w: float | None = None
+    measured_j_per_token: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegionLiveState:
+    """What a region last published about itself."""
+
+    region: str
+    healthy: bool
+    observed_at: float
+    pools: Mapping[str, PoolLiveState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One place a request could run: a model deployment on a pool of a region.
+
+    Built once per snapshot (not per request); the static parts that the filters and
+    scorers need on every request are precomputed here.
+    """
+
+    index: int
+    region: RegionConfig
+    pool: PoolConfig
+    deployment: ModelDeployment
+    gpu: GpuSpec
+    model: ModelSpec
+    # Tokens of KV cache one replica can hold for a single sequence.
+    kv_capacity_tokens: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.region.name}/{self.pool.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class CandidatePerf:
+    """A candidate's live-dependent performance and energy coefficients, computed once per
+    snapshot by the data layer (``scheduler.datalayer.snapshot``) so that a decision only
+    multiplies them by the request's token counts.
+
+    prefill_s  = uncached x prefill_s_per_token
+                 + uncached x (context - uncached / 2) x prefill_s_per_attention_pair
+    step_s     = decode_step_s + decode_step_s_per_context x context
+    """
+
+    energy: EnergyCoefficients
+    batch: float
+    queue_wait_s: float
+    prefill_s_per_token: float
+    prefill_s_per_attention_pair: float
+    decode_step_s: float
+    decode_step_s_per_context: float
+    # False when the pool's live state is stale or missing and ``batch``/``queue_wait_s``
+    # are the nominal assumptions.
+    live: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EnergyEstimate:
+    energy_j: float
+    low_j: float
+    high_j: float
+    prefill_j: float
+    decode_j: float
+    idle_j: float
+    provenance: str
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """Everything a decision may look at, frozen at ``now``.
+
+    ``carbon`` maps grid zone -> the latest carbon-intensity signal (absent: never seen).
+    ``live`` maps region -> its last published live state (absent: never seen).
+    """
+
+    now: float
+    policy: PolicyConfig
+    regions: tuple[RegionConfig, ...]
+    candidates: tuple[Candidate, ...]
+    # Aligned with ``candidates`` (``perf[c.index]``).
+    perf: tuple[CandidatePerf, ...]
+    carbon: Mapping[str, Signal] = field(default_factory=dict)
+    live: Mapping[str, RegionLiveState] = field(default_factory=dict)
+    energy_routing_enabled: bool = True
+
+    def age(self, observed_at: float) -> float:
+        return self.now - observed_at
+
+    @cached_property
+    def arrays(self) -> FleetArrays:
+        """The per-candidate facts as numpy columns (built on first use, once per snapshot)."""
+        from scheduler.framework.arrays import build_arrays
+
+        return build_arrays(self)
+
+    @cached_property
+    def candidates_by_model(self) -> Mapping[str, tuple[Candidate, ...]]:
+        """Model name -> the candidates (deployments) serving it: the first narrowing of
+        every decision, a dict lookup instead of a scan."""
+        by_model: dict[str, list[Candidate]] = {}
+        for candidate in self.candidates:
+            by_model.setdefault(candidate.deployment.name, []).append(candidate)
+        return {name: tuple(cands) for name, cands in by_model.items()}
+
+    @cached_property
+    def pools(self) -> tuple[tuple[Candidate, ...], ...]:
+        """The candidates grouped by (region, pool), in fleet order."""
+        grouped: dict[tuple[str, str], list[Candidate]] = {}
+        for candidate in self.candidates:
+            grouped.setdefault((candidate.region.name, candidate.pool.name), []).append(candidate)
+        return tuple(tuple(group) for group in grouped.values())
+
+    def fresh_live(self, region: str) -> RegionLiveState | None:
+        """The region's live state if it is younger than the policy's limit, else None."""
+        state = self.live.get(region)
+        if state is None or self.now - state.observed_at > self.policy.max_age.region_state:
+            return None
+        return state
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A candidate a filter or matcher removed, and why (formatted lazily: hot path)."""
+
+    candidate: Candidate
+    plugin: str
+    reason_format: str
+    reason_args: tuple[object, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return self.reason_format.format(*self.reason_args)
+
+
+class RejectionGroup(Protocol):
+    def materialize(self) -> list[Rejection]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """A signal the decision could not use: which, how old, and the limit it passed."""
+
+    signal: str
+    scorer: str
+    age_s: float | None  # None: never seen
+    max_age_s: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredCandidate:
+    candidate: Candidate
+    # scorer name -> clamped raw value in [0, 1] (absent when the scorer abstained)
+    raw: Mapping[str, float]
+    # scorer name -> raw * weight
+    weighted: Mapping[str, float]
+    total: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one ``Scheduler.schedule`` call.
+
+    The survivors are kept in scoring order with ``order`` (best first) and their per-scorer
+    values; ``ranked`` builds the per-candidate view on first use, so a router that only
+    needs the ranked candidates for dispatch and failover does not pay for it.
+    """
+
+    request_id: str
+    decided_at: float
+    policy: str
+    # The snapshot's candidates, and the indices (into it) of those that survived the filters.
+    fleet: tuple[Candidate, ...]
+    survivor_index: Sequence[int] | npt.NDArray[np.intp]
+    # Positions into the survivors, best first, and each survivor's weighted total.
+    order: Sequence[int] | npt.NDArray[np.intp]
+    totals: Sequence[float] | npt.NDArray[np.float64]
+    # scorer weight name -> clamped raw value per survivor (absent when it abstained)
+    raw: Mapping[str, Sequence[float] | npt.NDArray[np.float64]]
+    # Rejections known outright, and groups whose reasons are formatted when first read.
+    eager_rejections: tuple[Rejection, ...]
+    lazy_rejections: tuple[RejectionGroup, ...]
+    fallbacks: tuple[Fallback, ...]
+    # The weights actually applied (the policy's, or its fallback weights).
+    weights: Mapping[str, float]
+    energy_ranking: bool
+    # The energy model's prediction for the chosen candidate.
+    energy: EnergyEstimate | None = None
+    plugin_timings_ns: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def schedulable(self) -> bool:
+        return len(self.order) > 0
+
+    @cached_property
+    def survivors(self) -> tuple[Candidate, ...]:
+        return tuple(self.fleet[i] for i in self.survivor_index)
+
+    @cached_property
+    def ranked_candidates(self) -> tuple[Candidate, ...]:
+        """Best first: the order dispatch tries them in (failover walks down this list)."""
+        return tuple(self.fleet[self.survivor_index[i]] for i in self.order)
+
+    @cached_property
+    def rejected(self) -> tuple[Rejection, ...]:
+        """Every rejection, in the order the plugins ran."""
+        out = list(self.eager_rejections)
+        for group in self.lazy_rejections:
+            out.extend(group.materialize())
+        return tuple(out)
+
+    @cached_property
+    def ranked(self) -> tuple[ScoredCandidate, ...]:
+        return tuple(self._scored(i) for i in self.order)
+
+    @property
+    def chosen(self) -> ScoredCandidate | None:
+        return self._scored(self.order[0]) if len(self.order) else None
+
+    def _scored(self, i: int) -> ScoredCandidate:
+        return ScoredCandidate(
+            candidate=self.fleet[self.survivor_index[i]],
+            raw={name: float(values[i]) for name, values in self.raw.items()},
+            weighted={name: w * float(self.raw[name][i]) for name, w in self.weights.items()},
+            total=float(self.totals[i]),
+        )

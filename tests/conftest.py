@@ -1,0 +1,55 @@
+"""Shared fixtures: the shipped configs, a scheduler, a snapshot factory."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from scheduler.config.loader import Fleet, load_fleet
+from scheduler.config.schema import PolicyConfig, RegionConfig
+from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.framework.scheduler import Scheduler
+from scheduler.plugins import default_scheduler_registry
+from scheduler.types import FleetSnapshot, RegionLiveState, Signal
+from tests.literals import NOW
+
+
+@pytest.fixture(scope="session")
+def shipped() -> Fleet:
+    return load_fleet()
+
+
+@pytest.fixture(scope="session")
+def default_policy(shipped: Fleet) -> PolicyConfig:
+    return shipped.policy("default")
+
+
+@pytest.fixture
+def scheduler() -> Scheduler:
+    return Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(7))
+
+
+SnapshotFactory = Callable[..., FleetSnapshot]
+
+
+@pytest.fixture
+def make_snapshot(default_policy: PolicyConfig) -> SnapshotFactory:
+    def make(
+        regions: Sequence[RegionConfig],
+        *,
+        policy: PolicyConfig | None = None,
+        carbon_signals: Sequence[Signal] = (),
+        live: Sequence[RegionLiveState] = (),
+        now: float = NOW,
+        energy_routing_enabled: bool = True,
+    ) -> FleetSnapshot:
+        return SnapshotBuilder(tuple(regions), policy or default_policy).build(
+            now,
+            carbon={s.key: s for s in carbon_signals},
+            live={s.region: s for s in live},
+            energy_routing_enabled=energy_routing_enabled,
+        )
+
+    return make

@@ -1,0 +1,110 @@
+"""Config files: the shipped ones are valid; every error names file, field path and value."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from scheduler.cli import main
+from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError, load_fleet
+
+
+def test_shipped_fleet_is_valid_and_plausible() -> None:
+    fleet = load_fleet()
+    assert len(fleet.regions) >= 6
+    assert {"default", "latency-first", "carbon-first"} <= set(fleet.policies)
+    continents = {("US" if r.jurisdiction == "US" else "EU" if r.jurisdiction in {"EU", "UK"} else "AP")
+                  for r in fleet.regions}
+    assert continents == {"US", "EU", "AP"}
+    gpus = {p.gpu for r in fleet.regions for p in r.pools}
+    assert {"A100-40GB", "H100-80GB", "H200-141GB"} <= gpus
+    total = sum(p.count for r in fleet.regions for p in r.pools)
+    # no region holds most of the fleet, and no pool is implausibly large
+    assert max(sum(p.count for p in r.pools) for r in fleet.regions) < total / 2
+    assert max(p.count for r in fleet.regions for p in r.pools) <= 1024
+
+
+@pytest.fixture
+def config_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    regions, policies = tmp_path / "regions", tmp_path / "policies"
+    shutil.copytree(EMBEDDED_REGIONS, regions)
+    shutil.copytree(EMBEDDED_POLICIES, policies)
+    return regions, policies
+
+
+BAD_REGION_EDITS = [
+    ("pue: 1.1", "pue: high", "pue", "'high'"),
+    ("count: 64", "count: '64'", "pools[0].count", "'64'"),
+    ("gpu: H200-141GB", "gpu: H300", "pools[0].gpu", "'H300' is not a known GPU"),
+    ("jurisdiction: EU", "jurisdiction: eu", "jurisdiction", "'eu'"),
+    ("pue: 1.1", "pue: 1.1\ncolour: green", "colour", "unknown key"),
+    ("  poll_interval_s: 5m", "  poll_interval_s: soon", "carbon.poll_interval_s", "'soon'"),
+    ('grid_zone: "NO"', "grid_zone: NO", "grid_zone", "False"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "path", "fragment"), BAD_REGION_EDITS, ids=[e[1] for e in BAD_REGION_EDITS])
+def test_region_error_names_file_field_and_value(config_dirs, old, new, path, fragment) -> None:  # type: ignore[no-untyped-def]
+    regions, policies = config_dirs
+    target = regions / "eu-north.yaml"
+    text = target.read_text()
+    assert old in text
+    target.write_text(text.replace(old, new, 1))
+    with pytest.raises(ConfigError) as caught:
+        load_fleet(regions, policies)
+    messages = [str(issue) for issue in caught.value.issues]
+    assert any(m.startswith(f"{target}: {path}: ") and fragment in m for m in messages), messages
+
+
+def test_policy_errors_are_reported_with_region_errors(config_dirs) -> None:  # type: ignore[no-untyped-def]
+    regions, policies = config_dirs
+    (policies / "default.yaml").write_text((policies / "default.yaml").read_text().replace("carbon: 2h", "carbon: soon"))
+    (regions / "us-west.yaml").write_text((regions / "us-west.yaml").read_text().replace("pue: 1.12", "pue: 9"))
+    with pytest.raises(ConfigError) as caught:
+        load_fleet(regions, policies)
+    text = str(caught.value)
+    assert "default.yaml: max_age.carbon: expected a duration like '90m' or '2h', got 'soon'" in text
+    assert "us-west.yaml: pue:" in text and "9" in text
+
+
+def test_fallback_weights_may_not_use_energy(config_dirs) -> None:  # type: ignore[no-untyped-def]
+    regions, policies = config_dirs
+    path = policies / "default.yaml"
+    path.write_text(path.read_text().replace("weights: {latency: 0.7, load: 0.3}", "weights: {carbon: 1.0}"))
+    with pytest.raises(ConfigError, match="fallback: fallback weights may not use the energy or carbon scorers"):
+        load_fleet(regions, policies)
+
+
+def test_duplicate_region_names(config_dirs) -> None:  # type: ignore[no-untyped-def]
+    regions, policies = config_dirs
+    shutil.copy(regions / "eu-north.yaml", regions / "eu-north-copy.yaml")
+    with pytest.raises(ConfigError, match="region 'eu-north' is also defined in"):
+        load_fleet(regions, policies)
+
+
+def test_yaml_syntax_error_names_the_line(config_dirs) -> None:  # type: ignore[no-untyped-def]
+    regions, policies = config_dirs
+    (regions / "broken.yaml").write_text("name: x\npools: [\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: line \d+, column \d+: invalid YAML"):
+        load_fleet(regions, policies)
+
+
+def test_cli_validate_exit_codes(config_dirs, capsys) -> None:  # type: ignore[no-untyped-def]
+    regions, policies = config_dirs
+    assert main(["config", "validate", "--regions", str(regions), "--policies", str(policies)]) == 0
+    assert "ok: 8 regions" in capsys.readouterr().out
+    target = regions / "us-east.yaml"
+    target.write_text(target.read_text().replace("count: 512", "count: lots"))
+    assert main(["config", "validate", "--regions", str(regions), "--policies", str(policies)]) == 1
+    err = capsys.readouterr().err
+    assert f"{target}: pools[1].count: " in err and "'lots'" in err
+
+
+def test_cli_schema_is_json_schema(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["region"]["additionalProperties"] is False
+    assert "pools" in schema["region"]["properties"] and "weights" in schema["policy"]["properties"]

@@ -1,0 +1,114 @@
+"""The decision function: three layers, fallbacks with ages, the kill switch, purity."""
+
+from __future__ import annotations
+
+import random
+
+from scheduler.framework.scheduler import KILL_SWITCH, Scheduler
+from scheduler.plugins import default_scheduler_registry
+from scheduler.types import GeoPoint, Request
+from tests.literals import carbon, pool, region
+
+
+def req(**overrides: object) -> Request:
+    fields: dict[str, object] = {"request_id": "t", "model": "llama-3.1-8b", "prompt_tokens": 500, "max_tokens": 200,
+                                 "client_location": GeoPoint(50.0, 8.0)}
+    fields.update(overrides)
+    return Request(**fields)  # type: ignore[arg-type]
+
+
+NEAR_DIRTY = region("near-dirty", "EU", zone="ND", lat=50.1, lon=8.7)
+FAR_CLEAN = region("far-clean", "EU", zone="FC", lat=64.1, lon=-21.9)
+
+
+def test_fresh_carbon_ranks_the_clean_region_first(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    snapshot = make_snapshot([NEAR_DIRTY, FAR_CLEAN], carbon_signals=[carbon("ND", 700), carbon("FC", 20)])
+    decision = scheduler.schedule(req(), snapshot)
+    assert decision.chosen is not None and decision.chosen.candidate.region.name == "far-clean"
+    assert decision.energy_ranking
+    assert [f.signal for f in decision.fallbacks] == ["region_state"]  # no live state in this snapshot
+    assert decision.chosen.raw["carbon"] == 1.0
+    assert decision.chosen.weighted["carbon"] == decision.weights["carbon"]
+
+
+def test_stale_carbon_falls_back_to_the_performance_order(scheduler, make_snapshot, shipped) -> None:  # type: ignore[no-untyped-def]
+    stale = [carbon("ND", 700, age_s=3 * 3600), carbon("FC", 20, age_s=3 * 3600)]
+    decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN], carbon_signals=stale))
+    carbon_fallbacks = [f for f in decision.fallbacks if f.signal == "carbon"]
+    assert len(carbon_fallbacks) == 1
+    assert carbon_fallbacks[0].age_s == 3 * 3600 and carbon_fallbacks[0].max_age_s == 7200
+    assert not decision.energy_ranking
+    assert "carbon" not in decision.weights and "energy" not in decision.weights
+    assert decision.chosen is not None and decision.chosen.candidate.region.name == "near-dirty"
+    # the same ranking latency-first gives with fresh data
+    latency_first = make_snapshot([NEAR_DIRTY, FAR_CLEAN], policy=shipped.policy("latency-first"),
+                                  carbon_signals=[carbon("ND", 700), carbon("FC", 20)])
+    assert decision.ranked_candidates == scheduler.schedule(req(), latency_first).ranked_candidates
+
+
+def test_a_stale_value_never_moves_a_score(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    def totals(fc_value: float) -> tuple[float, ...]:
+        signals = [carbon("ND", 700, age_s=9000), carbon("FC", fc_value, age_s=9000)]
+        decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN], carbon_signals=signals))
+        return tuple(float(t) for t in decision.totals)
+
+    assert totals(1.0) == totals(5000.0)
+
+
+def test_kill_switch_uses_the_performance_order(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    fresh = [carbon("ND", 700), carbon("FC", 20)]
+    decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN], carbon_signals=fresh,
+                                                       energy_routing_enabled=False))
+    assert KILL_SWITCH in [f.signal for f in decision.fallbacks]
+    assert not decision.energy_ranking and "carbon" not in decision.weights
+    assert decision.chosen is not None and decision.chosen.candidate.region.name == "near-dirty"
+
+
+def test_compliance_leaves_nothing_and_every_region_is_explained(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    regions = [region("us-a", "US"), region("jp-b", "JP")]
+    decision = scheduler.schedule(req(allowed_jurisdictions=frozenset({"EU"})), make_snapshot(regions))
+    assert not decision.schedulable and decision.chosen is None
+    assert {(r.candidate.region.name, r.plugin) for r in decision.rejected} == {
+        ("us-a", "residency-filter"), ("jp-b", "residency-filter")}
+
+
+def test_the_ranking_is_complete_for_failover(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    regions = [region(f"r{i}", zone=f"Z{i}", lat=40 + i, lon=i) for i in range(5)]
+    signals = [carbon(f"Z{i}", 100 + 50 * i) for i in range(5)]
+    decision = scheduler.schedule(req(), make_snapshot(regions, carbon_signals=signals))
+    assert len(decision.ranked) == 5
+    assert [s.total for s in decision.ranked] == sorted((s.total for s in decision.ranked), reverse=True)
+    assert decision.ranked_candidates[0] == decision.chosen.candidate  # type: ignore[union-attr]
+
+
+def test_long_context_goes_to_h200_and_the_matcher_never_empties(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    mixed = region("m", pools=[pool("h100", "H100-80GB"), pool("h200", "H200-141GB")])
+    decision = scheduler.schedule(req(prompt_tokens=100_000), make_snapshot([mixed]))
+    assert decision.chosen is not None and decision.chosen.candidate.gpu.name == "H200-141GB"
+    only_h100 = region("o", pools=[pool("h100", "H100-80GB")])
+    decision = scheduler.schedule(req(prompt_tokens=40_000), make_snapshot([only_h100]))
+    assert decision.chosen is not None and decision.chosen.candidate.gpu.name == "H100-80GB"
+
+
+def test_same_inputs_same_decision(make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    regions = [region(f"r{i}", zone=f"Z{i}") for i in range(4)]  # identical regions: exact ties
+    snapshot = make_snapshot(regions, carbon_signals=[carbon(f"Z{i}", 100) for i in range(4)])
+    orders = [
+        [c.key for c in Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(11))
+         .schedule(req(), snapshot).ranked_candidates]
+        for _ in range(3)
+    ]
+    assert orders[0] == orders[1] == orders[2]
+
+
+def test_every_plugin_is_timed_and_the_decision_is_explained(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    from scheduler.framework.explain import explain_dict, explain_table
+
+    decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN],
+                                                       carbon_signals=[carbon("ND", 700), carbon("FC", 20)]))
+    assert {"model-filter", "residency-filter", "slo-reachable", "carbon-scorer", "latency-scorer"} <= set(
+        decision.plugin_timings_ns)
+    explained = explain_dict(decision)
+    assert explained["chosen"]["region"] == "far-clean"
+    assert explained["chosen"]["energy"]["energy_j"] > 0
+    assert "far-clean" in explain_table(decision)
