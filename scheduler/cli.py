@@ -15,7 +15,9 @@ COMMAND_MODULES = (
     "scheduler.config.cli",
     "scheduler.datalayer.cli",
     "scheduler.energy.cli",
+    "scheduler.ledger.cli",
     "scheduler.framework.cli",
+    "scheduler.server.cli",
     "scheduler.sim.cli",
 )
 

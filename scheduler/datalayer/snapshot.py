@@ -43,7 +43,7 @@ def kv_capacity_tokens(candidate_region: RegionConfig, pool_index: int, deployme
     free_for_kv = usable - model.weight_bytes(deployment.precision)
     if free_for_kv <= 0:
         return 0
-    return min(deployment.max_context, int(free_for_kv / model.kv_bytes_per_token(deployment.precision)))
+    return min(deployment.max_context, int(free_for_kv / model.kv_bytes_per_token_at(deployment.precision)))
 
 
 def enumerate_candidates(regions: Sequence[RegionConfig]) -> tuple[Candidate, ...]:
@@ -119,7 +119,7 @@ class SnapshotBuilder:
             # attention: 2 (QK and AV) x 2 FLOP x layers x hidden per (query, key) pair
             prefill_s_per_attention_pair=4.0 * model.layers * model.hidden / flops_per_s,
             decode_step_s=model.active_b * 1e9 * PRECISION_BYTES[c.deployment.precision] / bandwidth,
-            decode_step_s_per_context=batch * model.kv_bytes_per_token(c.deployment.precision) / bandwidth,
+            decode_step_s_per_context=batch * model.kv_bytes_per_token_at(c.deployment.precision) / bandwidth,
             live=fresh,
         )
 

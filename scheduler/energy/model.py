@@ -26,9 +26,7 @@ profile-based model (``scheduler.energy.profile_model``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from types import MappingProxyType
 from typing import Protocol
 
 from scheduler.energy.hardware import GpuSpec
@@ -40,12 +38,6 @@ ANALYTIC = "analytic"
 # GPUs whose tensor cores run FP8 math (Ada, Hopper, Blackwell); on the others (A100) an
 # FP8 checkpoint runs weight-only (W8A16) kernels: less memory traffic, BF16 math.
 FP8_TENSOR_CORE_GPUS = frozenset({"H100-80GB", "H200-141GB", "L4", "B200"})
-# The KV-cache precision a deployment at each precision runs with. FP8 deployments are
-# assumed to use vLLM's FP8 KV cache (as the data layer's KV-capacity figure does);
-# weight-only INT8/INT4 (AWQ/GPTQ, W8A16/W4A16) keeps a 16-bit cache.
-KV_PRECISION: Mapping[str, str] = MappingProxyType(
-    {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "bf16", "int4": "bf16"}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +169,7 @@ def first_principles(
     peak_flops = gpu.peak_bf16_tflops * 1e12 * tp * fast_math
     bandwidth = gpu.mem_bandwidth_gbs * 1e9 * assumptions.bw_efficiency * tp
     weights = model.active_b * 1e9 * PRECISION_BYTES[precision]
-    kv = model.kv_bytes_per_token(KV_PRECISION[precision])
+    kv = model.kv_bytes_per_token_at(precision)
     return ReplicaEnergy(
         prefill_j_per_token=power_w * flops_per_token / (peak_flops * assumptions.prefill_mfu),
         start_j=power_w * assumptions.start_s,

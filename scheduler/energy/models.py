@@ -19,6 +19,12 @@ PRECISION_RANK: Mapping[str, int] = MappingProxyType(
     {"fp32": 5, "bf16": 4, "fp16": 4, "fp8": 3, "int8": 3, "int4": 1}
 )
 
+# The KV-cache precision a deployment at each weight precision runs with. FP8 deployments
+# use vLLM's FP8 KV cache; weight-only INT8/INT4 (AWQ/GPTQ, W8A16/W4A16) keeps a 16-bit cache.
+KV_PRECISION: Mapping[str, str] = MappingProxyType(
+    {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "bf16", "int4": "bf16"}
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
@@ -35,9 +41,13 @@ class ModelSpec:
     def active_b(self) -> float:
         return self.active_params_b if self.active_params_b is not None else self.params_b
 
-    def kv_bytes_per_token(self, precision: str) -> float:
+    def kv_bytes_per_token(self, kv_precision: str) -> float:
         """K and V for every layer: 2 x layers x kv_heads x head_dim x bytes."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * PRECISION_BYTES[precision]
+        return 2 * self.layers * self.kv_heads * self.head_dim * PRECISION_BYTES[kv_precision]
+
+    def kv_bytes_per_token_at(self, weight_precision: str) -> float:
+        """KV bytes per token of a deployment whose weights are at ``weight_precision``."""
+        return self.kv_bytes_per_token(KV_PRECISION[weight_precision])
 
     def weight_bytes(self, precision: str) -> float:
         return self.params_b * 1e9 * PRECISION_BYTES[precision]

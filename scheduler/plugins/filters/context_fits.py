@@ -33,7 +33,7 @@ class ContextFitsFilter:
         need = view.request.prompt_tokens + view.request.max_tokens
         if need > c.deployment.max_context:
             return "{:,} tokens exceed max_context {:,}", (need, c.deployment.max_context)
-        per_token = c.model.kv_bytes_per_token(c.deployment.precision)
+        per_token = c.model.kv_bytes_per_token_at(c.deployment.precision)
         return "KV for {:,} tokens needs {:.1f} GB > {:.1f} GB free", (
             need, need * per_token / 1e9, c.kv_capacity_tokens * per_token / 1e9,
         )

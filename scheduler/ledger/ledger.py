@@ -1,0 +1,205 @@
+"""``Ledger``: each receipt adds joules and gCO2e to its tenant's month in the shared store.
+
+Store format (docs: shared_formats.md): hash ``keys.ledger(tenant, "YYYY-MM")`` with fields
+``{region}|{rule_version}|energy_j``, ``...|carbon_g`` and ``...|requests``, each added with
+HINCRBYFLOAT, so any number of routers add to the same hash. The month is the UTC month of
+the receipt.
+
+Receipts recorded while the store is unreachable wait in a bounded queue, in order, and are
+written when it returns (the next ``record`` or ``flush`` after a back-off). An entry's three
+fields are written one by one and the queue remembers how many of the head entry's fields
+went through, so a failure in the middle never writes a field twice. When the queue is full,
+its oldest entries are folded into per-field sums (memory stays bounded by the number of
+distinct tenant/month/region/rule fields; no joule is dropped).
+
+``check(tenant, workload_class)`` reads the tenant's month (plus this router's unwritten
+queue) and compares it with the tenant's budget: soft -> a warning, counted in
+``soft_limit_warnings`` and passed to ``on_soft_limit``; hard -> ``BudgetExhausted`` unless
+the workload class is critical. With the store down it uses the last usage it read, plus
+the queue, and says so (``stale``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+
+from scheduler.ledger.budget import BudgetExhausted, BudgetStatus, TenantBudget
+from scheduler.state import keys
+from scheduler.state.store import StateStore, StateUnavailable
+
+log = logging.getLogger(__name__)
+
+FIELDS = ("energy_j", "carbon_g", "requests")
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """What the ledger needs from one receipt (never prompt text)."""
+
+    tenant: str
+    region: str
+    energy_j: float
+    carbon_g: float
+    rule_version: str
+    at: float  # epoch seconds (UTC) of the receipt
+    workload_class: str = "interactive"
+    decision_id: str = ""
+
+    @property
+    def month(self) -> str:
+        return month_of(self.at)
+
+    def writes(self) -> tuple[tuple[str, str, float], ...]:
+        key, prefix = keys.ledger(self.tenant, self.month), f"{self.region}|{self.rule_version}|"
+        return (
+            (key, prefix + "energy_j", self.energy_j),
+            (key, prefix + "carbon_g", self.carbon_g),
+            (key, prefix + "requests", 1.0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MonthUsage:
+    tenant: str
+    month: str
+    energy_j: float
+    carbon_g: float
+    requests: float
+    # (region, rule_version) -> {"energy_j": .., "carbon_g": .., "requests": ..}
+    by_region: Mapping[tuple[str, str], Mapping[str, float]]
+
+
+def month_of(epoch_s: float) -> str:
+    return dt.datetime.fromtimestamp(epoch_s, tz=dt.UTC).strftime("%Y-%m")
+
+
+def parse_month(tenant: str, month: str, fields_: Mapping[str, str]) -> MonthUsage:
+    by_region: dict[tuple[str, str], dict[str, float]] = {}
+    for name, value in fields_.items():
+        region, rule, kind = name.rsplit("|", 2)
+        if kind in FIELDS:
+            by_region.setdefault((region, rule), {k: 0.0 for k in FIELDS})[kind] = float(value)
+    total = {k: sum(v[k] for v in by_region.values()) for k in FIELDS}
+    return MonthUsage(tenant, month, total["energy_j"], total["carbon_g"], total["requests"], by_region)
+
+
+@dataclass
+class Ledger:
+    store: StateStore
+    budgets: Mapping[str, TenantBudget] = field(default_factory=dict)
+    critical_workload_classes: Collection[str] = ()
+    clock: Callable[[], float] = time.time
+    max_pending: int = 100_000
+    retry_initial_s: float = 0.2
+    retry_max_s: float = 5.0
+    on_soft_limit: Callable[[BudgetStatus], None] | None = None
+    soft_limit_warnings: int = field(default=0, init=False)
+    _queue: deque[LedgerEntry] = field(default_factory=deque, init=False, repr=False)
+    # Fields of the head entry already written (a failure mid-entry resumes after them).
+    _head_written: int = field(default=0, init=False, repr=False)
+    # Oldest entries folded into per-field sums when the queue overflowed: (key, field) -> amount.
+    _folded: dict[tuple[str, str], float] = field(default_factory=dict, init=False, repr=False)
+    _retry_at: float = field(default=0.0, init=False, repr=False)
+    _retry_s: float = field(default=0.0, init=False, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    _last_usage: dict[tuple[str, str], MonthUsage] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def pending(self) -> int:
+        """Entries (and folded fields) not yet in the store."""
+        return len(self._queue) + len(self._folded)
+
+    async def record(self, entry: LedgerEntry) -> bool:
+        """Queue ``entry`` and write what the store takes now; True when nothing is left waiting."""
+        self._queue.append(entry)
+        if len(self._queue) > self.max_pending and not self._lock.locked():
+            # (While a flush runs it owns the head of the queue; it is draining anyway.)
+            self._fold_oldest()
+        if self._lock.locked() or self.clock() < self._retry_at:
+            return False
+        await self.flush()
+        return self.pending == 0
+
+    async def flush(self) -> int:
+        """Write queued entries in order until the queue is empty or the store fails; the
+        number of entries written."""
+        async with self._lock:
+            written = 0
+            try:
+                for (key, name), amount in list(self._folded.items()):
+                    await self.store.hincrbyfloat(key, name, amount)
+                    del self._folded[(key, name)]
+                while self._queue:
+                    writes = self._queue[0].writes()
+                    for key, name, amount in writes[self._head_written:]:
+                        await self.store.hincrbyfloat(key, name, amount)
+                        self._head_written += 1
+                    self._queue.popleft()
+                    self._head_written = 0
+                    written += 1
+            except StateUnavailable as exc:
+                self._retry_s = min(self.retry_max_s, max(self.retry_initial_s, self._retry_s * 2))
+                self._retry_at = self.clock() + self._retry_s
+                log.warning("ledger: store unavailable (%s); %d entries queued, retry in %.1f s",
+                            exc, self.pending, self._retry_s)
+                return written
+            self._retry_s, self._retry_at = 0.0, 0.0
+            return written
+
+    async def usage(self, tenant: str, month: str | None = None) -> tuple[MonthUsage, bool]:
+        """The tenant's month as stored plus this ledger's unwritten entries; True if the store
+        could not be read (then the last value read is used)."""
+        month = month or month_of(self.clock())
+        stale = False
+        try:
+            stored = parse_month(tenant, month, await self.store.hgetall(keys.ledger(tenant, month)))
+            self._last_usage[(tenant, month)] = stored
+        except StateUnavailable:
+            stale = True
+            stored = self._last_usage.get((tenant, month)) or parse_month(tenant, month, {})
+        energy, carbon = stored.energy_j, stored.carbon_g
+        key = keys.ledger(tenant, month)
+        for (folded_key, name), amount in self._folded.items():
+            if folded_key == key:
+                energy += amount if name.endswith("|energy_j") else 0.0
+                carbon += amount if name.endswith("|carbon_g") else 0.0
+        for entry in self._queue:
+            if entry.tenant == tenant and entry.month == month:
+                energy, carbon = energy + entry.energy_j, carbon + entry.carbon_g
+        return MonthUsage(tenant, month, energy, carbon, stored.requests, stored.by_region), stale
+
+    async def check(self, tenant: str, workload_class: str) -> BudgetStatus:
+        """Before dispatch: raise ``BudgetExhausted`` when the tenant is past its hard limit and
+        the workload class is not critical; otherwise the status (soft limits warn)."""
+        budget = self.budgets.get(tenant)
+        month = month_of(self.clock())
+        if budget is None:
+            return BudgetStatus(tenant, month, 0.0, 0.0, "ok", "", 0.0, 0.0, False, False)
+        used, stale = await self.usage(tenant, month)
+        level, what, amount, limit = budget.level(used.energy_j, used.carbon_g)
+        exempt = workload_class in self.critical_workload_classes
+        status = BudgetStatus(tenant, month, used.energy_j, used.carbon_g, level, what, amount, limit, exempt, stale)
+        if level == "hard" and not exempt:
+            raise BudgetExhausted(tenant, month, what, amount, limit)
+        if level != "ok":
+            self.soft_limit_warnings += 1
+            log.warning("tenant %s: %s budget %s reached (%.0f of %.0f)%s", tenant, level, what, amount, limit,
+                        f"; {workload_class} is critical, not blocked" if level == "hard" else "")
+            if self.on_soft_limit is not None:
+                self.on_soft_limit(status)
+        return status
+
+    def _fold_oldest(self) -> None:
+        if not self._folded:
+            log.error("ledger: more than %d receipts queued; folding the oldest into per-field sums",
+                      self.max_pending)
+        entry = self._queue.popleft()
+        for key, name, amount in entry.writes()[self._head_written:]:
+            self._folded[(key, name)] = self._folded.get((key, name), 0.0) + amount
+        self._head_written = 0
