@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "scheduler.ledger.cli",
     "scheduler.framework.cli",
     "scheduler.server.cli",
+    "scheduler.serve.cli",
     "scheduler.sim.cli",
 )
 

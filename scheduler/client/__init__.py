@@ -1,0 +1,35 @@
+"""The Python SDK for the global router: ``SchedulerClient`` (blocking) and
+``AsyncSchedulerClient`` (asyncio); typed errors in ``scheduler.client.errors``."""
+
+from scheduler.client.aio import AsyncGeneration, AsyncSchedulerClient
+from scheduler.client.common import RetryPolicy, TlsConfig
+from scheduler.client.errors import (
+    DeadlineExceededError,
+    InternalError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    RateLimitedError,
+    SchedulerRpcError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnschedulableError,
+)
+from scheduler.client.sync import Generation, SchedulerClient
+
+__all__ = [
+    "AsyncGeneration",
+    "AsyncSchedulerClient",
+    "DeadlineExceededError",
+    "Generation",
+    "InternalError",
+    "InvalidArgumentError",
+    "PermissionDeniedError",
+    "RateLimitedError",
+    "RetryPolicy",
+    "SchedulerClient",
+    "SchedulerRpcError",
+    "TlsConfig",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnschedulableError",
+]

@@ -1,0 +1,153 @@
+"""``AsyncSchedulerClient``: the asyncio SDK.
+
+    async with AsyncSchedulerClient("router:50051", api_key=key, tls=True) as client:
+        generation = client.generate("Hello", model="llama-3.1-8b", max_tokens=64)
+        async for text in generation:
+            print(text, end="")
+        print(generation.receipt.energy_j, generation.decision.ranked[0].region)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from scheduler.client.common import (
+    RetryPolicy,
+    TlsConfig,
+    auth_metadata,
+    build_request,
+    channel_options,
+    resolve_tls,
+)
+from scheduler.client.errors import SchedulerRpcError, UnavailableError, from_rpc_error
+from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
+
+
+def _should_retry(error: SchedulerRpcError, attempt: int, policy: RetryPolicy) -> bool:
+    return isinstance(error, UnavailableError) and error.retryable and attempt + 1 < policy.attempts
+
+
+class AsyncGeneration:
+    """Iterate the text; when the stream ends, ``decision`` and ``receipt`` are set.
+
+    A call that fails with UNAVAILABLE before any text arrived is retried (same request id);
+    once text has arrived, a failure is raised as it is.
+    """
+
+    def __init__(self, client: AsyncSchedulerClient, request: messages_pb2.GenerateRequest,
+                 timeout_s: float | None) -> None:
+        self._client = client
+        self.request = request
+        self._timeout_s = timeout_s
+        self.decision: messages_pb2.Decision | None = None
+        self.receipt: messages_pb2.EnergyReceipt | None = None
+        self.attempts = 0
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        client = self._client
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        while True:
+            self.attempts += 1
+            received_text = False
+            remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
+            try:
+                call = client._router.Generate(self.request, metadata=client._metadata, timeout=remaining)
+                async for event in call:
+                    kind = event.WhichOneof("event")
+                    if kind == "chunk":
+                        received_text = True
+                        yield event.chunk.text
+                    elif kind == "decision":
+                        self.decision = event.decision
+                    elif kind == "receipt":
+                        self.receipt = event.receipt
+                return
+            except grpc.aio.AioRpcError as exc:
+                error = from_rpc_error(exc)
+                if received_text or not _should_retry(error, self.attempts - 1, client.retry):
+                    raise error from None
+                delay = client.retry.backoff(self.attempts - 1, error.retry_after_s)
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise error from None
+                await asyncio.sleep(delay)
+
+    async def text(self) -> str:
+        """Run to the end; the whole text."""
+        return "".join([part async for part in self])
+
+
+class AsyncSchedulerClient:
+    def __init__(self, target: str, *, api_key: str | None = None, tls: TlsConfig | bool | None = None,
+                 timeout_s: float | None = 120.0, retry: RetryPolicy | None = None) -> None:
+        tls_config = resolve_tls(tls)
+        options = channel_options(tls_config)
+        self._channel = (
+            grpc.aio.secure_channel(target, tls_config.credentials(), options=options)
+            if tls_config is not None else grpc.aio.insecure_channel(target, options=options)
+        )
+        self._router = router_pb2_grpc.GlobalRouterStub(self._channel)  # type: ignore[no-untyped-call]
+        self._admin = admin_pb2_grpc.RouterAdminStub(self._channel)  # type: ignore[no-untyped-call]
+        self._metadata = auth_metadata(api_key)
+        self.timeout_s = timeout_s
+        self.retry = retry or RetryPolicy()
+
+    def generate(self, prompt: str | None = None, *, model: str, max_tokens: int,
+                 timeout_s: float | None = None, **options: Any) -> AsyncGeneration:
+        """Stream a completion (``prompt``) or a chat (``messages=[{"role", "content"}]``).
+
+        ``options``: the keyword arguments of ``scheduler.client.common.build_request``.
+        """
+        request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
+        return AsyncGeneration(self, request, timeout_s if timeout_s is not None else self.timeout_s)
+
+    async def _unary(self, method: Any, request: Any, timeout_s: float | None) -> Any:
+        timeout = timeout_s if timeout_s is not None else self.timeout_s
+        attempt = 0
+        while True:
+            try:
+                return await method(request, metadata=self._metadata, timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                error = from_rpc_error(exc)
+                if not _should_retry(error, attempt, self.retry):
+                    raise error from None
+                await asyncio.sleep(self.retry.backoff(attempt, error.retry_after_s))
+                attempt += 1
+
+    async def route(self, prompt: str | None = None, *, model: str, max_tokens: int,
+                    timeout_s: float | None = None, **options: Any) -> messages_pb2.Decision:
+        """Decide only: where the request would run, and why."""
+        request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
+        response: router_pb2.RouteResponse = await self._unary(self._router.Route, request, timeout_s)
+        return response.decision
+
+    async def list_regions(self, timeout_s: float | None = None) -> list[messages_pb2.RegionInfo]:
+        response: router_pb2.ListRegionsResponse = await self._unary(
+            self._router.ListRegions, router_pb2.ListRegionsRequest(), timeout_s)
+        return list(response.regions)
+
+    async def set_energy_routing(self, enabled: bool, reason: str = "",
+                                 timeout_s: float | None = None) -> admin_pb2.SetEnergyRoutingResponse:
+        """The kill switch (admin key): every router follows within a second."""
+        response: admin_pb2.SetEnergyRoutingResponse = await self._unary(
+            self._admin.SetEnergyRouting, admin_pb2.SetEnergyRoutingRequest(enabled=enabled, reason=reason),
+            timeout_s)
+        return response
+
+    async def status(self, timeout_s: float | None = None) -> admin_pb2.GetStatusResponse:
+        response: admin_pb2.GetStatusResponse = await self._unary(
+            self._admin.GetStatus, admin_pb2.GetStatusRequest(), timeout_s)
+        return response
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+    async def __aenter__(self) -> AsyncSchedulerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,135 @@
+"""What the sync and async clients share: building requests, channels, metadata, retry policy."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from scheduler.v1 import messages_pb2 as pb
+
+WORKLOAD_CLASSES = {
+    "interactive": pb.WORKLOAD_CLASS_INTERACTIVE,
+    "batch": pb.WORKLOAD_CLASS_BATCH,
+    "deferrable": pb.WORKLOAD_CLASS_DEFERRABLE,
+}
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Server verification (``ca_cert``: None = the system roots) and, for mTLS, a client
+    certificate and key. Paths or PEM bytes."""
+
+    ca_cert: Path | bytes | None = None
+    client_cert: Path | bytes | None = None
+    client_key: Path | bytes | None = None
+    # Verify the server as this name (e.g. when connecting by IP to a cert for "localhost").
+    server_name: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=_pem(self.ca_cert),
+            private_key=_pem(self.client_key),
+            certificate_chain=_pem(self.client_cert),
+        )
+
+    def options(self) -> list[tuple[str, str]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+def _pem(value: Path | bytes | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return Path(value).read_bytes()
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of a call that failed with UNAVAILABLE before any text arrived."""
+
+    attempts: int = 3
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+
+    def backoff(self, attempt: int, suggested_s: float | None) -> float:
+        if suggested_s is not None:
+            return min(suggested_s, self.max_backoff_s)
+        return min(self.initial_backoff_s * 2.0**attempt, self.max_backoff_s)
+
+
+def channel_options(tls: TlsConfig | None) -> list[tuple[str, object]]:
+    options: list[tuple[str, object]] = [("grpc.keepalive_time_ms", 30_000)]
+    if tls is not None:
+        options += tls.options()
+    return options
+
+
+def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+def resolve_tls(tls: TlsConfig | bool | None) -> TlsConfig | None:
+    """True: TLS with the system roots; False/None: plaintext."""
+    if tls is True:
+        return TlsConfig()
+    return tls or None
+
+
+def build_request(
+    *,
+    model: str,
+    max_tokens: int,
+    prompt: str | None = None,
+    messages: Sequence[Mapping[str, str]] | None = None,
+    tenant: str = "",
+    # Empty: the client makes one, so that retries of this request share it.
+    request_id: str = "",
+    temperature: float | None = None,
+    top_p: float | None = None,
+    stop: Sequence[str] = (),
+    seed: int | None = None,
+    workload_class: str = "interactive",
+    ttft_ms: float | None = None,
+    tpot_ms: float | None = None,
+    jurisdictions: Sequence[str] = (),
+    certifications: Sequence[str] = (),
+    precision: str = "",
+    task_class: str = "",
+    client_location: tuple[float, float] | None = None,
+    prefix_key: str = "",
+    prompt_tokens: int | None = None,
+    cached_tokens: int | None = None,
+) -> pb.GenerateRequest:
+    """A ``GenerateRequest``; the router validates it (INVALID_ARGUMENT names a bad field)."""
+    if workload_class not in WORKLOAD_CLASSES:
+        raise ValueError(f"workload_class must be one of {sorted(WORKLOAD_CLASSES)}, got {workload_class!r}")
+    request = pb.GenerateRequest(
+        tenant=tenant, request_id=request_id or uuid.uuid4().hex, model=model,
+        sampling=pb.SamplingParams(max_tokens=max_tokens, stop=list(stop)),
+        workload_class=WORKLOAD_CLASSES[workload_class],
+        compliance=pb.Compliance(allowed_jurisdictions=list(jurisdictions),
+                                 required_certifications=list(certifications),
+                                 precision=precision, task_class=task_class),
+        prefix_key=prefix_key,
+    )
+    if prompt is not None:
+        request.prompt = prompt
+    if messages is not None:
+        request.chat.CopyFrom(pb.ChatMessages(
+            messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages]))
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("seed", seed)):
+        if value is not None:
+            setattr(request.sampling, name, value)
+    for name, value in (("ttft_ms", ttft_ms), ("tpot_ms", tpot_ms)):
+        if value is not None:
+            setattr(request.slo, name, value)
+    if client_location is not None:
+        request.client_location.CopyFrom(pb.GeoPoint(lat=client_location[0], lon=client_location[1]))
+    if prompt_tokens is not None:
+        request.prompt_tokens = prompt_tokens
+    if cached_tokens is not None:
+        request.cached_tokens = cached_tokens
+    return request

@@ -1,0 +1,144 @@
+"""``SchedulerClient``: the blocking SDK (same calls as ``AsyncSchedulerClient``).
+
+    with SchedulerClient("router:50051", api_key=key) as client:
+        generation = client.generate("Hello", model="llama-3.1-8b", max_tokens=64)
+        for text in generation:
+            print(text, end="")
+        print(generation.receipt.carbon_g)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from scheduler.client.common import (
+    RetryPolicy,
+    TlsConfig,
+    auth_metadata,
+    build_request,
+    channel_options,
+    resolve_tls,
+)
+from scheduler.client.errors import SchedulerRpcError, UnavailableError, from_rpc_error
+from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
+
+
+def _should_retry(error: SchedulerRpcError, attempt: int, policy: RetryPolicy) -> bool:
+    return isinstance(error, UnavailableError) and error.retryable and attempt + 1 < policy.attempts
+
+
+class Generation:
+    """Iterate the text; when the stream ends, ``decision`` and ``receipt`` are set.
+    Retried on UNAVAILABLE before any text arrived (same request id)."""
+
+    def __init__(self, client: SchedulerClient, request: messages_pb2.GenerateRequest,
+                 timeout_s: float | None) -> None:
+        self._client = client
+        self.request = request
+        self._timeout_s = timeout_s
+        self.decision: messages_pb2.Decision | None = None
+        self.receipt: messages_pb2.EnergyReceipt | None = None
+        self.attempts = 0
+
+    def __iter__(self) -> Iterator[str]:
+        client = self._client
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        while True:
+            self.attempts += 1
+            received_text = False
+            remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
+            call = client._router.Generate(self.request, metadata=client._metadata, timeout=remaining)
+            try:
+                for event in call:
+                    kind = event.WhichOneof("event")
+                    if kind == "chunk":
+                        received_text = True
+                        yield event.chunk.text
+                    elif kind == "decision":
+                        self.decision = event.decision
+                    elif kind == "receipt":
+                        self.receipt = event.receipt
+                return
+            except grpc.RpcError as exc:
+                error = from_rpc_error(exc)
+                if received_text or not _should_retry(error, self.attempts - 1, client.retry):
+                    raise error from None
+                delay = client.retry.backoff(self.attempts - 1, error.retry_after_s)
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise error from None
+                time.sleep(delay)
+            finally:
+                call.cancel()
+
+    def text(self) -> str:
+        return "".join(self)
+
+
+class SchedulerClient:
+    def __init__(self, target: str, *, api_key: str | None = None, tls: TlsConfig | bool | None = None,
+                 timeout_s: float | None = 120.0, retry: RetryPolicy | None = None) -> None:
+        tls_config = resolve_tls(tls)
+        options = channel_options(tls_config)
+        self._channel = (
+            grpc.secure_channel(target, tls_config.credentials(), options=options)
+            if tls_config is not None else grpc.insecure_channel(target, options=options)
+        )
+        self._router = router_pb2_grpc.GlobalRouterStub(self._channel)  # type: ignore[no-untyped-call]
+        self._admin = admin_pb2_grpc.RouterAdminStub(self._channel)  # type: ignore[no-untyped-call]
+        self._metadata = auth_metadata(api_key)
+        self.timeout_s = timeout_s
+        self.retry = retry or RetryPolicy()
+
+    def generate(self, prompt: str | None = None, *, model: str, max_tokens: int,
+                 timeout_s: float | None = None, **options: Any) -> Generation:
+        request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
+        return Generation(self, request, timeout_s if timeout_s is not None else self.timeout_s)
+
+    def _unary(self, method: Any, request: Any, timeout_s: float | None) -> Any:
+        timeout = timeout_s if timeout_s is not None else self.timeout_s
+        attempt = 0
+        while True:
+            try:
+                return method(request, metadata=self._metadata, timeout=timeout)
+            except grpc.RpcError as exc:
+                error = from_rpc_error(exc)
+                if not _should_retry(error, attempt, self.retry):
+                    raise error from None
+                time.sleep(self.retry.backoff(attempt, error.retry_after_s))
+                attempt += 1
+
+    def route(self, prompt: str | None = None, *, model: str, max_tokens: int,
+              timeout_s: float | None = None, **options: Any) -> messages_pb2.Decision:
+        request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
+        response: router_pb2.RouteResponse = self._unary(self._router.Route, request, timeout_s)
+        return response.decision
+
+    def list_regions(self, timeout_s: float | None = None) -> list[messages_pb2.RegionInfo]:
+        response: router_pb2.ListRegionsResponse = self._unary(
+            self._router.ListRegions, router_pb2.ListRegionsRequest(), timeout_s)
+        return list(response.regions)
+
+    def set_energy_routing(self, enabled: bool, reason: str = "",
+                           timeout_s: float | None = None) -> admin_pb2.SetEnergyRoutingResponse:
+        response: admin_pb2.SetEnergyRoutingResponse = self._unary(
+            self._admin.SetEnergyRouting, admin_pb2.SetEnergyRoutingRequest(enabled=enabled, reason=reason),
+            timeout_s)
+        return response
+
+    def status(self, timeout_s: float | None = None) -> admin_pb2.GetStatusResponse:
+        response: admin_pb2.GetStatusResponse = self._unary(
+            self._admin.GetStatus, admin_pb2.GetStatusRequest(), timeout_s)
+        return response
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> SchedulerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,188 @@
+"""``SnapshotRefresher``: rebuilds the router's ``FleetSnapshot`` from the store in the background.
+
+Every ``interval_s`` it reads, in one ``mget``, each configured region's live state, the
+carbon-intensity signal of each region's ``carbon.zone`` and the flags (kill switch), and
+builds a new immutable snapshot with ``now = clock()``. The request path only calls
+``current()``, which does no I/O. When the store is down (or a record is malformed) the last
+good inputs are kept and the snapshot is still rebuilt with the new ``now``, so their age
+grows and the policy's max-age limits make them stale in the open (never silently fresh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.state import codec, keys
+from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.types import FleetSnapshot, RegionLiveState, Signal
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CARBON_KIND = "carbon_intensity"
+
+
+def parse_flags(raw: bytes) -> bool:
+    """``energy_routing`` from the flags record; ValueError when the record is malformed."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"flags record is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("energy_routing", True), bool):
+        raise ValueError(f"flags record must be an object with a boolean energy_routing, got {data!r}")
+    enabled: bool = data.get("energy_routing", True)
+    return enabled
+
+
+@dataclass
+class RefresherStatus:
+    """What the last refresh saw, for ``GetStatus`` and health."""
+
+    last_attempt_at: float | None = None
+    last_success_at: float | None = None
+    last_error: str = ""
+    refreshes: int = 0
+    failures: int = 0
+
+
+@dataclass
+class SnapshotRefresher:
+    builder: SnapshotBuilder
+    store: StateStore
+    clock: Callable[[], float] = time.time
+    # Half a second so that a kill switch set on any router holds everywhere within 1 s.
+    interval_s: float = 0.5
+    status: RefresherStatus = field(default_factory=RefresherStatus, init=False)
+    _carbon: dict[str, Signal] = field(default_factory=dict, init=False, repr=False)
+    _live: dict[str, RegionLiveState] = field(default_factory=dict, init=False, repr=False)
+    _energy_routing: bool = field(default=True, init=False, repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    _bad_records: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        regions = self.builder.regions
+        self._region_keys = {region.name: keys.region_state(region.name) for region in regions}
+        # store key of the zone's signal -> the grid zones the scorer looks it up under
+        self._signal_zones: dict[str, list[str]] = {}
+        for region in regions:
+            grid_zones = self._signal_zones.setdefault(keys.signal(CARBON_KIND, region.carbon.zone), [])
+            if region.grid_zone not in grid_zones:
+                grid_zones.append(region.grid_zone)
+        self._snapshot = self._build()
+
+    def current(self) -> FleetSnapshot:
+        """The latest snapshot (no I/O: safe on the request path)."""
+        return self._snapshot
+
+    @property
+    def energy_routing(self) -> bool:
+        return self._energy_routing
+
+    async def refresh(self) -> FleetSnapshot:
+        """Read the store once and rebuild; on ``StateUnavailable`` keep the last inputs."""
+        self.status.last_attempt_at = self.clock()
+        region_keys = list(self._region_keys.values())
+        signal_keys = list(self._signal_zones)
+        try:
+            values = await self.store.mget([*region_keys, *signal_keys, keys.FLAGS])
+        except StateUnavailable as exc:
+            self.status.failures += 1
+            if self.status.last_error != str(exc):
+                log.warning("state store unavailable, keeping the last snapshot inputs (they age): %s", exc)
+            self.status.last_error = str(exc)
+        else:
+            self._apply_regions(dict(zip(self._region_keys, values[: len(region_keys)], strict=True)))
+            self._apply_signals(dict(zip(signal_keys, values[len(region_keys) : -1], strict=True)))
+            self._apply_flags(values[-1])
+            self.status.last_success_at = self.status.last_attempt_at
+            self.status.last_error = ""
+        self.status.refreshes += 1
+        self._snapshot = self._build()
+        return self._snapshot
+
+    def _build(self) -> FleetSnapshot:
+        return self.builder.build(
+            now=self.clock(),
+            carbon=dict(self._carbon),
+            live=dict(self._live),
+            energy_routing_enabled=self._energy_routing,
+        )
+
+    def _apply_regions(self, raw_by_region: Mapping[str, bytes | None]) -> None:
+        for region, raw in raw_by_region.items():
+            if raw is None:
+                # Expired (TTL): the region stopped publishing long ago; the last state we
+                # hold keeps ageing and the policy judges it stale.
+                continue
+            state = self._decode(self._region_keys[region], raw, codec.decode_region_state)
+            if state is not None:
+                self._live[region] = state
+
+    def _apply_signals(self, raw_by_key: Mapping[str, bytes | None]) -> None:
+        for key, raw in raw_by_key.items():
+            if raw is None:
+                continue
+            signal = self._decode(key, raw, codec.decode_signal)
+            if signal is None:
+                continue
+            if signal.kind != CARBON_KIND:
+                self._note_bad(key, f"expected kind {CARBON_KIND!r}, got {signal.kind!r}")
+                continue
+            for grid_zone in self._signal_zones[key]:
+                self._carbon[grid_zone] = signal
+
+    def _apply_flags(self, raw: bytes | None) -> None:
+        if raw is None:
+            self._energy_routing = True  # absent flags record: energy routing on
+            return
+        enabled = self._decode(keys.FLAGS, raw, parse_flags)
+        if enabled is not None:
+            self._energy_routing = enabled
+
+    def _decode(self, key: str, raw: bytes, decode: Callable[[bytes], T]) -> T | None:
+        try:
+            value = decode(raw)
+        except ValueError as exc:
+            self._note_bad(key, str(exc))
+            return None
+        self._bad_records.pop(key, None)
+        return value
+
+    def _note_bad(self, key: str, problem: str) -> None:
+        # Logged once per distinct problem, not every refresh.
+        if self._bad_records.get(key) != problem:
+            log.warning("ignoring malformed store record %s (keeping the last good value): %s", key, problem)
+        self._bad_records[key] = problem
+
+    async def start(self) -> None:
+        """One refresh now (so the first request sees the store), then every ``interval_s``."""
+        if self._task is not None:
+            return
+        await self.refresh()
+        self._task = asyncio.create_task(self._run(), name="snapshot-refresher")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.refresh()
+            except Exception:
+                # A bug in one refresh must not stop the loop; the snapshot ages instead.
+                log.exception("snapshot refresh failed")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,98 @@
+"""The closed set of outcomes a request can fail with, independent of any transport.
+
+The router maps each to a gRPC status once, at its edge (``scheduler.server.status``); the
+simulator and the CLI report them directly. No grpc imports here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SchedulerError(Exception):
+    """Base of every outcome below."""
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One bad request field: ``field`` is its path in the request (e.g. ``sampling.max_tokens``)."""
+
+    field: str
+    description: str
+
+
+class InvalidRequest(SchedulerError):
+    """The request itself is wrong; retrying it unchanged cannot succeed."""
+
+    def __init__(self, violations: tuple[FieldViolation, ...] | list[FieldViolation]) -> None:
+        self.violations = tuple(violations)
+        super().__init__("; ".join(f"{v.field}: {v.description}" for v in self.violations))
+
+
+@dataclass(frozen=True)
+class RejectionReason:
+    """Why one candidate (``subject``, e.g. ``eu-north/h200-long``) was ruled out, by which plugin."""
+
+    subject: str
+    plugin: str
+    reason: str
+
+
+class Unschedulable(SchedulerError):
+    """No candidate survived the hard filters (compliance, context, health, SLO).
+
+    ``reason``/``plugin`` summarise (the plugin that rejected most); ``rejections`` lists every
+    candidate's rejection so the caller can see what to change.
+    """
+
+    def __init__(self, reason: str, plugin: str, rejections: tuple[RejectionReason, ...] = ()) -> None:
+        self.reason = reason
+        self.plugin = plugin
+        self.rejections = rejections
+        super().__init__(reason)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A region tried and left: ``http_status`` 0 when no HTTP response came (connect error, timeout)."""
+
+    region: str
+    pool: str
+    error: str
+    http_status: int = 0
+
+
+class Unavailable(SchedulerError):
+    """Every candidate failed before the first token, or the chosen one failed after it.
+
+    ``retryable`` is True when nothing reached the client yet (a retry is safe).
+    """
+
+    def __init__(self, message: str, attempts: tuple[Attempt, ...] = (), retryable: bool = True,
+                 retry_after_s: float | None = None) -> None:
+        self.attempts = attempts
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class RateLimited(SchedulerError):
+    """The tenant sent more requests than its rate allows; ``retry_after_s`` says when to retry."""
+
+    def __init__(self, tenant: str, limit_rps: float, retry_after_s: float) -> None:
+        self.tenant = tenant
+        self.limit_rps = limit_rps
+        self.retry_after_s = retry_after_s
+        super().__init__(f"tenant {tenant!r} is over its rate limit of {limit_rps:g} requests/s")
+
+
+class Internal(SchedulerError):
+    """A bug or an unexpected failure inside the router; the message is safe to show."""
+
+
+class Unauthenticated(SchedulerError):
+    """No API key, or one the router does not know."""
+
+
+class PermissionDenied(SchedulerError):
+    """A known key without the right: a tenant key on the admin API, or naming another tenant."""

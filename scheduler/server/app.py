@@ -1,0 +1,205 @@
+"""Assembling the router: ``RouterDeps`` (everything injected), ``create_server`` and the
+start/stop lifecycle of the server and its background tasks.
+
+``create_server(address, deps) -> (server, port)`` binds (port 0 for tests) but starts
+nothing; ``start_router`` starts the background tasks (the snapshot refresher first, so the
+first request sees the store), then the server, and marks health SERVING; ``stop`` drains
+in the reverse order (health NOT_SERVING, in-flight calls get ``grace_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from scheduler.datalayer.refresher import SnapshotRefresher
+from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.framework.scheduler import Scheduler
+from scheduler.plugins import default_scheduler_registry
+from scheduler.server.audit import AuditLog
+from scheduler.server.auth import KeyRing, TenantRateLimiter
+from scheduler.server.dispatch import RegionDispatcher
+from scheduler.server.edge import EdgeInterceptor
+from scheduler.server.receipt import EnergyReceipt
+from scheduler.server.servicers import GlobalRouterService, RouterAdminService
+from scheduler.state.store import StateStore
+from scheduler.v1 import admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    router_pb2.DESCRIPTOR.services_by_name["GlobalRouter"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"].full_name,
+)
+
+
+class BackgroundTask(Protocol):
+    """Started before the server serves, stopped after it drained (carbon pollers, ...)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    # Set: mutual TLS, clients must present a certificate signed by this CA.
+    client_ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        client_ca = self.client_ca.read_bytes() if self.client_ca else None
+        return grpc.ssl_server_credentials(
+            [(self.key.read_bytes(), self.cert.read_bytes())],
+            root_certificates=client_ca,
+            require_client_auth=client_ca is not None,
+        )
+
+
+def _version() -> str:
+    try:
+        return metadata.version("carbon-scheduler")
+    except metadata.PackageNotFoundError:
+        return "dev"
+
+
+@dataclass
+class RouterDeps:
+    scheduler: Scheduler
+    refresher: SnapshotRefresher
+    store: StateStore
+    dispatcher: RegionDispatcher
+    audit: AuditLog
+    # None: no authentication (every caller is the local admin; local use only).
+    keys: KeyRing | None = None
+    limiter: TenantRateLimiter = field(default_factory=TenantRateLimiter)
+    tls: TlsFiles | None = None
+    # Extra tasks run with the server (e.g. carbon pollers): append before start_router.
+    background: list[BackgroundTask] = field(default_factory=list)
+    # Called with every receipt, after the audit entry is queued (e.g. the ledger); must not block.
+    receipt_sinks: list[Callable[[EnergyReceipt], None]] = field(default_factory=list)
+    state_backend: str = "memory"
+    host_id: str = field(default_factory=socket.gethostname)
+    version: str = field(default_factory=_version)
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    active_streams: int = 0
+
+    def lifecycle(self) -> list[BackgroundTask]:
+        """Start order; stopped in reverse."""
+        return [self.refresher, self.audit, *self.background]
+
+
+def build_deps(
+    builder: SnapshotBuilder,
+    store: StateStore,
+    state_backend: str,
+    keys: KeyRing | None = None,
+    tls: TlsFiles | None = None,
+    rate_limit_rps: float = 50.0,
+    refresh_interval_s: float = 0.5,
+) -> RouterDeps:
+    return RouterDeps(
+        scheduler=Scheduler.from_registry(default_scheduler_registry()),
+        refresher=SnapshotRefresher(builder, store, interval_s=refresh_interval_s),
+        store=store,
+        dispatcher=RegionDispatcher(),
+        audit=AuditLog(store),
+        keys=keys,
+        limiter=TenantRateLimiter(default_rps=rate_limit_rps),
+        tls=tls,
+        state_backend=state_backend,
+    )
+
+
+def create_server(
+    address: str, deps: RouterDeps, health: HealthServicer | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """The gRPC server with every service, bound to ``address`` (``127.0.0.1:0``: any free port);
+    not started. ``health``: the health servicer to serve (a new one, NOT_SERVING, if None)."""
+    server = grpc.aio.server(
+        interceptors=[EdgeInterceptor(deps.keys, deps.limiter)],
+        options=[("grpc.so_reuseport", 0), ("grpc.keepalive_permit_without_calls", 1)],
+    )
+    # The generated grpc modules carry no type annotations.
+    router_pb2_grpc.add_GlobalRouterServicer_to_server(GlobalRouterService(deps), server)  # type: ignore[no-untyped-call]
+    admin_pb2_grpc.add_RouterAdminServicer_to_server(RouterAdminService(deps), server)  # type: ignore[no-untyped-call]
+    health = health or HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    tls = deps.tls
+    port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    return server, port
+
+
+@dataclass
+class RunningRouter:
+    server: grpc.aio.Server
+    port: int
+    health: HealthServicer
+    deps: RouterDeps
+    _started: list[BackgroundTask] = field(default_factory=list)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+        for task in reversed(self._started):
+            try:
+                await task.stop()
+            except Exception:
+                log.exception("stopping %r failed", task)
+        await self.deps.dispatcher.stop()
+        await self.deps.store.close()
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
+
+
+async def start_router(address: str, deps: RouterDeps) -> RunningRouter:
+    health = HealthServicer()
+    server, port = create_server(address, deps, health)
+    running = RunningRouter(server, port, health, deps)
+    try:
+        for task in deps.lifecycle():
+            await task.start()
+            running._started.append(task)
+        await server.start()
+    except BaseException:
+        await running.stop(grace_s=0)
+        raise
+    for name in ("", *SERVICE_NAMES):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("router serving on port %d (%s state, %s)", port, deps.state_backend,
+             "TLS" if deps.tls else "plaintext")
+    return running
+
+
+async def serve_until_signalled(running: RunningRouter, grace_s: float = 5.0) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down gracefully."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining in-flight calls for up to %.0f s", grace_s)
+    await running.stop(grace_s)

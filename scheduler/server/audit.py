@@ -1,0 +1,97 @@
+"""The audit trail: one stream entry per answered request, written off the request path.
+
+``record`` only appends to an in-memory queue; a background task ``xadd``s to the store's
+audit stream (MAXLEN ~ 100000). While the store is down, entries wait (bounded: beyond
+``max_pending`` the oldest are dropped and counted) and are flushed when it is back.
+Fields (shared format): decision_id, tenant, region, pool, energy_j, carbon_g, fallbacks
+(JSON). Never the prompt text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from scheduler.server.receipt import EnergyReceipt
+from scheduler.state import keys
+from scheduler.state.store import StateStore, StateUnavailable
+
+log = logging.getLogger(__name__)
+
+AUDIT_MAXLEN = 100_000
+
+
+def audit_fields(receipt: EnergyReceipt) -> dict[str, str]:
+    return {
+        "decision_id": receipt.decision_id,
+        "tenant": receipt.tenant,
+        "region": receipt.region,
+        "pool": receipt.pool,
+        "energy_j": "" if receipt.energy_j is None else repr(receipt.energy_j),
+        "carbon_g": "" if receipt.carbon_g is None else repr(receipt.carbon_g),
+        "fallbacks": json.dumps(
+            [{"signal": f.signal, "scorer": f.scorer, "age_s": f.age_s} for f in receipt.fallbacks]
+            + [{"failover": a.region, "pool": a.pool, "error": a.error} for a in receipt.failovers]
+        ),
+    }
+
+
+@dataclass
+class AuditLog:
+    store: StateStore
+    max_pending: int = 10_000
+    retry_s: float = 1.0
+    dropped: int = field(default=0, init=False)
+    written: int = field(default=0, init=False)
+    _pending: deque[dict[str, str]] = field(default_factory=deque, init=False, repr=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+
+    def record(self, receipt: EnergyReceipt) -> None:
+        """Queue the receipt's audit entry (no I/O; safe on the request path)."""
+        if len(self._pending) >= self.max_pending:
+            self._pending.popleft()
+            self.dropped += 1
+        self._pending.append(audit_fields(receipt))
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def flush(self) -> None:
+        """Write what is queued; on ``StateUnavailable`` leave the rest queued and re-raise."""
+        while self._pending:
+            await self.store.xadd(keys.AUDIT, self._pending[0], maxlen=AUDIT_MAXLEN)
+            self._pending.popleft()
+            self.written += 1
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.flush()
+            except StateUnavailable as exc:
+                log.warning("audit: store unavailable, %d entries queued: %s", len(self._pending), exc)
+                await asyncio.sleep(self.retry_s)
+                self._wake.set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="audit-writer")
+
+    async def stop(self, flush_timeout_s: float = 2.0) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(StateUnavailable, TimeoutError):
+            await asyncio.wait_for(self.flush(), flush_timeout_s)
+        if self._pending:
+            log.warning("audit: %d entries not written at shutdown", len(self._pending))

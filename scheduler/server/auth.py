@@ -1,0 +1,138 @@
+"""Tenant API keys, the admin role and per-tenant request rates.
+
+A key reads ``sk-<id>.<secret>``; the keys file stores, per key, its public ``id``, tenant,
+role, a random salt and ``sha256(salt + secret)``, never the key itself
+(``scheduler keys create`` prints a new key once, and the entry to add). Clients send it as
+``authorization: Bearer <key>``. Checking a key is one dict lookup and one hash.
+
+Rates are limited per tenant with a token bucket in this process (no store call on the
+request path): with N routers a tenant can reach N times its rate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field
+
+from scheduler import errors
+from scheduler.config.loader import parse, validate
+from scheduler.config.schema import Strict
+
+KEY_PREFIX = "sk-"
+Role = Literal["tenant", "admin"]
+
+
+class ApiKeyEntry(Strict):
+    id: str = Field(pattern=r"^[0-9a-f]{8,32}$")
+    tenant: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    role: Role = "tenant"
+    salt: str = Field(pattern=r"^[0-9a-f]{16,128}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # Requests per second this key's tenant may send to one router; default: the router's.
+    rate_limit_rps: float | None = Field(default=None, gt=0)
+
+
+class KeysFile(Strict):
+    keys: tuple[ApiKeyEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the tenant of the key and whether it may use ``RouterAdmin``."""
+
+    tenant: str
+    admin: bool
+    key_id: str = ""
+    rate_limit_rps: float | None = None
+
+
+def _digest(salt: str, secret: str) -> str:
+    return hashlib.sha256(bytes.fromhex(salt) + secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key: str
+    entry: ApiKeyEntry
+
+    def entry_yaml(self) -> str:
+        return yaml.safe_dump([self.entry.model_dump(exclude_none=True)], sort_keys=False)
+
+
+def create_key(tenant: str, admin: bool = False, rate_limit_rps: float | None = None) -> NewKey:
+    key_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    salt = secrets.token_hex(16)
+    entry = ApiKeyEntry(id=key_id, tenant=tenant, role="admin" if admin else "tenant", salt=salt,
+                        sha256=_digest(salt, secret), rate_limit_rps=rate_limit_rps)
+    return NewKey(key=f"{KEY_PREFIX}{key_id}.{secret}", entry=entry)
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """The known keys by id."""
+
+    entries: Mapping[str, ApiKeyEntry]
+
+    @classmethod
+    def load(cls, path: Path) -> KeyRing:
+        """Read a keys file; errors (``ConfigError``) name the file, the field and the value."""
+        keys_file = validate(KeysFile, parse(path), str(path))
+        return cls.of(keys_file.keys)
+
+    @classmethod
+    def of(cls, entries: Sequence[ApiKeyEntry]) -> KeyRing:
+        return cls({entry.id: entry for entry in entries})
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The principal for an ``authorization`` header value; ``Unauthenticated`` otherwise."""
+        if not authorization:
+            raise errors.Unauthenticated("missing 'authorization: Bearer <key>' metadata")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.startswith(KEY_PREFIX):
+            raise errors.Unauthenticated("authorization must be 'Bearer sk-<id>.<secret>'")
+        key_id, _, secret = token[len(KEY_PREFIX):].partition(".")
+        entry = self.entries.get(key_id)
+        if entry is None or not hmac.compare_digest(_digest(entry.salt, secret), entry.sha256):
+            raise errors.Unauthenticated("unknown API key")
+        return Principal(tenant=entry.tenant, admin=entry.role == "admin", key_id=entry.id,
+                         rate_limit_rps=entry.rate_limit_rps)
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+@dataclass
+class TenantRateLimiter:
+    """Token bucket per tenant: ``rate_rps`` sustained, bursts up to ``burst_s`` seconds' worth."""
+
+    default_rps: float = 50.0
+    burst_s: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[str, _Bucket] = field(default_factory=dict, init=False, repr=False)
+
+    def check(self, principal: Principal) -> None:
+        """Take one token for the tenant, or raise ``RateLimited`` with when to retry."""
+        rate = principal.rate_limit_rps or self.default_rps
+        capacity = max(1.0, rate * self.burst_s)
+        now = self.clock()
+        bucket = self._buckets.get(principal.tenant)
+        if bucket is None:
+            bucket = self._buckets[principal.tenant] = _Bucket(tokens=capacity, updated=now)
+        bucket.tokens = min(capacity, bucket.tokens + (now - bucket.updated) * rate)
+        bucket.updated = now
+        if bucket.tokens < 1.0:
+            raise errors.RateLimited(principal.tenant, rate, retry_after_s=(1.0 - bucket.tokens) / rate)
+        bucket.tokens -= 1.0

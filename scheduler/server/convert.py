@@ -1,0 +1,245 @@
+"""proto <-> ``scheduler.types``: the only module that knows both.
+
+``incoming`` validates a ``GenerateRequest`` (every bad field is reported at once, by its
+path) and turns it into the ``Request`` the scheduler decides on plus the ``RegionCall``
+the dispatcher sends; the rest turn decisions, receipts and regions into messages.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.errors import FieldViolation, InvalidRequest
+from scheduler.server.dispatch import CHAT_COMPLETIONS, COMPLETIONS, RegionCall
+from scheduler.server.receipt import CarbonUsed, EnergyReceipt
+from scheduler.types import Decision, Fallback, FleetSnapshot, GeoPoint, Request, WorkloadClass
+from scheduler.v1 import messages_pb2 as pb
+
+MAX_TOKENS_LIMIT = 1_048_576
+# Without a tokenizer in the router: about 4 bytes of UTF-8 per token (English text).
+BYTES_PER_TOKEN = 4
+CHAT_TOKENS_PER_MESSAGE = 4
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+_JURISDICTION = re.compile(r"^[A-Z]{2,8}$")
+_WORKLOAD: dict[int, WorkloadClass] = {
+    pb.WORKLOAD_CLASS_UNSPECIFIED: "interactive",
+    pb.WORKLOAD_CLASS_INTERACTIVE: "interactive",
+    pb.WORKLOAD_CLASS_BATCH: "batch",
+    pb.WORKLOAD_CLASS_DEFERRABLE: "deferrable",
+}
+
+
+@dataclass(frozen=True)
+class Incoming:
+    request: Request
+    call: RegionCall
+    prompt_tokens_estimated: bool
+
+
+def _estimate_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text.encode()) / BYTES_PER_TOKEN))
+
+
+def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> Incoming:
+    """Validate and convert; ``InvalidRequest`` lists every bad field. ``tenant`` is the caller's."""
+    bad: list[FieldViolation] = []
+    served = snapshot.candidates_by_model
+    if not msg.model:
+        bad.append(FieldViolation("model", "required"))
+    elif msg.model not in served:
+        bad.append(FieldViolation("model", f"unknown model {msg.model!r} (served: {', '.join(sorted(served))})"))
+    if len(msg.request_id) > 128:
+        bad.append(FieldViolation("request_id", "at most 128 characters"))
+
+    body: dict[str, Any]
+    input_kind = msg.WhichOneof("input")
+    if input_kind == "prompt":
+        if not msg.prompt:
+            bad.append(FieldViolation("prompt", "must not be empty"))
+        body, path, text_tokens = {"prompt": msg.prompt}, COMPLETIONS, _estimate_tokens(msg.prompt)
+    elif input_kind == "chat":
+        messages = list(msg.chat.messages)
+        if not messages:
+            bad.append(FieldViolation("chat.messages", "at least one message is required"))
+        for i, message in enumerate(messages):
+            if message.role not in CHAT_ROLES:
+                bad.append(FieldViolation(f"chat.messages[{i}].role",
+                                          f"expected one of {sorted(CHAT_ROLES)}, got {message.role!r}"))
+        body = {"messages": [{"role": m.role, "content": m.content} for m in messages]}
+        path = CHAT_COMPLETIONS
+        text_tokens = sum(_estimate_tokens(m.content) + CHAT_TOKENS_PER_MESSAGE for m in messages)
+    else:
+        bad.append(FieldViolation("input", "one of prompt or chat is required"))
+        body, path, text_tokens = {}, COMPLETIONS, 0
+
+    sampling = msg.sampling
+    if not 0 < sampling.max_tokens <= MAX_TOKENS_LIMIT:
+        bad.append(FieldViolation("sampling.max_tokens", f"must be in 1..{MAX_TOKENS_LIMIT}, got {sampling.max_tokens}"))
+    body["max_tokens"] = sampling.max_tokens
+    if sampling.HasField("temperature"):
+        if not 0.0 <= sampling.temperature <= 2.0:
+            bad.append(FieldViolation("sampling.temperature", f"must be in [0, 2], got {sampling.temperature:g}"))
+        body["temperature"] = sampling.temperature
+    if sampling.HasField("top_p"):
+        if not 0.0 < sampling.top_p <= 1.0:
+            bad.append(FieldViolation("sampling.top_p", f"must be in (0, 1], got {sampling.top_p:g}"))
+        body["top_p"] = sampling.top_p
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    if sampling.HasField("seed"):
+        body["seed"] = sampling.seed
+
+    for name in ("ttft_ms", "tpot_ms"):
+        if msg.slo.HasField(name) and not getattr(msg.slo, name) > 0:  # type: ignore[arg-type]
+            bad.append(FieldViolation(f"slo.{name}", f"must be positive, got {getattr(msg.slo, name):g}"))
+    if msg.workload_class not in _WORKLOAD:
+        bad.append(FieldViolation("workload_class", f"unknown value {msg.workload_class}"))
+    for i, code in enumerate(msg.compliance.allowed_jurisdictions):
+        if not _JURISDICTION.match(code):
+            bad.append(FieldViolation(f"compliance.allowed_jurisdictions[{i}]",
+                                      f"expected an upper-case code like 'EU', got {code!r}"))
+    location = None
+    if msg.HasField("client_location"):
+        lat, lon = msg.client_location.lat, msg.client_location.lon
+        if not (-90 <= lat <= 90 and -180 <= lon <= 180):
+            bad.append(FieldViolation("client_location", f"({lat:g}, {lon:g}) is not a point on Earth"))
+        location = GeoPoint(lat, lon)
+
+    estimated = not msg.HasField("prompt_tokens")
+    prompt_tokens = text_tokens if estimated else msg.prompt_tokens
+    if not estimated and prompt_tokens <= 0:
+        bad.append(FieldViolation("prompt_tokens", "must be positive when given"))
+    cached = msg.cached_tokens if msg.HasField("cached_tokens") else 0
+    if cached > prompt_tokens:
+        bad.append(FieldViolation("cached_tokens", f"{cached} exceeds the prompt's {prompt_tokens} tokens"))
+    if bad:
+        raise InvalidRequest(bad)
+
+    request = Request(
+        request_id=msg.request_id or uuid.uuid4().hex,
+        model=msg.model,
+        prompt_tokens=prompt_tokens,
+        max_tokens=sampling.max_tokens,
+        tenant=tenant,
+        workload_class=_WORKLOAD[msg.workload_class],
+        ttft_slo_ms=msg.slo.ttft_ms if msg.slo.HasField("ttft_ms") else None,
+        tpot_slo_ms=msg.slo.tpot_ms if msg.slo.HasField("tpot_ms") else None,
+        allowed_jurisdictions=frozenset(msg.compliance.allowed_jurisdictions),
+        required_certifications=frozenset(msg.compliance.required_certifications),
+        precision=msg.compliance.precision or None,
+        task_class=msg.compliance.task_class or None,
+        client_location=location,
+        prefix_key=msg.prefix_key or None,
+        cached_tokens=cached,
+    )
+    return Incoming(request, RegionCall(path, body), estimated)
+
+
+def fallback_to_proto(fallback: Fallback) -> pb.Fallback:
+    message = pb.Fallback(signal=fallback.signal, scorer=fallback.scorer, max_age_s=fallback.max_age_s,
+                          detail=fallback.detail)
+    if fallback.age_s is not None:
+        message.age_s = fallback.age_s
+    return message
+
+
+def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming) -> pb.Decision:
+    ranked = []
+    for k, scored in enumerate(decision.ranked):
+        c = scored.candidate
+        item = pb.RankedCandidate(region=c.region.name, pool=c.pool.name, model=c.deployment.name, gpu=c.pool.gpu,
+                                  endpoint=c.region.endpoint, total=scored.total)
+        # Item assignment: several times cheaper than passing dicts to the constructor.
+        raw, weighted = item.raw, item.weighted
+        for name, value in scored.raw.items():
+            raw[name] = value
+        for name, value in scored.weighted.items():
+            weighted[name] = value
+        if k == 0 and decision.energy is not None:
+            e = decision.energy
+            item.energy.CopyFrom(pb.EnergyEstimate(
+                energy_j=e.energy_j, energy_j_low=e.low_j, energy_j_high=e.high_j, prefill_j=e.prefill_j,
+                decode_j=e.decode_j, idle_j=e.idle_j, provenance=e.provenance,
+            ))
+        ranked.append(item)
+    return pb.Decision(
+        decision_id=decision_id,
+        request_id=decision.request_id,
+        decided_at_unix_s=decision.decided_at,
+        policy=decision.policy,
+        ranked=ranked,
+        rejected=[
+            pb.Rejection(region=r.candidate.region.name, pool=r.candidate.pool.name, plugin=r.plugin, reason=r.reason)
+            for r in decision.rejected
+        ],
+        fallbacks=[fallback_to_proto(f) for f in decision.fallbacks],
+        weights=dict(decision.weights),
+        energy_ranking=decision.energy_ranking,
+        plugin_timings_ns=dict(decision.plugin_timings_ns),
+        prompt_tokens=incoming_.request.prompt_tokens,
+        prompt_tokens_estimated=incoming_.prompt_tokens_estimated,
+    )
+
+
+def carbon_to_proto(used: CarbonUsed) -> pb.CarbonSignal:
+    s = used.signal
+    return pb.CarbonSignal(zone=s.key, value=s.value, unit=s.unit, observed_at_unix_s=s.observed_at,
+                           source=s.source, age_s=used.age_s, stale=used.stale)
+
+
+# Receipt fields that are optional in the proto: set only when something measured them.
+_OPTIONAL_RECEIPT_FIELDS = (
+    "energy_j", "energy_j_low", "energy_j_high", "confidence", "waiting_j", "prefill_j", "decode_j",
+    "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens",
+    "reused_tokens", "avoided_j", "carbon_g", "ttft_ms",
+)
+
+
+def receipt_to_proto(receipt: EnergyReceipt) -> pb.EnergyReceipt:
+    message = pb.EnergyReceipt(
+        measurement_source=receipt.measurement_source,
+        attribution_method=receipt.attribution_method,
+        pue=receipt.pue,
+        region=receipt.region,
+        pool=receipt.pool,
+        decision_id=receipt.decision_id,
+        request_id=receipt.request_id,
+        model=receipt.model,
+        duration_ms=receipt.duration_ms,
+        fallbacks=[fallback_to_proto(f) for f in receipt.fallbacks],
+        failovers=[pb.Failover(region=a.region, pool=a.pool, error=a.error, http_status=a.http_status)
+                   for a in receipt.failovers],
+    )
+    for name in _OPTIONAL_RECEIPT_FIELDS:
+        value = getattr(receipt, name)
+        if value is not None:
+            setattr(message, name, value)
+    if receipt.carbon is not None:
+        message.carbon_signal.CopyFrom(carbon_to_proto(receipt.carbon))
+    return message
+
+
+def regions_to_proto(snapshot: FleetSnapshot) -> list[pb.RegionInfo]:
+    infos = []
+    for region in snapshot.regions:
+        live = snapshot.live.get(region.name)
+        info = pb.RegionInfo(
+            name=region.name, jurisdiction=region.jurisdiction, certifications=list(region.certifications),
+            grid_zone=region.grid_zone, pue=region.pue, endpoint=region.endpoint,
+            location=pb.GeoPoint(lat=region.location.lat, lon=region.location.lon),
+            pools=[pb.PoolInfo(name=p.name, gpu=p.gpu, count=p.count, models=[m.name for m in p.models])
+                   for p in region.pools],
+            healthy=(fresh := snapshot.fresh_live(region.name)) is not None and fresh.healthy,
+        )
+        if live is not None:
+            info.state_age_s = snapshot.age(live.observed_at)
+        signal = snapshot.carbon.get(region.grid_zone)
+        if signal is not None:
+            age = snapshot.age(signal.observed_at)
+            info.carbon.CopyFrom(carbon_to_proto(CarbonUsed(signal, age, age > snapshot.policy.max_age.carbon)))
+        infos.append(info)
+    return infos

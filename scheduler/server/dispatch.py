@@ -1,0 +1,264 @@
+"""Streaming a request to a region's OpenAI-compatible endpoint, failing over before the first token.
+
+One ``httpx.AsyncClient`` per router (a keep-alive pool shared by every stream). For each
+candidate of ``Decision.ranked`` in order: POST ``{endpoint}/v1/completions`` (or
+``/v1/chat/completions``) with ``"stream": true``; a connect error, a timeout, a 5xx (or any
+failure) before the first text reaches the client moves on to the next candidate and is
+recorded; once text has been relayed, a failure ends the stream with a non-retryable
+``Unavailable``. A 400/422 from the region is the request's fault: ``InvalidRequest``.
+
+Text that arrives in one network read is relayed as one chunk (coalescing without delay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from scheduler import errors
+from scheduler.server.sse import DONE, SseParser
+from scheduler.types import Candidate, Decision
+
+log = logging.getLogger(__name__)
+
+COMPLETIONS = "/v1/completions"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+# Region answers that mean "this request is wrong" rather than "this region is unwell".
+CLIENT_ERRORS = frozenset({400, 422})
+
+
+@dataclass(frozen=True)
+class RegionCall:
+    """The OpenAI request body to send (without model/stream, which the dispatcher sets)."""
+
+    path: str
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+    finish_reason: str = ""
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    connect_timeout_s: float = 2.0
+    # Longest silence between two reads, the wait for the first byte (prefill of a long prompt)
+    # included; always capped by the request's deadline.
+    read_timeout_s: float = 60.0
+    max_connections: int = 1024
+    keepalive_connections: int = 256
+
+
+@dataclass
+class RegionStream:
+    """Iterate the text; afterwards ``candidate``, ``usage``, ``energy`` and ``failovers`` tell
+    where it ran and what the region reported."""
+
+    decision: Decision
+    call: RegionCall
+    client: httpx.AsyncClient
+    settings: DispatchSettings
+    deadline_s: float | None
+    x_scheduler: Mapping[str, str]
+    clock: Callable[[], float] = time.monotonic
+    candidate: Candidate | None = None
+    usage: Mapping[str, Any] | None = None
+    energy: Mapping[str, Any] | None = None
+    failovers: list[errors.Attempt] = field(default_factory=list)
+    first_text_at: float | None = None
+    _deltas: AsyncGenerator[TextDelta, None] | None = field(default=None, init=False, repr=False)
+    _first: asyncio.Future[TextDelta | None] | None = field(default=None, init=False, repr=False)
+
+    def start(self) -> None:
+        """Send the request now, in a task, so the caller can do other work (build the decision
+        message) while the region prefills; iterating then picks up the first delta."""
+        if self._deltas is None:
+            self._deltas = self._failover()
+            self._first = asyncio.ensure_future(anext(self._deltas, None))
+
+    async def aclose(self) -> None:
+        """Abandon the stream (the client went away): cancel and close the region request."""
+        first, self._first = self._first, None
+        if first is not None:
+            first.cancel()
+            # Retrieve its outcome so an abandoned failure is not reported as unhandled.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await first
+        if self._deltas is not None:
+            await self._deltas.aclose()
+
+    async def __aiter__(self) -> AsyncIterator[TextDelta]:
+        self.start()
+        assert self._deltas is not None and self._first is not None
+        try:
+            first = await self._first
+            self._first = None
+            if first is None:
+                return
+            yield first
+            async for delta in self._deltas:
+                yield delta
+        finally:
+            await self.aclose()
+
+    def _timeout(self, limit: float) -> float:
+        if self.deadline_s is None:
+            return limit
+        return max(0.001, min(limit, self.deadline_s - self.clock()))
+
+    async def _failover(self) -> AsyncGenerator[TextDelta, None]:
+        for candidate in self.decision.ranked_candidates:
+            try:
+                async for delta in self._attempt(candidate):
+                    yield delta
+                self.candidate = candidate
+                return
+            except _RegionFailed as failure:
+                attempt = errors.Attempt(candidate.region.name, candidate.pool.name, failure.error, failure.http_status)
+                if self.first_text_at is not None:
+                    raise errors.Unavailable(
+                        f"region {candidate.key} failed after the first token: {failure.error}",
+                        attempts=(*self.failovers, attempt), retryable=False,
+                    ) from None
+                log.warning("failover: %s failed before the first token: %s", candidate.key, failure.error)
+                self.failovers.append(attempt)
+        tried = ", ".join(f"{a.region}/{a.pool} ({a.error})" for a in self.failovers)
+        raise errors.Unavailable(f"every candidate failed before the first token: {tried}",
+                                 attempts=tuple(self.failovers), retryable=True, retry_after_s=1.0)
+
+    async def _attempt(self, candidate: Candidate) -> AsyncIterator[TextDelta]:
+        url = candidate.region.endpoint.rstrip("/") + self.call.path
+        body = {
+            **self.call.body,
+            "model": candidate.deployment.name,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "x_scheduler": {**self.x_scheduler, "pool": candidate.pool.name},
+        }
+        settings = self.settings
+        timeout = httpx.Timeout(
+            connect=self._timeout(settings.connect_timeout_s),
+            read=self._timeout(settings.read_timeout_s),
+            write=self._timeout(settings.connect_timeout_s),
+            pool=self._timeout(settings.connect_timeout_s),
+        )
+        try:
+            async with self.client.stream("POST", url, json=body, timeout=timeout) as response:
+                if response.status_code != 200:
+                    await self._reject(response)
+                async for delta in self._relay(response):
+                    yield delta
+        except httpx.TimeoutException as exc:
+            raise _RegionFailed(f"timeout ({type(exc).__name__})") from None
+        except httpx.HTTPError as exc:
+            raise _RegionFailed(f"{type(exc).__name__}: {exc}") from None
+
+    async def _reject(self, response: httpx.Response) -> None:
+        raw = await response.aread()
+        message, param = _openai_error(raw)
+        if response.status_code in CLIENT_ERRORS:
+            raise errors.InvalidRequest([errors.FieldViolation(param or "request", f"region says: {message}")])
+        raise _RegionFailed(f"HTTP {response.status_code}: {message}", response.status_code)
+
+    async def _relay(self, response: httpx.Response) -> AsyncIterator[TextDelta]:
+        parser = SseParser()
+        done = False
+        finish = ""
+        stream = response.aiter_bytes()
+        while not done:
+            try:
+                data = await anext(stream)
+            except StopAsyncIteration:
+                break
+            texts = []
+            for payload in parser.feed(data):
+                if payload == DONE:
+                    done = True
+                    break
+                text, reason = self._event(payload)
+                texts.append(text)
+                finish = reason or finish
+            text = "".join(texts)
+            if text or (finish and done):
+                if self.first_text_at is None and text:
+                    self.first_text_at = self.clock()
+                yield TextDelta(text, finish)
+                finish = ""
+        if not done:
+            raise _RegionFailed("stream ended without [DONE]")
+
+    def _event(self, payload: str) -> tuple[str, str]:
+        try:
+            event = json.loads(payload)
+        except json.JSONDecodeError:
+            raise _RegionFailed(f"malformed event: {payload[:80]!r}") from None
+        if not isinstance(event, dict):
+            raise _RegionFailed(f"malformed event: {payload[:80]!r}")
+        if "error" in event:
+            message, _ = _openai_error(json.dumps(event).encode())
+            raise _RegionFailed(f"error event: {message}")
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+            energy = event.get("energy", event["usage"].get("energy"))
+            if isinstance(energy, dict):
+                self.energy = energy
+        choices = event.get("choices") or []
+        if not choices:
+            return "", ""
+        choice = choices[0]
+        delta = choice.get("delta")
+        text = (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or ""
+        return str(text), str(choice.get("finish_reason") or "")
+
+
+class _RegionFailed(Exception):
+    def __init__(self, error: str, http_status: int = 0) -> None:
+        self.error = error
+        self.http_status = http_status
+        super().__init__(error)
+
+
+def _openai_error(raw: bytes) -> tuple[str, str]:
+    """(message, param) from an OpenAI error body, or the raw text."""
+    try:
+        body = json.loads(raw)
+        error = body["error"]
+        return str(error.get("message", "")), str(error.get("param") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return raw[:200].decode("utf-8", errors="replace"), ""
+
+
+@dataclass
+class RegionDispatcher:
+    """Owns the router's one HTTP client; ``stream`` starts a ``RegionStream`` for a decision."""
+
+    settings: DispatchSettings = field(default_factory=DispatchSettings)
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        limits = httpx.Limits(
+            max_connections=self.settings.max_connections,
+            max_keepalive_connections=self.settings.keepalive_connections,
+        )
+        self.client = httpx.AsyncClient(limits=limits, timeout=self.settings.read_timeout_s, trust_env=False)
+
+    def stream(self, decision: Decision, call: RegionCall, deadline_s: float | None,
+               x_scheduler: Mapping[str, str]) -> RegionStream:
+        """``deadline_s``: on this dispatcher's clock (None: no deadline)."""
+        return RegionStream(decision, call, self.client, self.settings, deadline_s, x_scheduler, self.clock)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        await self.client.aclose()

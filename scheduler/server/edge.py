@@ -1,0 +1,111 @@
+"""The router's edge: one interceptor that admits each call and maps its failure once.
+
+For every scheduler.v1 method it (1) authenticates the ``authorization: Bearer`` key,
+(2) requires the admin role for ``RouterAdmin``, (3) applies the tenant's rate limit, then
+runs the servicer with the caller's ``Principal`` available through ``current_principal()``,
+and (4) turns any ``scheduler.errors`` outcome (or an unexpected exception) into a gRPC
+status with ``google.rpc`` details (``scheduler.server.status``). Health and reflection stay
+open, as load balancers and grpcurl expect.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from scheduler import errors
+from scheduler.server.auth import KeyRing, Principal, TenantRateLimiter
+from scheduler.server.status import status_for
+
+log = logging.getLogger(__name__)
+
+ADMIN_PREFIX = "/scheduler.v1.RouterAdmin/"
+OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+# Without a keys file every caller is this principal (local use; the CLI warns).
+LOCAL_PRINCIPAL = Principal(tenant="local", admin=True)
+
+# The calling principal, set by the edge for the duration of one call (per-task context).
+_principal: contextvars.ContextVar[Principal] = contextvars.ContextVar("scheduler_principal")
+
+
+def current_principal() -> Principal:
+    return _principal.get()
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+    status = status_for(exc)
+    await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+Unary = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+Streaming = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
+
+
+@dataclass
+class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    keys: KeyRing | None
+    limiter: TenantRateLimiter
+
+    def admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        if self.keys is None:
+            return LOCAL_PRINCIPAL
+        principal = self.keys.authenticate(_authorization(context))
+        admin_method = method.startswith(ADMIN_PREFIX)
+        if admin_method and not principal.admin:
+            raise errors.PermissionDenied(f"{method} needs an admin key; tenant {principal.tenant!r} has none")
+        if not admin_method:
+            self.limiter.check(principal)
+        return principal
+
+    def _unary(self, method: str, inner: Unary) -> Unary:
+        async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                _principal.set(self.admit(method, context))
+                return await inner(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await _abort(context, exc)
+
+        return behavior
+
+    def _streaming(self, method: str, inner: Streaming) -> Streaming:
+        async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            try:
+                _principal.set(self.admit(method, context))
+                async for response in inner(request, context):
+                    yield response
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await _abort(context, exc)
+
+        return behavior
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        # grpc's stubs type handlers for the sync server; aio behaviours are coroutines.
+        handler: Any = await continuation(handler_call_details)
+        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        if handler is None or method.startswith(OPEN_PREFIXES):
+            return handler
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=self._unary(method, handler.unary_unary))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=self._streaming(method, handler.unary_stream))
+        return handler

@@ -1,0 +1,183 @@
+"""The energy receipt that closes every ``Generate`` stream (ARCHITECTURE section 6).
+
+Energy comes from the region's ``energy`` object (measured: ``nvml`` or ``node-share``) when
+it sends one; otherwise from the energy model's estimate for the pool that answered, with
+the token counts the region reported (``measurement_source: model``). Carbon is that energy
+x the grid's carbon intensity (the snapshot's signal for the region's zone) x the region's
+PUE, and only when the signal is within the policy's max age: a stale signal is shown but
+never used. A field nothing measured stays ``None`` (absent in the proto).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.errors import Attempt
+from scheduler.types import Candidate, Fallback, FleetSnapshot, Signal
+
+J_PER_KWH = 3.6e6
+MODEL_ATTRIBUTION = "model-v1"
+
+
+@dataclass(frozen=True)
+class CarbonUsed:
+    signal: Signal
+    age_s: float
+    stale: bool
+
+
+@dataclass(frozen=True)
+class EnergyReceipt:
+    decision_id: str
+    request_id: str
+    tenant: str
+    model: str
+    region: str
+    pool: str
+    pue: float
+    measurement_source: str
+    attribution_method: str
+    energy_j: float | None = None
+    energy_j_low: float | None = None
+    energy_j_high: float | None = None
+    confidence: float | None = None
+    waiting_j: float | None = None
+    prefill_j: float | None = None
+    decode_j: float | None = None
+    postprocess_j: float | None = None
+    idle_allocation_j: float | None = None
+    batch_size: float | None = None
+    padding_ratio: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reused_tokens: int | None = None
+    avoided_j: float | None = None
+    carbon_g: float | None = None
+    carbon: CarbonUsed | None = None
+    fallbacks: tuple[Fallback, ...] = ()
+    failovers: tuple[Attempt, ...] = ()
+    ttft_ms: float | None = None
+    duration_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+
+    @classmethod
+    def from_region(cls, usage: Mapping[str, Any] | None) -> Usage:
+        usage = usage or {}
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return cls(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), _int(cached))
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class ReceiptInputs:
+    decision_id: str
+    request_id: str
+    tenant: str
+    candidate: Candidate
+    snapshot: FleetSnapshot
+    fallbacks: tuple[Fallback, ...]
+    failovers: tuple[Attempt, ...]
+    # What the decision assumed, used where the region reports nothing.
+    prompt_tokens: int
+    cached_tokens: int
+    usage: Mapping[str, Any] | None
+    energy: Mapping[str, Any] | None
+    ttft_ms: float | None
+    duration_ms: float
+
+
+def _measured_energy(energy: Mapping[str, Any]) -> dict[str, Any]:
+    phases = energy.get("phases") if isinstance(energy.get("phases"), dict) else {}
+    assert isinstance(phases, dict)
+    return {
+        "measurement_source": str(energy.get("measurement_source") or "unknown"),
+        "attribution_method": str(energy.get("attribution_method") or ""),
+        "energy_j": _float(energy.get("energy_j")),
+        "energy_j_low": _float(energy.get("energy_j_low")),
+        "energy_j_high": _float(energy.get("energy_j_high")),
+        "confidence": _float(energy.get("confidence")),
+        "waiting_j": _float(phases.get("waiting_j")),
+        "prefill_j": _float(phases.get("prefill_j")),
+        "decode_j": _float(phases.get("decode_j")),
+        "postprocess_j": _float(phases.get("postprocess_j")),
+        "idle_allocation_j": _float(phases.get("idle_allocation_j")),
+        "batch_size": _float(energy.get("batch_size")),
+        "padding_ratio": _float(energy.get("padding_ratio")),
+        "avoided_j": _float(energy.get("avoided_j")),
+    }
+
+
+def _modelled_energy(inputs: ReceiptInputs, prompt: int, cached: int, completion: int) -> dict[str, Any]:
+    perf = inputs.snapshot.perf[inputs.candidate.index]
+    coefficients = perf.energy
+    estimate = coefficients.estimate(prompt, cached, completion, perf.queue_wait_s)
+    avoided = min(cached, prompt) * coefficients.prefill_j_per_token
+    return {
+        "measurement_source": "model",
+        "attribution_method": f"{MODEL_ATTRIBUTION} ({estimate.provenance})",
+        "energy_j": estimate.energy_j,
+        "energy_j_low": estimate.low_j,
+        "energy_j_high": estimate.high_j,
+        "waiting_j": estimate.idle_j,
+        "prefill_j": estimate.prefill_j,
+        "decode_j": estimate.decode_j,
+        "batch_size": perf.batch,
+        "avoided_j": avoided,
+    }
+
+
+def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
+    usage = Usage.from_region(inputs.usage)
+    prompt = usage.prompt_tokens if usage.prompt_tokens is not None else inputs.prompt_tokens
+    cached = usage.cached_tokens if usage.cached_tokens is not None else inputs.cached_tokens
+    completion = usage.completion_tokens if usage.completion_tokens is not None else 0
+    candidate, snapshot = inputs.candidate, inputs.snapshot
+    energy = (
+        _measured_energy(inputs.energy)
+        if inputs.energy is not None and _float(inputs.energy.get("energy_j")) is not None
+        else _modelled_energy(inputs, prompt, cached, completion)
+    )
+    carbon_used = None
+    carbon_g = None
+    signal = snapshot.carbon.get(candidate.region.grid_zone)
+    if signal is not None:
+        age = snapshot.age(signal.observed_at)
+        stale = age > snapshot.policy.max_age.carbon
+        carbon_used = CarbonUsed(signal, age, stale)
+        if not stale and energy["energy_j"] is not None:
+            carbon_g = energy["energy_j"] / J_PER_KWH * signal.value * candidate.region.pue
+    return EnergyReceipt(
+        decision_id=inputs.decision_id,
+        request_id=inputs.request_id,
+        tenant=inputs.tenant,
+        model=candidate.deployment.name,
+        region=candidate.region.name,
+        pool=candidate.pool.name,
+        pue=candidate.region.pue,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        reused_tokens=usage.cached_tokens,
+        carbon_g=carbon_g,
+        carbon=carbon_used,
+        fallbacks=inputs.fallbacks,
+        failovers=inputs.failovers,
+        ttft_ms=inputs.ttft_ms,
+        duration_ms=inputs.duration_ms,
+        **energy,
+    )

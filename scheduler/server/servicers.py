@@ -1,0 +1,168 @@
+"""Thin servicers: convert, call the scheduler / dispatcher / store, convert back.
+
+Failures are raised as ``scheduler.errors`` outcomes and mapped once by the edge
+(``scheduler.server.edge``); nothing here builds a gRPC status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from scheduler import errors
+from scheduler.server import convert
+from scheduler.server.edge import current_principal
+from scheduler.server.receipt import ReceiptInputs, build_receipt
+from scheduler.state import keys
+from scheduler.state.store import StateUnavailable
+from scheduler.types import Decision, FleetSnapshot
+from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
+
+if TYPE_CHECKING:
+    from scheduler.server.app import RouterDeps
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def unschedulable(decision: Decision) -> errors.Unschedulable:
+    rejections = tuple(
+        errors.RejectionReason(f"{r.candidate.key}/{r.candidate.deployment.name}", r.plugin, r.reason)
+        for r in decision.rejected
+    )
+    by_plugin = Counter(r.plugin for r in rejections)
+    plugin = by_plugin.most_common(1)[0][0] if by_plugin else ""
+    summary = ", ".join(f"{name}: {count}" for name, count in by_plugin.most_common())
+    return errors.Unschedulable(
+        f"no candidate satisfies the request's hard requirements ({len(rejections)} rejected; {summary})",
+        plugin, rejections,
+    )
+
+
+class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
+    def __init__(self, deps: RouterDeps) -> None:
+        self.deps = deps
+
+    def _decide(self, request: messages_pb2.GenerateRequest) -> tuple[FleetSnapshot, convert.Incoming, Decision]:
+        principal = current_principal()
+        tenant = request.tenant or principal.tenant
+        if tenant != principal.tenant and not principal.admin:
+            raise errors.PermissionDenied(f"a key of tenant {principal.tenant!r} cannot act for {tenant!r}")
+        snapshot = self.deps.refresher.current()
+        incoming = convert.incoming(request, tenant, snapshot)
+        decision = self.deps.scheduler.schedule(incoming.request, snapshot)
+        if not decision.schedulable:
+            raise unschedulable(decision)
+        return snapshot, incoming, decision
+
+    async def Route(self, request: messages_pb2.GenerateRequest, context: Context) -> router_pb2.RouteResponse:
+        _, incoming, decision = self._decide(request)
+        return router_pb2.RouteResponse(decision=convert.decision_to_proto(decision, uuid.uuid4().hex, incoming))
+
+    async def Generate(
+        self, request: messages_pb2.GenerateRequest, context: Context
+    ) -> AsyncIterator[messages_pb2.GenerateResponse]:
+        deps = self.deps
+        started = deps.monotonic()
+        snapshot, incoming, decision = self._decide(request)
+        decision_id = uuid.uuid4().hex
+        remaining = context.time_remaining()
+        tenant = incoming.request.tenant
+        stream = deps.dispatcher.stream(decision, incoming.call, None if remaining is None else started + remaining,
+                                        {"decision_id": decision_id, "tenant": tenant})
+        deps.active_streams += 1
+        try:
+            # The region request goes out first; the decision message is built while it prefills.
+            stream.start()
+            await asyncio.sleep(0)
+            yield messages_pb2.GenerateResponse(decision=convert.decision_to_proto(decision, decision_id, incoming))
+            async for delta in stream:
+                yield messages_pb2.GenerateResponse(
+                    chunk=messages_pb2.TokenChunk(text=delta.text, finish_reason=delta.finish_reason))
+        finally:
+            deps.active_streams -= 1
+            await stream.aclose()
+        assert stream.candidate is not None  # the stream ended normally, so one answered
+        receipt = build_receipt(ReceiptInputs(
+            decision_id=decision_id,
+            request_id=incoming.request.request_id,
+            tenant=tenant,
+            candidate=stream.candidate,
+            snapshot=snapshot,
+            fallbacks=decision.fallbacks,
+            failovers=tuple(stream.failovers),
+            prompt_tokens=incoming.request.prompt_tokens,
+            cached_tokens=incoming.request.cached_tokens,
+            usage=stream.usage,
+            energy=stream.energy,
+            ttft_ms=None if stream.first_text_at is None else (stream.first_text_at - started) * 1000,
+            duration_ms=(deps.monotonic() - started) * 1000,
+        ))
+        deps.audit.record(receipt)
+        for sink in deps.receipt_sinks:
+            sink(receipt)
+        yield messages_pb2.GenerateResponse(receipt=convert.receipt_to_proto(receipt))
+
+    async def ListRegions(self, request: router_pb2.ListRegionsRequest, context: Context) -> router_pb2.ListRegionsResponse:
+        snapshot = self.deps.refresher.current()
+        return router_pb2.ListRegionsResponse(regions=convert.regions_to_proto(snapshot),
+                                              snapshot_at_unix_s=snapshot.now)
+
+
+class RouterAdminService(admin_pb2_grpc.RouterAdminServicer):
+    def __init__(self, deps: RouterDeps) -> None:
+        self.deps = deps
+
+    async def SetEnergyRouting(
+        self, request: admin_pb2.SetEnergyRoutingRequest, context: Context
+    ) -> admin_pb2.SetEnergyRoutingResponse:
+        deps = self.deps
+        principal = current_principal()
+        updated_at = deps.clock()
+        updated_by = f"{principal.tenant}@{deps.host_id}"
+        flags = {"energy_routing": request.enabled, "updated_at": updated_at, "updated_by": updated_by}
+        if request.reason:
+            flags["reason"] = request.reason
+        try:
+            await deps.store.set(keys.FLAGS, json.dumps(flags).encode())
+        except StateUnavailable as exc:
+            raise errors.Unavailable(f"the state store is unreachable; energy routing unchanged: {exc}") from None
+        log.warning("energy routing %s by %s (%s)", "ON" if request.enabled else "OFF", updated_by,
+                    request.reason or "no reason given")
+        # This router applies it at once; the others within their refresh interval.
+        await deps.refresher.refresh()
+        return admin_pb2.SetEnergyRoutingResponse(enabled=request.enabled, updated_at_unix_s=updated_at,
+                                                  updated_by=updated_by)
+
+    async def GetStatus(self, request: admin_pb2.GetStatusRequest, context: Context) -> admin_pb2.GetStatusResponse:
+        deps = self.deps
+        snapshot = deps.refresher.current()
+        status = deps.refresher.status
+        max_carbon_age = snapshot.policy.max_age.carbon
+        response = admin_pb2.GetStatusResponse(
+            energy_routing=snapshot.energy_routing_enabled,
+            policy=snapshot.policy.name,
+            state_backend=deps.state_backend,
+            namespace=deps.store.namespace,
+            state_reachable=status.last_error == "" and status.last_success_at is not None,
+            last_state_error=status.last_error,
+            snapshot_at_unix_s=snapshot.now,
+            regions=len(snapshot.regions),
+            candidates=len(snapshot.candidates),
+            healthy_regions=sum(
+                1 for r in snapshot.regions if (s := snapshot.fresh_live(r.name)) is not None and s.healthy),
+            fresh_carbon_zones=sum(1 for s in snapshot.carbon.values() if snapshot.age(s.observed_at) <= max_carbon_age),
+            active_streams=deps.active_streams,
+            version=deps.version,
+        )
+        if status.last_success_at is not None:
+            response.last_state_read_unix_s = status.last_success_at
+        return response

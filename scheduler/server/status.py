@@ -1,0 +1,122 @@
+"""The one place a ``scheduler.errors`` outcome becomes a gRPC status with ``google.rpc`` details.
+
+- InvalidRequest   -> INVALID_ARGUMENT   + BadRequest (one field violation per bad field)
+- Unschedulable    -> FAILED_PRECONDITION + PreconditionFailure (every candidate's rejection)
+- Unavailable      -> UNAVAILABLE        + ErrorInfo (retryable, attempts) [+ RetryInfo]
+- RateLimited      -> RESOURCE_EXHAUSTED + QuotaFailure + RetryInfo
+- Unauthenticated  -> UNAUTHENTICATED;  PermissionDenied -> PERMISSION_DENIED
+- Internal / anything else -> INTERNAL (the message of an unexpected exception is not shown)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from scheduler import errors
+
+log = logging.getLogger(__name__)
+
+ERROR_DOMAIN = "scheduler.v1"
+
+
+def _pack(*details: object) -> list[any_pb2.Any]:
+    packed = []
+    for detail in details:
+        message = any_pb2.Any()
+        message.Pack(detail)  # type: ignore[arg-type]
+        packed.append(message)
+    return packed
+
+
+def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:
+    delay = duration_pb2.Duration()
+    delay.FromNanoseconds(int(seconds * 1e9))
+    return error_details_pb2.RetryInfo(retry_delay=delay)
+
+
+def _invalid(exc: errors.SchedulerError) -> status_pb2.Status:
+    assert isinstance(exc, errors.InvalidRequest)
+    bad = error_details_pb2.BadRequest(
+        field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+            for v in exc.violations
+        ]
+    )
+    return status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=str(exc), details=_pack(bad))
+
+
+def _unschedulable(exc: errors.SchedulerError) -> status_pb2.Status:
+    assert isinstance(exc, errors.Unschedulable)
+    failure = error_details_pb2.PreconditionFailure(
+        violations=[
+            error_details_pb2.PreconditionFailure.Violation(type=r.plugin, subject=r.subject, description=r.reason)
+            for r in exc.rejections
+        ]
+    )
+    info = error_details_pb2.ErrorInfo(reason="UNSCHEDULABLE", domain=ERROR_DOMAIN, metadata={"plugin": exc.plugin})
+    return status_pb2.Status(code=code_pb2.FAILED_PRECONDITION, message=str(exc), details=_pack(failure, info))
+
+
+def _unavailable(exc: errors.SchedulerError) -> status_pb2.Status:
+    assert isinstance(exc, errors.Unavailable)
+    attempts = [{"region": a.region, "pool": a.pool, "error": a.error, "http_status": a.http_status}
+                for a in exc.attempts]
+    info = error_details_pb2.ErrorInfo(
+        reason="REGIONS_UNAVAILABLE" if exc.retryable else "STREAM_INTERRUPTED",
+        domain=ERROR_DOMAIN,
+        metadata={"retryable": str(exc.retryable).lower(), "attempts": json.dumps(attempts)},
+    )
+    details: list[object] = [info]
+    if exc.retry_after_s is not None:
+        details.append(_retry_info(exc.retry_after_s))
+    return status_pb2.Status(code=code_pb2.UNAVAILABLE, message=str(exc), details=_pack(*details))
+
+
+def _rate_limited(exc: errors.SchedulerError) -> status_pb2.Status:
+    assert isinstance(exc, errors.RateLimited)
+    quota = error_details_pb2.QuotaFailure(
+        violations=[error_details_pb2.QuotaFailure.Violation(
+            subject=f"tenant:{exc.tenant}", description=f"limit {exc.limit_rps:g} requests/s")]
+    )
+    return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc),
+                             details=_pack(quota, _retry_info(exc.retry_after_s)))
+
+
+def _plain(code: int) -> Callable[[errors.SchedulerError], status_pb2.Status]:
+    def build(exc: errors.SchedulerError) -> status_pb2.Status:
+        return status_pb2.Status(code=code, message=str(exc))
+
+    return build
+
+
+STATUS_BUILDERS: Mapping[type[errors.SchedulerError], Callable[[errors.SchedulerError], status_pb2.Status]] = (
+    MappingProxyType({
+        errors.InvalidRequest: _invalid,
+        errors.Unschedulable: _unschedulable,
+        errors.Unavailable: _unavailable,
+        errors.RateLimited: _rate_limited,
+        errors.Unauthenticated: _plain(code_pb2.UNAUTHENTICATED),
+        errors.PermissionDenied: _plain(code_pb2.PERMISSION_DENIED),
+        errors.Internal: _plain(code_pb2.INTERNAL),
+    })
+)
+
+
+def status_for(exc: BaseException) -> grpc.Status:
+    """The gRPC status (with packed details in its trailing metadata) for an exception."""
+    builder = next((STATUS_BUILDERS[k] for k in type(exc).__mro__ if k in STATUS_BUILDERS), None)
+    if builder is None or not isinstance(exc, errors.SchedulerError):
+        log.exception("unexpected error in the router", exc_info=exc)
+        status = status_pb2.Status(code=code_pb2.INTERNAL, message="internal error in the router")
+    else:
+        status = builder(exc)
+    result: grpc.Status = rpc_status.to_status(status)
+    return result

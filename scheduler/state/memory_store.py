@@ -1,0 +1,121 @@
+"""``MemoryStore``: the embedded ``StateStore`` for a single process (tests, demo, simulator).
+
+Same semantics as ``RedisStore`` (one key space shared by strings, hashes and streams; TTLs;
+owner-checked locks; streams trimmed to ``maxlen``), checked by the same contract suite.
+The clock is injected so tests move TTLs forward without sleeping. No operation awaits
+inside, so each is atomic on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scheduler.state import keys
+
+
+@dataclass
+class MemoryStore:
+    namespace: str = "local"
+    clock: Callable[[], float] = time.monotonic
+    _strings: dict[str, bytes] = field(default_factory=dict, init=False, repr=False)
+    _hashes: dict[str, dict[str, float]] = field(default_factory=dict, init=False, repr=False)
+    _streams: dict[str, list[tuple[str, dict[str, str]]]] = field(default_factory=dict, init=False, repr=False)
+    _expires: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _last_stream_id: tuple[int, int] = field(default=(0, 0), init=False, repr=False)
+
+    def _live(self, key: str) -> bool:
+        """Drop ``key`` if its TTL passed; True if it still exists."""
+        deadline = self._expires.get(key)
+        if deadline is not None and self.clock() >= deadline:
+            self._drop(key)
+        return key in self._strings or key in self._hashes or key in self._streams
+
+    def _drop(self, key: str) -> None:
+        self._strings.pop(key, None)
+        self._hashes.pop(key, None)
+        self._streams.pop(key, None)
+        self._expires.pop(key, None)
+
+    async def ping(self) -> bool:
+        return True
+
+    async def get(self, key: str) -> bytes | None:
+        return self._strings.get(key) if self._live(key) else None
+
+    async def mget(self, keys_: Sequence[str]) -> list[bytes | None]:
+        return [await self.get(key) for key in keys_]
+
+    async def set(self, key: str, value: bytes, ttl_s: float | None = None) -> None:
+        self._drop(key)
+        self._strings[key] = bytes(value)
+        if ttl_s is not None:
+            self._expires[key] = self.clock() + ttl_s
+
+    async def delete(self, key: str) -> None:
+        self._drop(key)
+
+    async def keys(self, prefix: str) -> list[str]:
+        every = [*self._strings, *self._hashes, *self._streams]
+        return sorted({key for key in every if key.startswith(prefix) and self._live(key)})
+
+    async def hincrbyfloat(self, key: str, field: str, amount: float) -> float:
+        self._live(key)
+        table = self._hashes.setdefault(key, {})
+        table[field] = table.get(field, 0.0) + amount
+        return table[field]
+
+    async def hgetall(self, key: str) -> dict[str, str]:
+        if not self._live(key):
+            return {}
+        return {name: _redis_float(value) for name, value in self._hashes.get(key, {}).items()}
+
+    async def acquire_lock(self, name: str, owner: str, ttl_s: float) -> bool:
+        key = keys.lock(name)
+        holder = await self.get(key)
+        if holder is not None and holder != owner.encode():
+            return False
+        await self.set(key, owner.encode(), ttl_s)
+        return True
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        key = keys.lock(name)
+        if await self.get(key) == owner.encode():
+            self._drop(key)
+
+    async def xadd(self, stream: str, fields: Mapping[str, str], maxlen: int) -> str:
+        self._live(stream)
+        entries = self._streams.setdefault(stream, [])
+        entry_id = self._next_stream_id()
+        entries.append((entry_id, dict(fields)))
+        del entries[: max(0, len(entries) - maxlen)]
+        return entry_id
+
+    async def xrange(self, stream: str, count: int) -> list[tuple[str, dict[str, str]]]:
+        if not self._live(stream):
+            return []
+        return [(entry_id, dict(body)) for entry_id, body in self._streams.get(stream, [])[:count]]
+
+    async def incr_window(self, key: str, window_s: float) -> int:
+        current = await self.get(key)
+        count = int(current) + 1 if current is not None else 1
+        deadline = self._expires.get(key) if current is not None else None
+        self._strings[key] = str(count).encode()
+        self._expires[key] = deadline if deadline is not None else self.clock() + window_s
+        return count
+
+    async def close(self) -> None:
+        return None
+
+    def _next_stream_id(self) -> str:
+        # Redis-style "<ms>-<seq>" ids, strictly increasing even within one millisecond.
+        ms = int(time.time() * 1000)
+        last_ms, last_seq = self._last_stream_id
+        self._last_stream_id = (ms, 0) if ms > last_ms else (last_ms, last_seq + 1)
+        return f"{self._last_stream_id[0]}-{self._last_stream_id[1]}"
+
+
+def _redis_float(value: float) -> str:
+    """How Redis prints a HINCRBYFLOAT result: integral values without a decimal point."""
+    return str(int(value)) if value.is_integer() else repr(value)

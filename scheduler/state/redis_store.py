@@ -1,0 +1,168 @@
+"""``RedisStore``: the shared ``StateStore`` every router, region and poller uses in production.
+
+Every key is prefixed ``sched:{namespace}:`` here, so callers pass the relative names of
+``scheduler.state.keys``. Locks are ``SET NX PX`` plus Lua compare-and-extend and
+compare-and-delete, so only the owner extends or releases a lock. Connection failures and
+timeouts surface as ``StateUnavailable``; callers decide whether to keep their last value
+(the snapshot refresher) or queue (the ledger).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+
+from scheduler.state import keys
+from scheduler.state.store import StateUnavailable
+
+# Errors that mean "the store is not there right now", not "the call was wrong".
+_UNAVAILABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.BusyLoadingError, OSError)
+
+# KEYS[1] lock key; ARGV[1] owner; ARGV[2] ttl ms. Extends only the owner's lock.
+_EXTEND_IF_OWNER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+# KEYS[1] lock key; ARGV[1] owner. Deletes only the owner's lock.
+_DELETE_IF_OWNER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+# KEYS[1] counter; ARGV[1] window ms. The window starts at the first increment.
+_INCR_WINDOW = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 or redis.call('PTTL', KEYS[1]) < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return n
+"""
+
+# Redis glob metacharacters that must be escaped in a SCAN MATCH prefix.
+_GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+class RedisStore:
+    """A ``StateStore`` over one ``redis.asyncio.Redis`` client (its connection pool is shared
+    by every caller in the process)."""
+
+    def __init__(self, client: aioredis.Redis, namespace: str) -> None:
+        self.namespace = namespace
+        self._client = client
+        self._prefix = f"sched:{namespace}:"
+        self._extend = client.register_script(_EXTEND_IF_OWNER)
+        self._delete_if_owner = client.register_script(_DELETE_IF_OWNER)
+        self._incr_window = client.register_script(_INCR_WINDOW)
+
+    @classmethod
+    def from_url(cls, url: str, namespace: str, timeout_s: float = 1.0) -> RedisStore:
+        """``redis://host:port/db``; short socket timeouts so a dead Redis fails fast."""
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            health_check_interval=30,
+            decode_responses=False,
+        )
+        return cls(client, namespace)
+
+    def _key(self, key: str) -> str:
+        return self._prefix + key
+
+    async def _call(self, make: Callable[[], Awaitable[Any]]) -> Any:
+        # redis-py's return types depend on decode_responses; this store never decodes, so
+        # each caller states the type it gets.
+        try:
+            return await make()
+        except _UNAVAILABLE as exc:
+            raise StateUnavailable(f"redis ({self._prefix}*): {exc}") from exc
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except _UNAVAILABLE:
+            return False
+
+    async def get(self, key: str) -> bytes | None:
+        value: bytes | None = await self._call(lambda: self._client.get(self._key(key)))
+        return value
+
+    async def mget(self, keys_: Sequence[str]) -> list[bytes | None]:
+        if not keys_:
+            return []
+        values: list[bytes | None] = await self._call(lambda: self._client.mget([self._key(k) for k in keys_]))
+        return values
+
+    async def set(self, key: str, value: bytes, ttl_s: float | None = None) -> None:
+        px = _ms(ttl_s) if ttl_s is not None else None
+        await self._call(lambda: self._client.set(self._key(key), value, px=px))
+
+    async def delete(self, key: str) -> None:
+        await self._call(lambda: self._client.delete(self._key(key)))
+
+    async def keys(self, prefix: str) -> list[str]:
+        pattern = (self._prefix + prefix).translate(_GLOB_SPECIAL) + "*"
+
+        async def scan() -> list[str]:
+            found = [raw async for raw in self._client.scan_iter(match=pattern, count=1000)]
+            return sorted({_text(raw)[len(self._prefix):] for raw in found})
+
+        found: list[str] = await self._call(scan)
+        return found
+
+    async def hincrbyfloat(self, key: str, field: str, amount: float) -> float:
+        value = await self._call(lambda: self._client.hincrbyfloat(self._key(key), field, amount))
+        return float(value)
+
+    async def hgetall(self, key: str) -> dict[str, str]:
+        raw: Mapping[Any, Any] = await self._call(lambda: self._client.hgetall(self._key(key)))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    async def acquire_lock(self, name: str, owner: str, ttl_s: float) -> bool:
+        key = self._key(keys.lock(name))
+        ms = _ms(ttl_s)
+        taken = await self._call(lambda: self._client.set(key, owner.encode(), nx=True, px=ms))
+        if taken:
+            return True
+        extended = await self._call(lambda: self._extend(keys=[key], args=[owner.encode(), ms]))
+        return bool(extended)
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        key = self._key(keys.lock(name))
+        await self._call(lambda: self._delete_if_owner(keys=[key], args=[owner.encode()]))
+
+    async def xadd(self, stream: str, fields: Mapping[str, str], maxlen: int) -> str:
+        # Approximate trimming (MAXLEN ~): Redis trims whole nodes, so the stream may hold a
+        # few more than ``maxlen`` entries, never fewer.
+        body: dict[Any, Any] = dict(fields)
+        entry_id = await self._call(
+            lambda: self._client.xadd(self._key(stream), body, maxlen=maxlen, approximate=True)
+        )
+        return _text(entry_id)
+
+    async def xrange(self, stream: str, count: int) -> list[tuple[str, dict[str, str]]]:
+        raw: list[tuple[bytes, dict[bytes, bytes]]] = await self._call(
+            lambda: self._client.xrange(self._key(stream), count=count)
+        )
+        return [(_text(entry_id), {_text(k): _text(v) for k, v in body.items()}) for entry_id, body in raw]
+
+    async def incr_window(self, key: str, window_s: float) -> int:
+        value = await self._call(lambda: self._incr_window(keys=[self._key(key)], args=[_ms(window_s)]))
+        return int(value)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

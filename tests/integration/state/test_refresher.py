@@ -1,0 +1,158 @@
+"""``SnapshotRefresher``: the background snapshot follows the store, and ages in the open when
+the store is down."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+
+from scheduler.config.loader import load_fleet
+from scheduler.datalayer.refresher import SnapshotRefresher
+from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.framework.scheduler import Scheduler
+from scheduler.plugins import default_scheduler_registry
+from scheduler.state import codec, keys
+from scheduler.state.memory_store import MemoryStore
+from scheduler.state.redis_store import RedisStore
+from scheduler.types import PoolLiveState, RegionLiveState, Request, Signal
+
+REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_ROUTER", "redis://127.0.0.1:6379/1")
+T0 = 1_780_000_000.0
+
+
+@dataclass
+class ManualClock:
+    t: float = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def builder() -> SnapshotBuilder:
+    fleet = load_fleet()
+    return SnapshotBuilder(fleet.regions, fleet.policy("default"))
+
+
+def carbon(zone: str, value: float, observed_at: float) -> Signal:
+    return Signal("carbon_intensity", zone, value, "gCO2eq/kWh", observed_at, observed_at, "test")
+
+
+async def publish_fleet(store: MemoryStore | RedisStore, b: SnapshotBuilder, now: float) -> None:
+    for region in b.regions:
+        await store.set(keys.signal("carbon_intensity", region.carbon.zone),
+                        codec.encode_signal(carbon(region.carbon.zone, 100.0, now - 60)))
+        state = RegionLiveState(region.name, True, now, {p.name: PoolLiveState(running=4) for p in region.pools})
+        await store.set(keys.region_state(region.name), codec.encode_region_state(state), ttl_s=60)
+
+
+async def test_snapshot_follows_the_store() -> None:
+    clock, store, b = ManualClock(), MemoryStore(), builder()
+    refresher = SnapshotRefresher(b, store, clock=clock)
+    assert refresher.current().carbon == {}
+    await publish_fleet(store, b, clock.t)
+    snapshot = await refresher.refresh()
+    assert snapshot is refresher.current()
+    assert snapshot.now == T0
+    assert set(snapshot.live) == {r.name for r in b.regions}
+    assert {r.grid_zone for r in b.regions} <= set(snapshot.carbon)
+    assert snapshot.carbon["NO"].value == 100.0
+    assert snapshot.energy_routing_enabled
+    assert all(p.live for p in snapshot.perf)
+
+    await store.set(keys.FLAGS, json.dumps({"energy_routing": False, "updated_at": T0, "updated_by": "t"}).encode())
+    assert not (await refresher.refresh()).energy_routing_enabled
+    await store.delete(keys.FLAGS)
+    assert (await refresher.refresh()).energy_routing_enabled
+
+
+async def test_malformed_records_keep_the_last_good_value() -> None:
+    clock, store, b = ManualClock(), MemoryStore(), builder()
+    refresher = SnapshotRefresher(b, store, clock=clock)
+    await publish_fleet(store, b, clock.t)
+    await store.set(keys.FLAGS, b'{"energy_routing": false}')
+    await refresher.refresh()
+    await store.set(keys.signal("carbon_intensity", "NO"), b'{"kind": "carbon_intensity"}')
+    await store.set(keys.region_state("eu-north"), b"not json")
+    await store.set(keys.FLAGS, b'{"energy_routing": "maybe"}')
+    snapshot = await refresher.refresh()
+    assert snapshot.carbon["NO"].value == 100.0
+    assert snapshot.live["eu-north"].healthy
+    assert not snapshot.energy_routing_enabled
+
+
+async def test_background_loop_applies_store_changes_within_a_second() -> None:
+    store, b = MemoryStore(), builder()
+    refresher = SnapshotRefresher(b, store, interval_s=0.2)
+    await refresher.start()
+    try:
+        assert refresher.current().energy_routing_enabled
+        await store.set(keys.FLAGS, b'{"energy_routing": false}')
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while refresher.current().energy_routing_enabled:
+            assert loop.time() - start < 1.0, "kill switch not seen within 1 s"
+            await asyncio.sleep(0.02)
+    finally:
+        await refresher.stop()
+    assert refresher.status.refreshes >= 2
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+async def redis_store() -> AsyncIterator[RedisStore]:
+    namespace = f"test-refresher-{uuid.uuid4().hex[:12]}"
+    store = RedisStore.from_url(REDIS_URL, namespace)
+    try:
+        yield store
+    finally:
+        await store.close()
+        raw = aioredis.Redis.from_url(REDIS_URL)
+        found = [key async for key in raw.scan_iter(match=f"sched:{namespace}:*")]
+        if found:
+            await raw.delete(*found)
+        await raw.aclose()
+
+
+@pytest.mark.integration
+async def test_redis_down_keeps_the_last_inputs_which_then_go_stale(redis_store: RedisStore) -> None:
+    clock, b = ManualClock(), builder()
+    refresher = SnapshotRefresher(b, redis_store, clock=clock)
+    await publish_fleet(redis_store, b, clock.t)
+    await refresher.refresh()
+    scheduler = Scheduler.from_registry(default_scheduler_registry())
+    request = Request(request_id="r1", model="llama-3.1-8b", prompt_tokens=500, max_tokens=200)
+    assert scheduler.schedule(request, refresher.current()).fallbacks == ()
+
+    down = RedisStore.from_url(f"redis://127.0.0.1:{_closed_port()}/1", redis_store.namespace)
+    refresher.store = down
+    try:
+        clock.t += 3 * 3600  # three hours without Redis: past the 2 h carbon limit
+        snapshot = await refresher.refresh()
+    finally:
+        await down.close()
+    assert refresher.status.failures == 1 and refresher.status.last_error
+    assert refresher.status.last_success_at == T0
+    assert snapshot.now == T0 + 3 * 3600
+    assert snapshot.carbon["NO"].value == 100.0  # kept, not dropped ...
+    assert snapshot.fresh_live("eu-north") is None  # ... but judged by its age
+    assert not any(p.live for p in snapshot.perf)
+    assert snapshot.age(snapshot.carbon["NO"].observed_at) > snapshot.policy.max_age.carbon
+    # The default policy counts a region whose state went stale as down: nothing is schedulable,
+    # and each rejection says so (rather than routing on three-hour-old load).
+    decision = scheduler.schedule(request, snapshot)
+    assert not decision.schedulable
+    assert {r.plugin for r in decision.rejected} >= {"region-health"}

@@ -1,0 +1,265 @@
+"""The ``StateStore`` contract: ``MemoryStore`` and ``RedisStore`` behave the same."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+
+from scheduler.state import keys
+from scheduler.state.factory import open_store
+from scheduler.state.memory_store import MemoryStore
+from scheduler.state.redis_store import RedisStore
+from scheduler.state.store import StateStore, StateUnavailable
+
+REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_ROUTER", "redis://127.0.0.1:6379/1")
+
+
+@dataclass
+class ManualClock:
+    t: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class StoreUnderTest:
+    store: StateStore
+    # Let ``seconds`` pass for the store's TTLs (moves a manual clock, or really waits).
+    advance: Callable[[float], Awaitable[None]]
+
+
+async def delete_namespace(url: str, namespace: str) -> None:
+    client = aioredis.Redis.from_url(url)
+    try:
+        found = [key async for key in client.scan_iter(match=f"sched:{namespace}:*", count=1000)]
+        if found:
+            await client.delete(*found)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.integration)])
+async def subject(request: pytest.FixtureRequest) -> AsyncIterator[StoreUnderTest]:
+    namespace = f"test-{uuid.uuid4().hex[:12]}"
+    if request.param == "memory":
+        clock = ManualClock()
+
+        async def advance_clock(seconds: float) -> None:
+            clock.t += seconds
+
+        yield StoreUnderTest(MemoryStore(namespace=namespace, clock=clock), advance_clock)
+        return
+    store = RedisStore.from_url(REDIS_URL, namespace)
+    try:
+        yield StoreUnderTest(store, asyncio.sleep)
+    finally:
+        await store.close()
+        await delete_namespace(REDIS_URL, namespace)
+
+
+async def test_ping(subject: StoreUnderTest) -> None:
+    assert await subject.store.ping() is True
+
+
+async def test_get_set_delete(subject: StoreUnderTest) -> None:
+    store = subject.store
+    assert await store.get("a") is None
+    await store.set("a", b"\x00one\xff")
+    assert await store.get("a") == b"\x00one\xff"
+    await store.set("a", b"two")
+    assert await store.get("a") == b"two"
+    await store.delete("a")
+    assert await store.get("a") is None
+    await store.delete("never-set")  # deleting nothing is not an error
+
+
+async def test_mget_keeps_order_and_gaps(subject: StoreUnderTest) -> None:
+    store = subject.store
+    await store.set("x", b"1")
+    await store.set("z", b"3")
+    assert await store.mget(["z", "y", "x"]) == [b"3", None, b"1"]
+    assert await store.mget([]) == []
+
+
+async def test_ttl_expires(subject: StoreUnderTest) -> None:
+    store = subject.store
+    await store.set("short", b"v", ttl_s=0.3)
+    await store.set("long", b"v", ttl_s=30)
+    await store.set("forever", b"v")
+    assert await store.get("short") == b"v"
+    await subject.advance(0.6)
+    assert await store.get("short") is None
+    assert await store.get("long") == b"v"
+    assert await store.get("forever") == b"v"
+    assert "short" not in await store.keys("")
+
+
+async def test_set_without_ttl_clears_an_earlier_ttl(subject: StoreUnderTest) -> None:
+    store = subject.store
+    await store.set("k", b"v", ttl_s=0.3)
+    await store.set("k", b"w")
+    await subject.advance(0.6)
+    assert await store.get("k") == b"w"
+
+
+async def test_keys_by_prefix_are_relative_and_literal(subject: StoreUnderTest) -> None:
+    store = subject.store
+    await store.set(keys.region_state("eu-north"), b"{}")
+    await store.set(keys.region_state("us-west"), b"{}")
+    await store.set(keys.signal("carbon_intensity", "NO"), b"{}")
+    await store.hincrbyfloat(keys.ledger("acme", "2026-01"), "f", 1.0)
+    await store.set("odd*[key]?", b"{}")
+    assert await store.keys(keys.REGION_STATE_PREFIX) == ["region:eu-north:state", "region:us-west:state"]
+    assert await store.keys("ledger:") == ["ledger:acme:2026-01"]
+    # Glob characters in a prefix are matched literally.
+    assert await store.keys("odd*") == ["odd*[key]?"]
+    assert await store.keys("od*") == []
+
+
+async def test_namespaces_do_not_see_each_other(subject: StoreUnderTest) -> None:
+    store = subject.store
+    await store.set("shared-name", b"mine")
+    if isinstance(store, RedisStore):
+        other = RedisStore.from_url(REDIS_URL, store.namespace + "-other")
+        try:
+            assert await other.get("shared-name") is None
+            assert await other.keys("") == []
+        finally:
+            await other.close()
+    else:
+        assert await MemoryStore(namespace="other").get("shared-name") is None
+
+
+async def test_hash_float_increments(subject: StoreUnderTest) -> None:
+    store = subject.store
+    key = keys.ledger("acme", "2026-03")
+    assert await store.hgetall(key) == {}
+    assert await store.hincrbyfloat(key, "eu-north|shared-v1|energy_j", 1.5) == pytest.approx(1.5)
+    assert await store.hincrbyfloat(key, "eu-north|shared-v1|energy_j", 2.25) == pytest.approx(3.75)
+    assert await store.hincrbyfloat(key, "eu-north|shared-v1|requests", 1) == pytest.approx(1.0)
+    table = await store.hgetall(key)
+    assert set(table) == {"eu-north|shared-v1|energy_j", "eu-north|shared-v1|requests"}
+    assert float(table["eu-north|shared-v1|energy_j"]) == pytest.approx(3.75)
+    assert table["eu-north|shared-v1|requests"] == "1"
+
+
+async def test_lock_is_exclusive_extendable_and_owner_released(subject: StoreUnderTest) -> None:
+    store = subject.store
+    assert await store.acquire_lock("poll:NO", "router-a", ttl_s=5)
+    assert not await store.acquire_lock("poll:NO", "router-b", ttl_s=5)
+    # The holder re-acquiring extends its lock.
+    assert await store.acquire_lock("poll:NO", "router-a", ttl_s=5)
+    # Only the owner may release.
+    await store.release_lock("poll:NO", "router-b")
+    assert not await store.acquire_lock("poll:NO", "router-b", ttl_s=5)
+    await store.release_lock("poll:NO", "router-a")
+    assert await store.acquire_lock("poll:NO", "router-b", ttl_s=5)
+    assert await store.keys("lock:") == ["lock:poll:NO"]
+
+
+async def test_lock_expires_and_extension_moves_the_deadline(subject: StoreUnderTest) -> None:
+    store = subject.store
+    assert await store.acquire_lock("l", "a", ttl_s=0.4)
+    await subject.advance(0.25)
+    assert await store.acquire_lock("l", "a", ttl_s=0.4)  # extended: now 0.4 s from here
+    await subject.advance(0.25)
+    assert not await store.acquire_lock("l", "b", ttl_s=0.4)
+    await subject.advance(0.3)
+    assert await store.acquire_lock("l", "b", ttl_s=0.4)
+
+
+async def test_stream_append_read_and_trim(subject: StoreUnderTest) -> None:
+    store = subject.store
+    ids = [await store.xadd(keys.AUDIT, {"decision_id": f"d{i}", "region": "eu-north"}, maxlen=1000) for i in range(5)]
+    assert len(set(ids)) == 5
+    entries = await store.xrange(keys.AUDIT, count=10)
+    assert [entry_id for entry_id, _ in entries] == ids
+    assert entries[0][1] == {"decision_id": "d0", "region": "eu-north"}
+    assert [body["decision_id"] for _, body in await store.xrange(keys.AUDIT, count=2)] == ["d0", "d1"]
+    assert await store.xrange("no-such-stream", count=10) == []
+
+
+async def test_stream_maxlen_bounds_the_stream(subject: StoreUnderTest) -> None:
+    store = subject.store
+    for i in range(600):
+        await store.xadd("s", {"n": str(i)}, maxlen=100)
+    entries = await store.xrange("s", count=10_000)
+    # Redis trims approximately (whole nodes of up to 100 entries): at least maxlen are kept,
+    # at most one node more; the newest are always the ones kept.
+    assert 100 <= len(entries) <= 200
+    assert entries[-1][1] == {"n": "599"}
+
+
+async def test_incr_window_counts_then_resets(subject: StoreUnderTest) -> None:
+    store = subject.store
+    assert [await store.incr_window("rate:acme", window_s=0.4) for _ in range(3)] == [1, 2, 3]
+    await subject.advance(0.2)
+    # Later increments do not push the window's end out.
+    assert await store.incr_window("rate:acme", window_s=0.4) == 4
+    await subject.advance(0.35)
+    assert await store.incr_window("rate:acme", window_s=0.4) == 1
+
+
+async def test_concurrent_lock_has_one_winner(subject: StoreUnderTest) -> None:
+    store = subject.store
+    won = await asyncio.gather(*(store.acquire_lock("race", f"owner-{i}", ttl_s=5) for i in range(20)))
+    assert sum(won) == 1
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.mark.integration
+async def test_redis_down_raises_state_unavailable() -> None:
+    store = open_store(f"redis://127.0.0.1:{_closed_port()}/1", "down")
+    try:
+        assert await store.ping() is False
+        with pytest.raises(StateUnavailable):
+            await store.get("a")
+        with pytest.raises(StateUnavailable):
+            await store.set("a", b"v")
+        with pytest.raises(StateUnavailable):
+            await store.keys("")
+        with pytest.raises(StateUnavailable):
+            await store.acquire_lock("l", "me", 1.0)
+    finally:
+        await store.close()
+
+
+@pytest.mark.integration
+async def test_open_store_urls() -> None:
+    assert isinstance(open_store("memory", "ns"), MemoryStore)
+    store = open_store(REDIS_URL, "ns-open")
+    try:
+        assert isinstance(store, RedisStore)
+        assert store.namespace == "ns-open"
+        assert await store.ping()
+    finally:
+        await store.close()
+    with pytest.raises(ValueError, match="expected 'memory' or redis://"):
+        open_store("postgres://x", "ns")
+
+
+@pytest.mark.integration
+async def test_redis_keys_carry_the_namespace_prefix() -> None:
+    store = RedisStore.from_url(REDIS_URL, "prefix-check")
+    raw = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        await store.set("flags", b"{}")
+        assert await raw.get("sched:prefix-check:flags") == b"{}"
+    finally:
+        await store.delete("flags")
+        await store.close()
+        await raw.aclose()

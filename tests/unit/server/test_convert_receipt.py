@@ -1,0 +1,91 @@
+"""Request validation (every bad field named) and the receipt (measured vs modelled energy,
+carbon only from a fresh signal)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler import errors
+from scheduler.client.common import build_request
+from scheduler.config.loader import load_fleet
+from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.server import convert
+from scheduler.server.receipt import ReceiptInputs, build_receipt
+from scheduler.types import FleetSnapshot, Signal
+
+NOW = 1_780_000_000.0
+
+
+def snapshot(carbon_age_s: float | None = None) -> FleetSnapshot:
+    fleet = load_fleet()
+    carbon = {}
+    if carbon_age_s is not None:
+        carbon = {r.grid_zone: Signal("carbon_intensity", r.grid_zone, 100.0, "gCO2eq/kWh", NOW - carbon_age_s,
+                                      NOW, "test") for r in fleet.regions}
+    return SnapshotBuilder(fleet.regions, fleet.policy("default")).build(NOW, carbon=carbon)
+
+
+@pytest.mark.parametrize("options, fields", [
+    ({"model": "gpt-9"}, {"model"}),
+    ({"max_tokens": 0}, {"sampling.max_tokens"}),
+    ({"temperature": -1.0, "top_p": 0.0}, {"sampling.temperature", "sampling.top_p"}),
+    ({"prompt": None}, {"input"}),
+    ({"prompt": None, "messages": []}, {"chat.messages"}),
+    ({"prompt": None, "messages": [{"role": "robot", "content": "x"}]}, {"chat.messages[0].role"}),
+    ({"jurisdictions": ["eu"]}, {"compliance.allowed_jurisdictions[0]"}),
+    ({"client_location": (95.0, 0.0)}, {"client_location"}),
+    ({"ttft_ms": -5.0}, {"slo.ttft_ms"}),
+    ({"prompt_tokens": 10, "cached_tokens": 11}, {"cached_tokens"}),
+], ids=lambda v: str(v))
+def test_invalid_requests_name_each_field(options: dict[str, Any], fields: set[str]) -> None:
+    kwargs = {"model": "llama-3.1-8b", "max_tokens": 8, "prompt": "hello", **options}
+    with pytest.raises(errors.InvalidRequest) as caught:
+        convert.incoming(build_request(**kwargs), "acme", snapshot())
+    assert {v.field for v in caught.value.violations} == fields
+
+
+def test_valid_request_converts() -> None:
+    incoming = convert.incoming(build_request(
+        model="llama-3.1-8b", max_tokens=8, prompt="x" * 400, jurisdictions=["EU"], workload_class="batch",
+        client_location=(59.9, 10.7), temperature=0.0), "acme", snapshot())
+    request = incoming.request
+    assert request.prompt_tokens == 100 and incoming.prompt_tokens_estimated
+    assert request.allowed_jurisdictions == frozenset({"EU"}) and request.workload_class == "batch"
+    assert request.tenant == "acme" and request.client_location is not None
+    assert incoming.call.path == "/v1/completions"
+    assert incoming.call.body == {"prompt": "x" * 400, "max_tokens": 8, "temperature": 0.0}
+
+
+def _inputs(snap: FleetSnapshot, energy: dict[str, Any] | None) -> ReceiptInputs:
+    candidate = snap.candidates_by_model["llama-3.1-8b"][0]
+    usage = {"prompt_tokens": 120, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 100}}
+    return ReceiptInputs("d1", "r1", "acme", candidate, snap, (), (), 100, 0, usage, energy, 12.0, 80.0)
+
+
+def test_receipt_from_the_model_when_the_region_measures_nothing() -> None:
+    snap = snapshot(carbon_age_s=600)
+    receipt = build_receipt(_inputs(snap, None))
+    candidate = snap.candidates_by_model["llama-3.1-8b"][0]
+    expected = snap.perf[candidate.index].energy.estimate(120, 100, 30, snap.perf[candidate.index].queue_wait_s)
+    assert receipt.measurement_source == "model"
+    assert receipt.energy_j == pytest.approx(expected.energy_j)
+    assert receipt.prompt_tokens == 120 and receipt.reused_tokens == 100 and receipt.completion_tokens == 30
+    assert receipt.avoided_j is not None and receipt.avoided_j > 0
+    assert receipt.padding_ratio is None and receipt.confidence is None
+    assert receipt.carbon_g == pytest.approx(expected.energy_j / 3.6e6 * 100.0 * candidate.region.pue)
+
+
+def test_measured_energy_wins_and_stale_carbon_is_shown_not_used() -> None:
+    snap = snapshot(carbon_age_s=3 * 3600)  # past the 2 h limit
+    measured = {"energy_j": 42.0, "energy_j_low": 40.0, "energy_j_high": 44.0, "measurement_source": "nvml",
+                "confidence": 0.9, "attribution_method": "shared-v1", "phases": {"decode_j": 30.0},
+                "batch_size": 7.5}
+    receipt = build_receipt(_inputs(snap, measured))
+    assert (receipt.energy_j, receipt.measurement_source, receipt.confidence) == (42.0, "nvml", 0.9)
+    assert receipt.decode_j == 30.0 and receipt.prefill_j is None and receipt.batch_size == 7.5
+    assert receipt.carbon is not None and receipt.carbon.stale and receipt.carbon_g is None
+    message = convert.receipt_to_proto(receipt)
+    assert message.HasField("energy_j") and not message.HasField("prefill_j") and not message.HasField("carbon_g")
+    assert message.carbon_signal.stale
