@@ -86,6 +86,15 @@ class RateLimited(SchedulerError):
         super().__init__(f"tenant {tenant!r} is over its rate limit of {limit_rps:g} requests/s")
 
 
+class BudgetExhausted(SchedulerError):
+    """The tenant passed its hard monthly energy or carbon budget; the router answers
+    RESOURCE_EXHAUSTED (workload classes the policy marks critical are never refused)."""
+
+    def __init__(self, tenant: str, month: str, what: str, used: float, limit: float) -> None:
+        self.tenant, self.month, self.what, self.used, self.limit = tenant, month, what, used, limit
+        super().__init__(f"tenant {tenant!r} used {used:,.0f} of its hard {what} budget {limit:,.0f} for {month}")
+
+
 class Internal(SchedulerError):
     """A bug or an unexpected failure inside the router; the message is safe to show."""
 

@@ -18,18 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from scheduler.errors import SchedulerError
-
 J_PER_KWH = 3.6e6
 Level = Literal["ok", "soft", "hard"]
-
-
-class BudgetExhausted(SchedulerError):
-    """The tenant passed its hard monthly limit; the router answers RESOURCE_EXHAUSTED."""
-
-    def __init__(self, tenant: str, month: str, what: str, used: float, limit: float) -> None:
-        self.tenant, self.month, self.what, self.used, self.limit = tenant, month, what, used, limit
-        super().__init__(f"tenant {tenant!r} used {used:,.0f} of its hard {what} budget {limit:,.0f} for {month}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from scheduler.ledger.budget import BudgetExhausted, BudgetStatus, TenantBudget
+from scheduler.errors import BudgetExhausted
+from scheduler.ledger.budget import BudgetStatus, TenantBudget
 from scheduler.state import keys
 from scheduler.state.store import StateStore, StateUnavailable
 
@@ -177,11 +178,18 @@ class Ledger:
     async def check(self, tenant: str, workload_class: str) -> BudgetStatus:
         """Before dispatch: raise ``BudgetExhausted`` when the tenant is past its hard limit and
         the workload class is not critical; otherwise the status (soft limits warn)."""
-        budget = self.budgets.get(tenant)
         month = month_of(self.clock())
-        if budget is None:
+        if tenant not in self.budgets:
             return BudgetStatus(tenant, month, 0.0, 0.0, "ok", "", 0.0, 0.0, False, False)
         used, stale = await self.usage(tenant, month)
+        return self.evaluate(used, workload_class, stale)
+
+    def evaluate(self, used: MonthUsage, workload_class: str, stale: bool) -> BudgetStatus:
+        """``check`` on usage already read (the router's background-refreshed copy)."""
+        tenant, month = used.tenant, used.month
+        budget = self.budgets.get(tenant)
+        if budget is None:
+            return BudgetStatus(tenant, month, used.energy_j, used.carbon_g, "ok", "", 0.0, 0.0, False, stale)
         level, what, amount, limit = budget.level(used.energy_j, used.carbon_g)
         exempt = workload_class in self.critical_workload_classes
         status = BudgetStatus(tenant, month, used.energy_j, used.carbon_g, level, what, amount, limit, exempt, stale)

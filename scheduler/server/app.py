@@ -13,7 +13,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
+from scheduler.ledger.budget import TenantBudget
 from scheduler.plugins import default_scheduler_registry
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
@@ -35,6 +36,7 @@ from scheduler.server.edge import EdgeInterceptor
 from scheduler.server.receipt import EnergyReceipt
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
 from scheduler.state.store import StateStore
+from scheduler.types import Request
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,9 @@ class RouterDeps:
     background: list[BackgroundTask] = field(default_factory=list)
     # Called with every receipt, after the audit entry is queued (e.g. the ledger); must not block.
     receipt_sinks: list[Callable[[EnergyReceipt], None]] = field(default_factory=list)
+    # Called before a Generate is dispatched (e.g. the tenant's energy budget); may raise a
+    # SchedulerError (BudgetExhausted -> RESOURCE_EXHAUSTED); must not block.
+    admission: list[Callable[[Request], object]] = field(default_factory=list)
     state_backend: str = "memory"
     host_id: str = field(default_factory=socket.gethostname)
     version: str = field(default_factory=_version)
@@ -112,6 +117,7 @@ def build_deps(
     rate_limit_rps: float = 50.0,
     refresh_interval_s: float = 0.5,
 ) -> RouterDeps:
+    """The router's parts without the optional services (see ``with_services``)."""
     return RouterDeps(
         scheduler=Scheduler.from_registry(default_scheduler_registry()),
         refresher=SnapshotRefresher(builder, store, interval_s=refresh_interval_s),
@@ -123,6 +129,30 @@ def build_deps(
         tls=tls,
         state_backend=state_backend,
     )
+
+
+def with_services(
+    deps: RouterDeps,
+    *,
+    carbon_pollers: bool = True,
+    budgets: Mapping[str, TenantBudget] | None = None,
+) -> RouterDeps:
+    """Add what a production router runs beside the servicers: the carbon pollers (one
+    router polls each provider and zone, through the store's lock) and the tenant ledger
+    (every receipt recorded; hard budgets enforced before dispatch)."""
+    from scheduler.datalayer.carbon.pollers import CarbonPollers
+    from scheduler.ledger.ledger import Ledger
+    from scheduler.ledger.service import LedgerService
+
+    builder = deps.refresher.builder
+    if carbon_pollers:
+        deps.background.append(CarbonPollers.from_regions(builder.regions, deps.store))
+    ledger = LedgerService(Ledger(deps.store, budgets or {},
+                                  critical_workload_classes=builder.policy.critical_workload_classes))
+    deps.background.append(ledger)
+    deps.receipt_sinks.append(ledger.sink)
+    deps.admission.append(ledger.admit)
+    return deps
 
 
 def create_server(

@@ -28,6 +28,9 @@ def register(sub: Any) -> None:
     router.add_argument("--rate-limit", type=float, default=50.0, help="requests/s per tenant (default 50)")
     router.add_argument("--refresh-interval", type=float, default=0.5, help="snapshot refresh period, s")
     router.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get at shutdown")
+    router.add_argument("--budgets", type=Path, help="tenant energy/carbon budgets (YAML; see docs/operations.md)")
+    router.add_argument("--no-carbon-pollers", action="store_true",
+                        help="do not poll carbon providers (another process writes the signals)")
     router.set_defaults(handler=_router)
 
     keys = sub.add_parser("keys", help="manage tenant API keys")
@@ -54,7 +57,8 @@ def _router(args: argparse.Namespace) -> int:
 
     from scheduler.config.loader import ConfigError, load_fleet
     from scheduler.datalayer.snapshot import SnapshotBuilder
-    from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router
+    from scheduler.ledger.budget import BudgetError, load_budgets
+    from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
     from scheduler.state.factory import open_store
 
@@ -65,9 +69,13 @@ def _router(args: argparse.Namespace) -> int:
         fleet = load_fleet(args.regions, args.policies)
         policy = fleet.policy(args.policy)
         keys = KeyRing.load(args.keys) if args.keys else None
+        budgets = load_budgets(args.budgets) if args.budgets else None
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
+        return 1
+    except BudgetError as exc:
+        print(exc, file=sys.stderr)
         return 1
     if keys is None:
         log.warning("no --keys file: authentication is OFF, every caller is an admin (local use only)")
@@ -76,6 +84,7 @@ def _router(args: argparse.Namespace) -> int:
     store = open_store(args.state, args.namespace)
     deps = build_deps(SnapshotBuilder(fleet.regions, policy), store, backend, keys=keys, tls=tls,
                       rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval)
+    with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets)
 
     async def serve() -> None:
         running = await start_router(f"{args.host}:{args.port}", deps)

@@ -73,6 +73,8 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
         deps = self.deps
         started = deps.monotonic()
         snapshot, incoming, decision = self._decide(request)
+        for admit in deps.admission:
+            admit(incoming.request)
         decision_id = uuid.uuid4().hex
         remaining = context.time_remaining()
         tenant = incoming.request.tenant

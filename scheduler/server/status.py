@@ -90,6 +90,16 @@ def _rate_limited(exc: errors.SchedulerError) -> status_pb2.Status:
                              details=_pack(quota, _retry_info(exc.retry_after_s)))
 
 
+def _budget_exhausted(exc: errors.SchedulerError) -> status_pb2.Status:
+    assert isinstance(exc, errors.BudgetExhausted)
+    quota = error_details_pb2.QuotaFailure(
+        violations=[error_details_pb2.QuotaFailure.Violation(
+            subject=f"tenant:{exc.tenant}",
+            description=f"hard {exc.what} budget for {exc.month}: used {exc.used:,.0f} of {exc.limit:,.0f}")]
+    )
+    return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc), details=_pack(quota))
+
+
 def _plain(code: int) -> Callable[[errors.SchedulerError], status_pb2.Status]:
     def build(exc: errors.SchedulerError) -> status_pb2.Status:
         return status_pb2.Status(code=code, message=str(exc))
@@ -103,6 +113,7 @@ STATUS_BUILDERS: Mapping[type[errors.SchedulerError], Callable[[errors.Scheduler
         errors.Unschedulable: _unschedulable,
         errors.Unavailable: _unavailable,
         errors.RateLimited: _rate_limited,
+        errors.BudgetExhausted: _budget_exhausted,
         errors.Unauthenticated: _plain(code_pb2.UNAUTHENTICATED),
         errors.PermissionDenied: _plain(code_pb2.PERMISSION_DENIED),
         errors.Internal: _plain(code_pb2.INTERNAL),

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from scheduler.cli import main
-from scheduler.ledger.budget import BudgetExhausted, TenantBudget
+from scheduler.errors import BudgetExhausted
+from scheduler.ledger.budget import TenantBudget
 from scheduler.ledger.ledger import Ledger, LedgerEntry, month_of
 from scheduler.state import keys
 from scheduler.state.factory import open_store

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +14,8 @@ import pytest
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.server.app import RouterDeps, RunningRouter, TlsFiles, build_deps, start_router
+from scheduler.ledger.budget import TenantBudget
+from scheduler.server.app import RouterDeps, RunningRouter, TlsFiles, build_deps, start_router, with_services
 from scheduler.server.auth import KeyRing, NewKey, create_key
 from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.state.memory_store import MemoryStore
@@ -66,11 +67,14 @@ async def make_router() -> AsyncIterator[RouterFactory]:
     started: list[RunningRouter] = []
 
     async def make(regions: Sequence[RegionConfig], keys: KeyRing | None = None, tls: TlsFiles | None = None,
-                   rate_limit_rps: float = 1000.0, store: MemoryStore | None = None) -> RunningRouter:
+                   rate_limit_rps: float = 1000.0, store: MemoryStore | None = None,
+                   budgets: Mapping[str, TenantBudget] | None = None) -> RunningRouter:
         fleet = load_fleet()
         deps: RouterDeps = build_deps(SnapshotBuilder(tuple(regions), fleet.policy("default")),
                                       store or MemoryStore(), "memory", keys=keys, tls=tls,
                                       rate_limit_rps=rate_limit_rps)
+        if budgets is not None:
+            with_services(deps, carbon_pollers=False, budgets=budgets)
         running = await start_router("127.0.0.1:0", deps)
         started.append(running)
         return running

@@ -47,7 +47,7 @@ def _start_router(regions_dir: Path, keys_file: Path, namespace: str) -> tuple[s
     process = subprocess.Popen(
         [sys.executable, "-m", "scheduler.cli", "router", "--host", "127.0.0.1", "--port", "0",
          "--regions", str(regions_dir), "--state", REDIS_URL, "--namespace", namespace,
-         "--keys", str(keys_file), "--refresh-interval", "0.5", "--grace", "1"],
+         "--keys", str(keys_file), "--refresh-interval", "0.5", "--grace", "1", "--no-carbon-pollers"],
         stdout=subprocess.PIPE, text=True,
     )
     assert process.stdout is not None

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.ledger.budget import BudgetError, BudgetExhausted, TenantBudget, load_budgets
+from scheduler.errors import BudgetExhausted
+from scheduler.ledger.budget import BudgetError, TenantBudget, load_budgets
 from scheduler.ledger.ledger import Ledger, LedgerEntry, month_of
 from scheduler.state.memory_store import MemoryStore
 

@@ -1,0 +1,96 @@
+"""The ledger as a router runs it: nothing of it on the request path.
+
+- ``sink(receipt)`` (a router receipt sink) queues the receipt's joules and grams; a background
+  task writes them (``Ledger.record``: in order, queued while the store is down).
+- ``admit(request)`` (a router admission check) compares the tenant's month with its budget
+  using usage that the same background task re-reads every ``interval_s``: a hard budget
+  holds across routers to within what they spend in one interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from scheduler.ledger.budget import BudgetStatus
+from scheduler.ledger.ledger import Ledger, LedgerEntry, MonthUsage, month_of
+from scheduler.server.receipt import EnergyReceipt
+from scheduler.types import Request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LedgerService:
+    ledger: Ledger
+    interval_s: float = 1.0
+    _usage: dict[str, tuple[MonthUsage, bool]] = field(default_factory=dict, init=False, repr=False)
+    _inbox: list[LedgerEntry] = field(default_factory=list, init=False, repr=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+
+    def sink(self, receipt: EnergyReceipt) -> None:
+        self._inbox.append(
+            LedgerEntry(
+                tenant=receipt.tenant,
+                region=receipt.region,
+                energy_j=receipt.energy_j or 0.0,
+                carbon_g=receipt.carbon_g or 0.0,
+                rule_version=receipt.attribution_method,
+                at=self.ledger.clock(),
+                decision_id=receipt.decision_id,
+            )
+        )
+        self._wake.set()
+
+    def admit(self, request: Request) -> BudgetStatus | None:
+        """Raises ``BudgetExhausted`` past a hard limit (unless the class is critical)."""
+        if request.tenant not in self.ledger.budgets:
+            return None
+        month = month_of(self.ledger.clock())
+        cached = self._usage.get(request.tenant)
+        used, stale = cached if cached is not None and cached[0].month == month else (
+            MonthUsage(request.tenant, month, 0.0, 0.0, 0.0, {}), True)
+        # What this router spent since the last read counts at once.
+        energy = used.energy_j + sum(e.energy_j for e in self._inbox if e.tenant == request.tenant)
+        carbon = used.carbon_g + sum(e.carbon_g for e in self._inbox if e.tenant == request.tenant)
+        current = MonthUsage(used.tenant, used.month, energy, carbon, used.requests, used.by_region)
+        return self.ledger.evaluate(current, request.workload_class, stale)
+
+    async def start(self) -> None:
+        await self._refresh()
+        self._task = asyncio.create_task(self._run(), name="ledger")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._drain()
+        await self.ledger.flush()
+        if self.ledger.pending:
+            log.error("ledger: %d receipts could not be written before shutdown", self.ledger.pending)
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
+            self._wake.clear()
+            try:
+                await self._drain()
+                await self._refresh()
+            except Exception:
+                log.exception("ledger: background pass failed; retrying")
+
+    async def _drain(self) -> None:
+        entries, self._inbox = self._inbox, []
+        for entry in entries:
+            await self.ledger.record(entry)
+        if self.ledger.pending:
+            await self.ledger.flush()
+
+    async def _refresh(self) -> None:
+        for tenant in self.ledger.budgets:
+            self._usage[tenant] = await self.ledger.usage(tenant)
