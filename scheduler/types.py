@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from scheduler.energy.hardware import GpuSpec
     from scheduler.energy.model import EnergyCoefficients
     from scheduler.energy.models import ModelSpec
-    from scheduler.framework.arrays import FleetArrays
+    from scheduler.framework.arrays import ColumnCache, FleetArrays
 
 WorkloadClass = Literal["interactive", "batch", "deferrable"]
 WORKLOAD_CLASSES: tuple[WorkloadClass, ...] = ("interactive", "batch", "deferrable")
@@ -174,6 +174,8 @@ class FleetSnapshot:
     carbon: Mapping[str, Signal] = field(default_factory=dict)
     live: Mapping[str, RegionLiveState] = field(default_factory=dict)
     energy_routing_enabled: bool = True
+    # Columns shared with the other snapshots of the same builder (a cache, not an input).
+    column_cache: ColumnCache | None = field(default=None, compare=False, repr=False)
 
     def age(self, observed_at: float) -> float:
         return self.now - observed_at
@@ -183,7 +185,7 @@ class FleetSnapshot:
         """The per-candidate facts as numpy columns (built on first use, once per snapshot)."""
         from scheduler.framework.arrays import build_arrays
 
-        return build_arrays(self)
+        return build_arrays(self, self.column_cache)
 
     @cached_property
     def candidates_by_model(self) -> Mapping[str, tuple[Candidate, ...]]:

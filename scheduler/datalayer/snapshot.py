@@ -16,7 +16,8 @@ from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.model import EnergyModel
 from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
 from scheduler.energy.profile_model import ProfileEnergyModel
-from scheduler.types import Candidate, CandidatePerf, FleetSnapshot, RegionLiveState, Signal
+from scheduler.framework.arrays import ColumnCache
+from scheduler.types import Candidate, CandidatePerf, FleetSnapshot, PoolLiveState, RegionLiveState, Signal
 
 # Share of HBM vLLM may use (its gpu_memory_utilization default).
 GPU_MEMORY_UTILIZATION = 0.9
@@ -65,8 +66,20 @@ def enumerate_candidates(regions: Sequence[RegionConfig]) -> tuple[Candidate, ..
     return tuple(candidates)
 
 
+# Memoized per-candidate performance entries kept before the memo starts over.
+PERF_MEMO_LIMIT = 200_000
+
+
 @dataclass
 class SnapshotBuilder:
+    """Builds snapshots of one fleet under one policy.
+
+    A candidate's ``CandidatePerf`` depends only on the candidate and its pool's live state
+    when that state is fresh, so entries are memoized on (candidate, fresh pool state), and
+    when no fresh pool state changed since the last build the last ``perf`` tuple itself is
+    reused (then the snapshot's perf columns are too: ``ColumnCache``).
+    """
+
     regions: tuple[RegionConfig, ...]
     policy: PolicyConfig
     energy_model: EnergyModel = field(default_factory=ProfileEnergyModel)
@@ -74,6 +87,9 @@ class SnapshotBuilder:
 
     def __post_init__(self) -> None:
         self.candidates = enumerate_candidates(self.regions)
+        self.columns = ColumnCache()
+        self._perf_memo: dict[tuple[int, PoolLiveState | None], CandidatePerf] = {}
+        self._last: tuple[tuple[object, ...], tuple[CandidatePerf, ...]] | None = None
 
     def build(
         self,
@@ -83,8 +99,13 @@ class SnapshotBuilder:
         energy_routing_enabled: bool = True,
     ) -> FleetSnapshot:
         live = live or {}
-        max_age = self.policy.max_age.region_state
-        perf = tuple(self._perf(c, live.get(c.region.name), now, max_age) for c in self.candidates)
+        fresh = {region.name: self._fresh_pools(live.get(region.name), now) for region in self.regions}
+        key = tuple(fresh.values())
+        if self._last is not None and self._last[0] == key:
+            perf = self._last[1]
+        else:
+            perf = tuple(self._memo_perf(c, fresh[c.region.name]) for c in self.candidates)
+            self._last = (key, perf)
         return FleetSnapshot(
             now=now,
             policy=self.policy,
@@ -94,14 +115,31 @@ class SnapshotBuilder:
             carbon=dict(carbon or {}),
             live=dict(live),
             energy_routing_enabled=energy_routing_enabled,
+            column_cache=self.columns,
         )
 
-    def _perf(self, c: Candidate, state: RegionLiveState | None, now: float, max_age: float) -> CandidatePerf:
+    def _fresh_pools(self, state: RegionLiveState | None, now: float) -> Mapping[str, PoolLiveState] | None:
+        if state is None or now - state.observed_at > self.policy.max_age.region_state:
+            return None
+        return state.pools
+
+    def _memo_perf(self, c: Candidate, pools: Mapping[str, PoolLiveState] | None) -> CandidatePerf:
+        pool_state = None if pools is None else pools.get(c.pool.name)
+        key = (c.index, pool_state)
+        perf = self._perf_memo.get(key)
+        if perf is None:
+            if len(self._perf_memo) >= PERF_MEMO_LIMIT:
+                self._perf_memo.clear()
+            perf = self.perf_of(c, pool_state)
+            self._perf_memo[key] = perf
+        return perf
+
+    def perf_of(self, c: Candidate, pool_state: PoolLiveState | None) -> CandidatePerf:
+        """The candidate's performance with its pool in ``pool_state`` (None: unknown or
+        stale; the nominal batch and no queue are assumed)."""
         assumptions = self.perf
         replicas = max(1, c.pool.count // c.deployment.tensor_parallel)
-        pool_state = state.pools.get(c.pool.name) if state is not None else None
-        fresh = pool_state is not None and state is not None and now - state.observed_at <= max_age
-        if fresh and pool_state is not None:
+        if pool_state is not None:
             batch = max(1.0, pool_state.running / replicas)
             waiting = pool_state.queue_depth / replicas
         else:
@@ -120,6 +158,5 @@ class SnapshotBuilder:
             prefill_s_per_attention_pair=4.0 * model.layers * model.hidden / flops_per_s,
             decode_step_s=model.active_b * 1e9 * PRECISION_BYTES[c.deployment.precision] / bandwidth,
             decode_step_s_per_context=batch * model.kv_bytes_per_token_at(c.deployment.precision) / bandwidth,
-            live=fresh,
+            live=pool_state is not None,
         )
-

@@ -24,15 +24,9 @@ def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray) ->
     uncached = max(0.0, prompt - request.cached_tokens)
     out = float(request.max_tokens)
     mid_context = prompt + out * 0.5
-    wait = c.queue_wait_s
+    features = np.array((1.0, uncached, uncached * (prompt - uncached * 0.5), mid_context, out, out * mid_context))
+    predicted = c.prediction @ features  # candidate x (energy_j, ttft_s without RTT, tpot_s)
     rtt = c.rtt_s(request.client_location)
-    prefill = c.prefill_s_per_token * uncached + c.prefill_s_per_pair * (uncached * (prompt - uncached * 0.5))
-    ttft = prefill + wait if rtt is None else prefill + wait + rtt
-    tpot = c.decode_step_s + c.decode_step_s_per_context * mid_context
-    energy = (
-        c.e_prefill_per_token * uncached
-        + c.e_start
-        + (c.e_step + c.e_step_per_context * mid_context) * out
-        + c.e_idle_w * wait
-    )
-    return RequestView(request, snapshot, c, base, np.zeros(len(base)) if rtt is None else rtt, ttft, tpot, energy)
+    ttft = predicted[:, 1] if rtt is None else predicted[:, 1] + rtt
+    return RequestView(request, snapshot, c, base, np.zeros(len(base)) if rtt is None else rtt, ttft,
+                       predicted[:, 2], predicted[:, 0])

@@ -17,11 +17,14 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 
+from scheduler.config.schema import ScorerWeights
 from scheduler.framework.arrays import BoolArray, FloatArray
 from scheduler.framework.latency import request_view
 from scheduler.framework.plugin import Abstain, CandidateSource, Filter, Picker, Positions, RequestView, Scorer
@@ -31,6 +34,11 @@ from scheduler.types import Decision, Fallback, FleetSnapshot, Rejection, Reques
 log = logging.getLogger(__name__)
 
 KILL_SWITCH = "energy_routing_disabled"
+
+
+@lru_cache(maxsize=64)
+def _as_dict(weights: ScorerWeights) -> Mapping[str, float]:
+    return MappingProxyType(weights.as_dict())
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,7 @@ class Scheduler:
         # One matrix (scorer x survivor): clamp to [0, 1] and weight in two operations.
         matrix = np.minimum(np.maximum(np.array(results, dtype=np.float64).reshape(len(results), count), 0.0), 1.0)
         raw_by_scorer = dict(zip(names, matrix, strict=True))
-        weights_cfg = (policy.weights if energy_ranking else policy.fallback.weights).as_dict()
+        weights_cfg = _as_dict(policy.weights if energy_ranking else policy.fallback.weights)
         weights = {
             name: weights_cfg[name]
             for name in names

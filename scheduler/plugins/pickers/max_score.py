@@ -1,7 +1,7 @@
 """Max-score picker: highest weighted total first; exact ties broken by the injected RNG.
 
-order = candidates sorted by total, descending; among equal totals, a seeded rotation
-        (key = frac(i x golden ratio + u), u drawn once from the injected RNG)
+order = candidates sorted by total, descending (a stable sort); among equal totals, the order
+        of a rotation of the candidates by an offset drawn from the injected RNG
 Reads: the totals the framework computed. The full ranking is returned (for failover).
 """
 
@@ -16,7 +16,6 @@ import numpy as np
 from scheduler.framework.arrays import FloatArray, IndexArray
 
 TYPE = "max-score-picker"
-_GOLDEN = 0.6180339887498949
 
 
 @dataclass(frozen=True)
@@ -24,10 +23,8 @@ class MaxScorePicker:
     TYPE: ClassVar[str] = TYPE
 
     def pick(self, totals: FloatArray, rng: random.Random) -> IndexArray:
-        order: IndexArray = np.argsort(-totals, kind="stable")
-        ranked = totals[order]
-        if len(ranked) < 2 or not (ranked[1:] == ranked[:-1]).any():
-            return order
-        tie_break = (np.arange(len(totals)) * _GOLDEN + rng.random()) % 1.0
-        shuffled: IndexArray = np.lexsort((tie_break, -totals))
-        return shuffled
+        n = len(totals)
+        rotation = np.arange(n) + int(rng.random() * n)
+        rotation %= n
+        order: IndexArray = rotation[np.argsort(-totals[rotation], kind="stable")]
+        return order

@@ -1,0 +1,109 @@
+"""Carbon signals replayed from hourly CSV files, as a provider would have published them.
+
+The value for hour h becomes known at h + publication delay; during a provider outage no
+new value arrives, so the last one keeps its old ``observed_at`` and ages past the policy's
+``max_age.carbon`` (the scorer then abstains and the ranking falls back). Accounting (grams a
+request really cost) uses the true value of the hour the request ran in, never the
+published one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.datalayer.carbon_csv import ZoneSeries, load_zone, zone_file
+from scheduler.types import Signal
+
+
+@dataclass(frozen=True)
+class ProviderOutage:
+    """No new carbon value for ``zone`` (None: every zone) between ``start`` and ``end``."""
+
+    zone: str | None
+    start: float
+    end: float
+
+    def covers(self, zone: str, t: float) -> bool:
+        return (self.zone is None or self.zone == zone) and self.start <= t < self.end
+
+
+class CarbonReplay:
+    def __init__(
+        self,
+        series: Mapping[str, ZoneSeries],
+        delay_s: float = 0.0,
+        outages: Iterable[ProviderOutage] = (),
+    ) -> None:
+        self.series = dict(series)
+        self.delay_s = delay_s
+        self.outages = tuple(outages)
+        self._signals: dict[tuple[str, int], Signal] = {}
+        self._last_rows: tuple[int, ...] = ()
+        self._last_published: dict[str, Signal] = {}
+        # zone -> (from, until, value) of the row ``intensity`` answered last
+        self._current: dict[str, tuple[float, float, float]] = {}
+
+    @classmethod
+    def from_dir(
+        cls,
+        directory: Path,
+        zones: Iterable[str],
+        year: int | None = None,
+        delay_s: float = 0.0,
+        outages: Iterable[ProviderOutage] = (),
+    ) -> CarbonReplay:
+        series = {zone: load_zone(zone_file(directory, zone, year), zone) for zone in sorted(set(zones))}
+        return cls(series, delay_s, outages)
+
+    def _published_row(self, zone: str, t: float) -> int:
+        for outage in self.outages:
+            if outage.covers(zone, t):
+                t = outage.start  # what was known when the provider went quiet
+        times = self.series[zone].times
+        return bisect.bisect_right(times, t - self.delay_s) - 1
+
+    def published(self, t: float) -> Mapping[str, Signal]:
+        """Zone -> the latest signal a provider had published by ``t`` (absent: none yet)."""
+        rows = tuple(self._published_row(zone, t) for zone in self.series)
+        if rows == self._last_rows:
+            return self._last_published
+        published: dict[str, Signal] = {}
+        for zone, row in zip(self.series, rows, strict=True):
+            if row >= 0:
+                published[zone] = self._signal(zone, row)
+        self._last_rows, self._last_published = rows, published
+        return published
+
+    def _signal(self, zone: str, row: int) -> Signal:
+        signal = self._signals.get((zone, row))
+        if signal is None:
+            s = self.series[zone]
+            observed = s.times[row]
+            signal = Signal(
+                kind="carbon_intensity",
+                key=zone,
+                value=s.values[row],
+                unit="gCO2eq/kWh",
+                observed_at=observed,
+                fetched_at=observed + self.delay_s,
+                source=f"csv:{s.path.name}",
+                is_estimated=s.estimated[row],
+            )
+            self._signals[(zone, row)] = signal
+        return signal
+
+    def intensity(self, zone: str, t: float) -> float:
+        """The true intensity of the hour containing ``t`` (the first hour's before the data)."""
+        low, high, value = self._current.get(zone, (1.0, 0.0, 0.0))
+        if low <= t < high:
+            return value
+        s = self.series[zone]
+        row = max(0, bisect.bisect_right(s.times, t) - 1)
+        high = s.times[row + 1] if row + 1 < len(s.times) else math.inf
+        low = s.times[row] if row > 0 else -math.inf
+        self._current[zone] = (low, high, s.values[row])
+        return s.values[row]

@@ -1,0 +1,222 @@
+"""``scheduler simulate`` (compare policies on a trace) and ``scheduler bench simulate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from scheduler.config.cli import add_config_dirs
+from scheduler.config.loader import ConfigError
+from scheduler.config.schema import parse_duration
+from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
+from scheduler.sim.carbon_feed import ProviderOutage
+from scheduler.sim.engine import RegionOutage
+from scheduler.sim.scenario import ScenarioSpec
+from scheduler.sim.workload import DEFAULT_CONTINENTS, TraceError, WorkloadConfig, with_shares
+
+DEFAULT_POLICIES = "default,latency-first,carbon-first"
+
+
+def _offset_s(value: str) -> float:
+    """A time offset: '0', '90m', '6h', '2d' or seconds."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = parse_duration(value)
+    if seconds < 0:
+        raise ValueError(f"expected a non-negative offset, got {value!r}")
+    return seconds
+
+
+def _window(value: str) -> tuple[str, float, float]:
+    """'NAME@START+DURATION' (offsets from the simulation start) -> (name, start_s, duration_s)."""
+    try:
+        name, rest = value.split("@", 1)
+        start, duration = rest.split("+", 1)
+        return name, _offset_s(start), parse_duration(duration)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected NAME@START+DURATION like eu-north@6h+30m, got {value!r} ({exc})") from None
+
+
+def _duration(value: str) -> float:
+    try:
+        return _offset_s(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shares(value: str) -> dict[str, float]:
+    try:
+        pairs = (item.split("=", 1) for item in value.split(",") if item)
+        return {name.strip(): float(share) for name, share in pairs}
+    except ValueError:
+        known = ", ".join(c.name for c in DEFAULT_CONTINENTS)
+        raise argparse.ArgumentTypeError(f"expected CONTINENT=SHARE,... ({known}), got {value!r}") from None
+
+
+def _start(value: str) -> float:
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO time like 2023-06-01T00:00Z, got {value!r}") from None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+def _share(value: str) -> float:
+    share = float(value)
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1], got {value!r}")
+    return share
+
+
+def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float | None) -> None:
+    add_config_dirs(parser)
+    parser.add_argument("--trace", default="conv", help="conv, code (the shipped Azure 2023 traces) or a CSV path")
+    parser.add_argument("--hours", type=float, default=hours, help="simulated hours")
+    parser.add_argument("--rate", type=float, default=rate, help="mean arrivals per second (default: the trace's own)")
+    parser.add_argument("--start", type=_start, default=None,
+                        help="simulated start time, UTC (default: June 1 of the carbon year)")
+    parser.add_argument("--carbon-dir", type=Path, default=SHIPPED_CARBON_DIR,
+                        help="folder of hourly Electricity Maps data-portal CSVs (<ZONE>_<YEAR>_hourly.csv)")
+    parser.add_argument("--carbon-year", type=int, default=2023)
+    parser.add_argument("--carbon-delay", type=_duration, default=0.0, metavar="DURATION",
+                        help="publication delay of each hourly value (e.g. 15m)")
+    parser.add_argument("--carbon-outage", type=_window, action="append", default=[], metavar="ZONE@START+DURATION",
+                        help="no new carbon values for ZONE ('*': all) in that window (repeatable)")
+    parser.add_argument("--region-outage", type=_window, action="append", default=[], metavar="REGION@START+DURATION",
+                        help="REGION down in that window (repeatable)")
+    parser.add_argument("--model", default="llama-3.1-8b", help="the model every trace request asks for")
+    parser.add_argument("--clients", type=_shares, default=None, metavar="CONTINENT=SHARE,...",
+                        help="client shares per continent (default: population shares)")
+    parser.add_argument("--residency-share", type=_share, default=0.4,
+                        help="share of clients in a jurisdiction (EU) whose requests must stay there")
+    parser.add_argument("--batch-share", type=_share, default=0.0)
+    parser.add_argument("--deferrable-share", type=_share, default=0.0,
+                        help="share of deferrable requests (deadline: the policy's deferrable TTFT SLO)")
+    parser.add_argument("--prefix-share", type=_share, default=0.3, help="share of requests with a shared prefix")
+    parser.add_argument("--capacity-scale", type=float, default=1.0,
+                        help="multiply every pool's GPU count (size the fleet to the simulated rate)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1, help="policies simulated in parallel processes")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> ScenarioSpec:
+    start = args.start if args.start is not None else datetime(args.carbon_year, 6, 1, tzinfo=UTC).timestamp()
+    continents = with_shares(DEFAULT_CONTINENTS, args.clients) if args.clients else DEFAULT_CONTINENTS
+    workload = WorkloadConfig(
+        start=start,
+        hours=args.hours,
+        rate=args.rate,
+        model=args.model,
+        continents=continents,
+        residency_share=args.residency_share,
+        batch_share=args.batch_share,
+        deferrable_share=args.deferrable_share,
+        prefix_share=args.prefix_share,
+    )
+    return ScenarioSpec(
+        workload=workload,
+        trace=args.trace,
+        regions_dir=args.regions,
+        policies_dir=args.policies,
+        carbon_dir=args.carbon_dir,
+        carbon_year=args.carbon_year,
+        carbon_delay_s=args.carbon_delay,
+        carbon_outages=tuple(
+            ProviderOutage(None if zone == "*" else zone, start + offset, start + offset + duration)
+            for zone, offset, duration in args.carbon_outage
+        ),
+        region_outages=tuple(
+            RegionOutage(region, start + offset, start + offset + duration)
+            for region, offset, duration in args.region_outage
+        ),
+        capacity_scale=args.capacity_scale,
+        twelve_regions=twelve_regions,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+
+
+def register(sub: Any) -> None:
+    simulate = sub.add_parser("simulate", help="replay a request trace against the fleet under several policies")
+    simulate.add_argument("--compare", default=DEFAULT_POLICIES, help="comma-separated policy names")
+    simulate.add_argument("--baseline", default="latency-first", help="policy the gCO2e change is measured against")
+    add_scenario_args(simulate, hours=24.0, rate=None)
+    simulate.add_argument("--json", action="store_true", help="print the results as JSON")
+    simulate.add_argument("--plots", type=Path, default=None, metavar="DIR", help="write PNG plots to DIR")
+    simulate.set_defaults(handler=_simulate)
+
+
+def register_bench(bench: Any) -> None:
+    parser = bench.add_parser("simulate", help="simulator speed: 1M requests, 12 regions, a year of grid data")
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--policy", default="default")
+    parser.add_argument("--profile", type=Path, default=None, metavar="FILE", help="write a cProfile dump to FILE")
+    add_scenario_args(parser, hours=8760.0, rate=None)
+    parser.set_defaults(handler=_bench)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from scheduler.sim.report import format_table, to_json
+    from scheduler.sim.scenario import compare
+
+    policies = [p.strip() for p in args.compare.split(",") if p.strip()]
+    try:
+        spec = spec_from_args(args)
+        results = compare(spec, policies, args.jobs)
+    except (ConfigError, CarbonCsvError, TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(to_json(results, spec.describe()))
+    else:
+        print(format_table(results, args.baseline if args.baseline in policies else None))
+    if args.plots is not None:
+        from scheduler.sim.carbon_feed import CarbonReplay
+        from scheduler.sim.plots import write_plots
+
+        regions = spec.regions()
+        carbon = CarbonReplay.from_dir(spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year)
+        for path in write_plots(args.plots, results, regions, carbon):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import cProfile
+    import time
+
+    from scheduler.sim.scenario import run_policy
+
+    args.rate = args.requests / (args.hours * 3600.0)
+    args.start = args.start if args.start is not None else datetime(args.carbon_year, 1, 1, tzinfo=UTC).timestamp()
+    spec = spec_from_args(args, twelve_regions=True)
+    profiler = cProfile.Profile() if args.profile else None
+    began = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    result = run_policy(spec, args.policy)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+    wall = time.perf_counter() - began
+    t = result.timings_s
+    rest = t["total"] - t["schedule"] - t["snapshot_and_request"]
+    print(
+        f"simulate: {result.requests:,} requests, 12 regions, {args.hours:.0f} h of hourly grid data, "
+        f"policy {args.policy}: {wall:.1f} s wall ({wall / result.requests * 1e6:.1f} us/request; goal <= 60 s)"
+    )
+    print(
+        f"  Scheduler.schedule {t['schedule']:.1f} s ({t['schedule'] / result.requests * 1e6:.1f} us/decision), "
+        f"snapshots + requests {t['snapshot_and_request']:.1f} s, pools/events/accounting {rest:.1f} s, "
+        f"setup {wall - t['total']:.1f} s"
+    )
+    print(
+        f"  gCO2e/request {result.gco2e_per_request:.4f}, J/request {result.j_per_request:.1f}, "
+        f"SLO met {result.slo_attainment * 100:.2f} %, violations {result.violations}"
+    )
+    return 0

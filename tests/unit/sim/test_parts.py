@@ -1,0 +1,143 @@
+"""The simulator's parts: carbon replay, workload generation, pool physics."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
+from scheduler.sim.pools import BatchPerfTable, Job, PoolSim
+from scheduler.sim.workload import DEFAULT_CONTINENTS, RequestFactory, WorkloadConfig, build_workload, load_trace
+from scheduler.types import Decision, Request
+from tests.unit.sim.kit import PARIS, START, Files, policy, region
+
+T0 = START.timestamp()
+HOUR = 3600.0
+# Pool tests start jobs directly; no ranking is walked.
+NOT_DISPATCHED = Decision(
+    request_id="", decided_at=0.0, policy="", fleet=(), survivor_index=(), order=(), totals=(), raw={},
+    eager_rejections=(), lazy_rejections=(), fallbacks=(), weights={}, energy_ranking=False,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "delay_s", "outages", "at", "observed"),
+    [
+        ("current hour, no delay", 0.0, (), T0 + 1.5 * HOUR, T0 + HOUR),
+        ("15 min delay, before it is out", 900.0, (), T0 + HOUR + 600, T0),
+        ("15 min delay, after it is out", 900.0, (), T0 + HOUR + 1000, T0 + HOUR),
+        ("outage keeps the last value", 0.0, (ProviderOutage(None, T0 + 2 * HOUR, T0 + 9 * HOUR),), T0 + 5 * HOUR,
+         T0 + 2 * HOUR),
+        ("outage of another zone", 0.0, (ProviderOutage("DIRTY", T0, T0 + 9 * HOUR),), T0 + 5 * HOUR, T0 + 5 * HOUR),
+        ("after the outage", 0.0, (ProviderOutage(None, T0, T0 + 3 * HOUR),), T0 + 4.2 * HOUR, T0 + 4 * HOUR),
+    ],
+)
+def test_carbon_replay_publishes_what_the_provider_had(
+    files: Files, name: str, delay_s: float, outages: tuple[ProviderOutage, ...], at: float, observed: float
+) -> None:
+    replay = CarbonReplay.from_dir(files.carbon_dir, ["CLEAN"], 2023, delay_s, outages)
+    signal = replay.published(at)["CLEAN"]
+    assert signal.observed_at == observed, name
+    assert signal.value == 20.0
+    # accounting always uses the true current value
+    assert replay.intensity("CLEAN", at) == 20.0
+
+
+def test_carbon_replay_has_no_signal_before_the_first_published_value(files: Files) -> None:
+    replay = CarbonReplay.from_dir(files.carbon_dir, ["CLEAN"], 2023, delay_s=HOUR)
+    assert "CLEAN" not in replay.published(T0 + 0.5 * HOUR)
+
+
+def test_workload_tiles_the_trace_to_the_rate_and_duration(files: Files) -> None:
+    trace = load_trace(str(files.trace))
+    assert trace.native_rate == pytest.approx(1.0)
+    config = WorkloadConfig(start=T0, hours=0.5, rate=4.0)
+    workload = build_workload(trace, config, seed=1)
+    assert len(workload) == 7200
+    assert workload.arrival_s == sorted(workload.arrival_s)
+    assert workload.arrival_s[0] == T0
+    # trace gaps of 1 s at 4 req/s become 0.25 s
+    assert workload.arrival_s[1] - workload.arrival_s[0] == pytest.approx(0.25)
+    assert workload.arrival_s[-1] < T0 + 1800
+
+
+def test_workload_residency_only_for_clients_in_a_jurisdiction_and_at_its_share() -> None:
+    workload = build_workload(load_trace("conv"), WorkloadConfig(start=T0, hours=1.0, rate=20.0), seed=3)
+    europe = {i for i, j in enumerate(workload.city_jurisdiction) if j == "EU"}
+    eu_rows = [k for k, city in enumerate(workload.city) if city in europe]
+    assert all(workload.city[k] in europe for k, r in enumerate(workload.restricted) if r)
+    share = sum(workload.restricted[k] for k in eu_rows) / len(eu_rows)
+    assert share == pytest.approx(0.4, abs=0.03)
+    expected_eu = next(c.share for c in DEFAULT_CONTINENTS if c.name == "europe")
+    assert len(eu_rows) / len(workload) == pytest.approx(expected_eu / sum(c.share for c in DEFAULT_CONTINENTS), abs=0.01)
+    requests = RequestFactory(workload)
+    first_restricted = workload.restricted.index(True)
+    assert requests.request(first_restricted).allowed_jurisdictions == frozenset({"EU"})
+
+
+def test_workload_classes_and_prefix_keys_follow_their_shares() -> None:
+    config = WorkloadConfig(start=T0, hours=1.0, rate=10.0, batch_share=0.2, deferrable_share=0.1, prefix_share=0.5)
+    workload = build_workload(load_trace("code"), config, seed=5)
+    requests = RequestFactory(workload)
+    classes = Counter(requests.request(i).workload_class for i in range(len(workload)))
+    n = len(workload)
+    assert classes["deferrable"] / n == pytest.approx(0.1, abs=0.02)
+    assert classes["batch"] / n == pytest.approx(0.2, abs=0.02)
+    with_prefix = [i for i in range(n) if workload.prefix_group[i] >= 0]
+    assert len(with_prefix) / n == pytest.approx(0.5, abs=0.03)
+    assert all(0 < workload.prefix_tokens[i] < workload.prompt_tokens[i] for i in with_prefix)
+
+
+def _pool(gpus: int = 1) -> tuple[PoolSim, BatchPerfTable]:
+    regions = (region("near", "DIRTY", PARIS, gpus=gpus),)
+    builder = SnapshotBuilder(regions, policy())
+    return PoolSim(builder.candidates[0], max_seqs=2), BatchPerfTable(builder)
+
+
+def _job(row: int, prefix: str | None = None, prefix_tokens: int = 0, arrived: float = 0.0) -> Job:
+    request = Request(f"r{row}", "llama-3.1-8b", prompt_tokens=1000, max_tokens=100, prefix_key=prefix)
+    return Job(row, request, arrived, prefix_tokens, decision=NOT_DISPATCHED)
+
+
+def test_pool_start_at_batch_one_matches_the_hand_computation() -> None:
+    pool, table = _pool()
+    started = pool.start(_job(0), now=0.0, table=table)
+    # H100: 989 TFLOP/s x 0.5 MFU; 3,350 GB/s x 0.7; llama-3.1-8b: 8.03e9 params, 32 layers,
+    # hidden 4096, KV 2 x 32 x 8 x 128 x 2 bytes per token.
+    flops = 989e12 * 0.5
+    bandwidth = 3350e9 * 0.7
+    prefill = 1000 * 2 * 8.03e9 / flops + 1000 * (1000 - 500) * 4 * 32 * 4096 / flops
+    step = 8.03e9 * 2 / bandwidth + 1 * (2 * 32 * 8 * 128 * 2) / bandwidth * (1000 + 50)
+    assert started.ttft_s == pytest.approx(prefill, rel=1e-9)
+    assert started.done_at == pytest.approx(prefill + 100 * step, rel=1e-9)
+    assert started.cached_tokens == 0 and started.queue_wait_s == 0.0
+
+
+def test_pool_queues_when_full_and_admits_in_fifo_order() -> None:
+    pool, table = _pool()
+    for row in range(2):
+        assert pool.has_room(1100)
+        pool.start(_job(row), now=0.0, table=table)
+    assert not pool.has_room(1100)  # max_seqs=2 on the one replica
+    pool.enqueue(_job(2), now=0.0)
+    pool.enqueue(_job(3), now=0.0)
+    assert pool.live().queue_depth == 2 and pool.live().running == 2
+    assert pool.next_startable() is None
+    pool.finish(1100)
+    head = pool.next_startable()
+    assert head is not None and head.row == 2
+    started = pool.start(head, now=4.0, table=table)
+    assert started.queue_wait_s == 4.0
+    assert started.ttft_s > 4.0
+
+
+def test_second_request_with_the_same_prefix_hits_the_cache() -> None:
+    pool, table = _pool(gpus=2)
+    first = pool.start(_job(0, "prefix-1", 600), now=0.0, table=table)
+    second = pool.start(_job(1, "prefix-1", 600), now=0.0, table=table)
+    other = pool.start(_job(2, "prefix-2", 600), now=0.0, table=table)
+    assert (first.cached_tokens, second.cached_tokens, other.cached_tokens) == (0, 600, 0)
+    assert second.energy_j < first.energy_j
+    assert pool.live().prefix_cache_hit_rate == pytest.approx(0.33)
