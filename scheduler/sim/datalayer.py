@@ -9,6 +9,7 @@ Then ``SnapshotBuilder`` builds the snapshot, exactly as in the router.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -36,20 +37,54 @@ class SimDataLayer:
         self.down: set[str] = set()
         self.published: dict[str, RegionLiveState] = {}
         self._snapshot: FleetSnapshot | None = None
+        # What the last snapshot was built from, and until when it stays exact.
+        self._inputs: tuple[object, ...] = ()
+        self._valid_until = 0.0
+        # region -> the last time it published (its state may be unchanged since the build)
+        self._last_publish: dict[str, float] = {}
 
     def snapshot(self, now: float) -> FleetSnapshot:
-        """The snapshot a router would hold at ``now`` (rebuilt when older than refresh_s)."""
+        """The snapshot a router would hold at ``now`` (rebuilt when older than refresh_s).
+
+        A rebuild whose inputs (pool states, carbon signals, regions down) equal the last
+        one's, before any signal or region state crosses its maximum age, would decide
+        exactly as the last snapshot does: then the last one is kept (with sparse arrivals
+        that saves a rebuild per request)."""
         snap = self._snapshot
         if snap is not None and now - snap.now < self.refresh_s:
             return snap
+        carbon = self.carbon.published(now)
+        live = {region: tuple(pool.live() for pool in pools) for region, pools in self._pools.items()
+                if region not in self.down}
+        for region in live:
+            self._last_publish[region] = now
+        inputs = (carbon, frozenset(self.down), live)
+        if snap is not None and now <= self._valid_until and self._same(inputs):
+            return snap
         published = self.published
-        for region, pools in self._pools.items():
-            if region in self.down:
-                continue
+        for region in self.down:
+            # It kept publishing (unchanged) until it went down.
+            last = published.get(region)
+            if last is not None and self._last_publish.get(region, 0.0) > last.observed_at:
+                published[region] = dataclasses.replace(last, observed_at=self._last_publish[region])
+        for region, pool_states in live.items():
             states = dict(self._idle[region])
-            for pool in pools:
-                states[pool.candidate.pool.name] = pool.live()
+            for pool, state in zip(self._pools[region], pool_states, strict=True):
+                states[pool.candidate.pool.name] = state
             published[region] = RegionLiveState(region, True, now, states)
-        snap = self.builder.build(now, self.carbon.published(now), published)
-        self._snapshot = snap
+        snap = self.builder.build(now, carbon, published)
+        self._snapshot, self._inputs = snap, inputs
+        self._valid_until = self._exact_until(snap)
         return snap
+
+    def _same(self, inputs: tuple[object, ...]) -> bool:
+        return bool(self._inputs) and inputs[0] is self._inputs[0] and inputs[1:] == self._inputs[1:]
+
+    def _exact_until(self, snap: FleetSnapshot) -> float:
+        """The last time at which every signal and down region's last state in ``snap`` is as
+        fresh or as stale as at ``snap.now`` (stale means age > max age: a value is stale
+        from just after observed_at + max age)."""
+        max_age = snap.policy.max_age
+        limits = [s.observed_at + max_age.carbon for s in snap.carbon.values()]
+        limits += [self.published[r].observed_at + max_age.region_state for r in self.down if r in self.published]
+        return min((t for t in limits if t >= snap.now), default=float("inf"))

@@ -34,7 +34,7 @@ class ModelAvailableFilter:
         arrays = snapshot.arrays
         rejected = [
             Rejection(first, TYPE, "serves no {} (serves {})", (model, _served_by(snapshot, first)))
-            for first in arrays.pools_lacking(snapshot, model)
+            for first in arrays.cache.pools_lacking(snapshot, model)
         ]
         return arrays.by_model.get(model, _NONE), rejected
 

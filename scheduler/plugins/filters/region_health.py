@@ -27,5 +27,5 @@ class RegionHealthFilter:
         return keep
 
     def reason(self, view: RequestView, position: int) -> Reason:
-        verdict = view.cols.health[position]
+        verdict = view.cols.health(position)
         return verdict if verdict is not None else ("healthy", ())
