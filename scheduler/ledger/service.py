@@ -31,6 +31,11 @@ class LedgerService:
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
+    @property
+    def pending(self) -> int:
+        """Receipts not yet in the store (waiting here or in the ledger's outage queue)."""
+        return len(self._inbox) + self.ledger.pending
+
     def sink(self, receipt: EnergyReceipt) -> None:
         self._inbox.append(
             LedgerEntry(

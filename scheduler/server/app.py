@@ -13,7 +13,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -33,6 +33,7 @@ from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
+from scheduler.server.metrics import MetricsEndpoint, RouterMetrics, Sample
 from scheduler.server.receipt import EnergyReceipt
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
 from scheduler.state.store import StateStore
@@ -93,6 +94,11 @@ class RouterDeps:
     background: list[BackgroundTask] = field(default_factory=list)
     # Called with every receipt, after the audit entry is queued (e.g. the ledger); must not block.
     receipt_sinks: list[Callable[[EnergyReceipt], None]] = field(default_factory=list)
+    metrics: RouterMetrics = field(default_factory=RouterMetrics)
+    # Gauges read at scrape time (the ledger's queue, the carbon pollers' counters, ...).
+    gauges: list[Callable[[], Iterable[Sample]]] = field(default_factory=list)
+    # Plaintext /metrics and /healthz port (None: not served; 0: any free port).
+    metrics_port: int | None = None
     # Called before a Generate is dispatched (e.g. the tenant's energy budget); may raise a
     # SchedulerError (BudgetExhausted -> RESOURCE_EXHAUSTED); must not block.
     admission: list[Callable[[Request], object]] = field(default_factory=list)
@@ -116,9 +122,11 @@ def build_deps(
     tls: TlsFiles | None = None,
     rate_limit_rps: float = 50.0,
     refresh_interval_s: float = 0.5,
+    metrics_port: int | None = None,
 ) -> RouterDeps:
     """The router's parts without the optional services (see ``with_services``)."""
     return RouterDeps(
+        metrics_port=metrics_port,
         scheduler=Scheduler.from_registry(default_scheduler_registry()),
         refresher=SnapshotRefresher(builder, store, interval_s=refresh_interval_s),
         store=store,
@@ -146,10 +154,13 @@ def with_services(
 
     builder = deps.refresher.builder
     if carbon_pollers:
-        deps.background.append(CarbonPollers.from_regions(builder.regions, deps.store))
+        pollers = CarbonPollers.from_regions(builder.regions, deps.store)
+        deps.background.append(pollers)
+        deps.gauges.append(pollers.counters.samples)
     ledger = LedgerService(Ledger(deps.store, budgets or {},
                                   critical_workload_classes=builder.policy.critical_workload_classes))
     deps.background.append(ledger)
+    deps.gauges.append(lambda: [("scheduler_ledger_pending_receipts", {}, float(ledger.pending))])
     deps.receipt_sinks.append(ledger.sink)
     deps.admission.append(ledger.admit)
     return deps
@@ -161,7 +172,7 @@ def create_server(
     """The gRPC server with every service, bound to ``address`` (``127.0.0.1:0``: any free port);
     not started. ``health``: the health servicer to serve (a new one, NOT_SERVING, if None)."""
     server = grpc.aio.server(
-        interceptors=[EdgeInterceptor(deps.keys, deps.limiter)],
+        interceptors=[EdgeInterceptor(deps.keys, deps.limiter, deps.metrics)],
         options=[("grpc.so_reuseport", 0), ("grpc.keepalive_permit_without_calls", 1)],
     )
     # The generated grpc modules carry no type annotations.
@@ -180,15 +191,35 @@ def create_server(
     return server, port
 
 
+def router_gauges(deps: RouterDeps) -> list[Sample]:
+    """The router's own gauges, from its current snapshot (no I/O)."""
+    snapshot = deps.refresher.current()
+    samples: list[Sample] = [
+        ("scheduler_router_energy_routing_enabled", {}, float(snapshot.energy_routing_enabled)),
+        ("scheduler_router_active_streams", {}, float(deps.active_streams)),
+    ]
+    for zone, signal in sorted(snapshot.carbon.items()):
+        samples.append(("scheduler_carbon_signal_age_seconds", {"zone": zone}, snapshot.now - signal.observed_at))
+    arrays = snapshot.arrays
+    for name, verdict in zip(arrays.region_names, arrays.region_health, strict=True):
+        samples.append(("scheduler_router_region_healthy", {"region": name}, float(verdict is None)))
+    for gauge in deps.gauges:
+        samples.extend(gauge())
+    return samples
+
+
 @dataclass
 class RunningRouter:
     server: grpc.aio.Server
     port: int
     health: HealthServicer
     deps: RouterDeps
+    metrics_endpoint: MetricsEndpoint | None = None
+    serving: bool = False
     _started: list[BackgroundTask] = field(default_factory=list)
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        self.serving = False
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
         for task in reversed(self._started):
@@ -211,12 +242,19 @@ async def start_router(address: str, deps: RouterDeps) -> RunningRouter:
         for task in deps.lifecycle():
             await task.start()
             running._started.append(task)
+        if deps.metrics_port is not None:
+            endpoint = MetricsEndpoint(lambda: deps.metrics.exposition(router_gauges(deps)), lambda: running.serving,
+                                       port=deps.metrics_port)
+            await endpoint.start()
+            running.metrics_endpoint = endpoint
+            running._started.append(endpoint)
         await server.start()
     except BaseException:
         await running.stop(grace_s=0)
         raise
     for name in ("", *SERVICE_NAMES):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    running.serving = True
     log.info("router serving on port %d (%s state, %s)", port, deps.state_backend,
              "TLS" if deps.tls else "plaintext")
     return running

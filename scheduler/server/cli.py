@@ -28,7 +28,9 @@ def register(sub: Any) -> None:
     router.add_argument("--rate-limit", type=float, default=50.0, help="requests/s per tenant (default 50)")
     router.add_argument("--refresh-interval", type=float, default=0.5, help="snapshot refresh period, s")
     router.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get at shutdown")
-    router.add_argument("--budgets", type=Path, help="tenant energy/carbon budgets (YAML; see docs/operations.md)")
+    router.add_argument("--budgets", type=Path, help="tenant energy/carbon budgets (YAML; see docs/deploying.md)")
+    router.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus /metrics and /healthz over plain HTTP on this port (0: any free port)")
     router.add_argument("--no-carbon-pollers", action="store_true",
                         help="do not poll carbon providers (another process writes the signals)")
     router.set_defaults(handler=_router)
@@ -83,12 +85,15 @@ def _router(args: argparse.Namespace) -> int:
     backend = "memory" if args.state == "memory" else "redis"
     store = open_store(args.state, args.namespace)
     deps = build_deps(SnapshotBuilder(fleet.regions, policy), store, backend, keys=keys, tls=tls,
-                      rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval)
+                      rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
+                      metrics_port=args.metrics_port)
     with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets)
 
     async def serve() -> None:
         running = await start_router(f"{args.host}:{args.port}", deps)
         print(f"router listening on {args.host}:{running.port}", flush=True)
+        if running.metrics_endpoint is not None:
+            print(f"metrics on http://{args.host}:{running.metrics_endpoint.port}/metrics", flush=True)
         await serve_until_signalled(running, args.grace)
 
     asyncio.run(serve())

@@ -20,6 +20,7 @@ import grpc
 
 from scheduler import errors
 from scheduler.server.auth import KeyRing, Principal, TenantRateLimiter
+from scheduler.server.metrics import RouterMetrics
 from scheduler.server.status import status_for
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,7 @@ def current_principal() -> Principal:
     return _principal.get()
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
-    status = status_for(exc)
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
@@ -57,6 +57,7 @@ Streaming = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[An
 class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     keys: KeyRing | None
     limiter: TenantRateLimiter
+    metrics: RouterMetrics
 
     def admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
         if self.keys is None:
@@ -69,28 +70,46 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             self.limiter.check(principal)
         return principal
 
+    def _failed(self, method: str, exc: Exception) -> None:
+        if isinstance(exc, errors.BudgetExhausted):
+            self.metrics.inc("scheduler_budget_rejections_total", {"tenant": exc.tenant})
+
     def _unary(self, method: str, inner: Unary) -> Unary:
         async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            code = grpc.StatusCode.OK
             try:
                 _principal.set(self.admit(method, context))
                 return await inner(request, context)
             except grpc.aio.AbortError:
+                code = grpc.StatusCode.UNKNOWN
                 raise
             except Exception as exc:
-                await _abort(context, exc)
+                self._failed(method, exc)
+                status = status_for(exc)
+                code = status.code
+                await _abort(context, status)
+            finally:
+                self.metrics.request(method, code.name)
 
         return behavior
 
     def _streaming(self, method: str, inner: Streaming) -> Streaming:
         async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            code = grpc.StatusCode.OK
             try:
                 _principal.set(self.admit(method, context))
                 async for response in inner(request, context):
                     yield response
             except grpc.aio.AbortError:
+                code = grpc.StatusCode.UNKNOWN
                 raise
             except Exception as exc:
-                await _abort(context, exc)
+                self._failed(method, exc)
+                status = status_for(exc)
+                code = status.code
+                await _abort(context, status)
+            finally:
+                self.metrics.request(method, code.name)
 
         return behavior
 

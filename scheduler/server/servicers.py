@@ -59,6 +59,7 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
         snapshot = self.deps.refresher.current()
         incoming = convert.incoming(request, tenant, snapshot)
         decision = self.deps.scheduler.schedule(incoming.request, snapshot)
+        self.deps.metrics.decision(decision)
         if not decision.schedulable:
             raise unschedulable(decision)
         return snapshot, incoming, decision
@@ -93,6 +94,8 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
             deps.active_streams -= 1
             await stream.aclose()
         assert stream.candidate is not None  # the stream ended normally, so one answered
+        if stream.failovers:
+            deps.metrics.inc("scheduler_router_failovers_total", amount=len(stream.failovers))
         receipt = build_receipt(ReceiptInputs(
             decision_id=decision_id,
             request_id=incoming.request.request_id,

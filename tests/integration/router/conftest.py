@@ -68,11 +68,12 @@ async def make_router() -> AsyncIterator[RouterFactory]:
 
     async def make(regions: Sequence[RegionConfig], keys: KeyRing | None = None, tls: TlsFiles | None = None,
                    rate_limit_rps: float = 1000.0, store: MemoryStore | None = None,
-                   budgets: Mapping[str, TenantBudget] | None = None) -> RunningRouter:
+                   budgets: Mapping[str, TenantBudget] | None = None,
+                   metrics_port: int | None = None) -> RunningRouter:
         fleet = load_fleet()
         deps: RouterDeps = build_deps(SnapshotBuilder(tuple(regions), fleet.policy("default")),
                                       store or MemoryStore(), "memory", keys=keys, tls=tls,
-                                      rate_limit_rps=rate_limit_rps)
+                                      rate_limit_rps=rate_limit_rps, metrics_port=metrics_port)
         if budgets is not None:
             with_services(deps, carbon_pollers=False, budgets=budgets)
         running = await start_router("127.0.0.1:0", deps)

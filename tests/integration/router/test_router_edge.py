@@ -124,3 +124,31 @@ async def test_mutual_tls_refuses_clients_without_a_trusted_certificate(stub_fle
         async with AsyncSchedulerClient(target, tls=refused, timeout_s=5) as client:
             with pytest.raises(UnavailableError):
                 await client.list_regions()
+
+
+async def test_metrics_and_healthz_over_plain_http(stub_fleet: Fleet, make_router: RouterFactory) -> None:
+    import httpx
+
+    from scheduler.client import AsyncSchedulerClient, UnschedulableError
+
+    router = await make_router(stub_fleet.configs, metrics_port=0)
+    assert router.metrics_endpoint is not None
+    base = f"http://127.0.0.1:{router.metrics_endpoint.port}"
+    async with AsyncSchedulerClient(f"127.0.0.1:{router.port}") as client:
+        assert await client.generate("hi", model="llama-3.1-8b", max_tokens=2).text()
+        with pytest.raises(UnschedulableError):
+            await client.generate("hi", model="llama-3.1-8b", max_tokens=2, jurisdictions=["CH"]).text()
+    async with httpx.AsyncClient() as http:
+        health = await http.get(f"{base}/healthz")
+        metrics = await http.get(f"{base}/metrics")
+        missing = await http.get(f"{base}/nothing")
+    assert health.status_code == 200 and health.text == "SERVING\n"
+    assert missing.status_code == 404
+    text = metrics.text
+    assert 'scheduler_router_requests_total{code="OK",method="Generate"} 1' in text
+    assert 'scheduler_router_requests_total{code="FAILED_PRECONDITION",method="Generate"} 1' in text
+    assert 'scheduler_router_decisions_total{mode="unschedulable",policy="default"} 1' in text
+    assert "scheduler_router_energy_routing_enabled 1" in text
+    assert 'scheduler_router_region_healthy{region="eu-north"} 1' in text
+    await router.stop(grace_s=0)
+    assert not router.serving

@@ -1,0 +1,134 @@
+"""The router's Prometheus metrics and a small plaintext HTTP endpoint for them.
+
+Counters (monotonic, since the process started):
+  scheduler_router_requests_total{method, code}     every call, by its final gRPC status
+  scheduler_router_decisions_total{policy, mode}    mode: energy | fallback | unschedulable
+  scheduler_router_fallbacks_total{signal}          each fallback a decision took
+  scheduler_router_failovers_total                  regions that failed before the first token
+  scheduler_budget_rejections_total{tenant}         Generate calls refused by a hard budget
+Gauges (read from the router's state at scrape time):
+  scheduler_router_energy_routing_enabled, scheduler_router_active_streams,
+  scheduler_carbon_signal_age_seconds{zone}, scheduler_router_region_healthy{region},
+  scheduler_ledger_pending_receipts, plus the carbon pollers' counters.
+
+``MetricsEndpoint`` serves ``GET /metrics`` (Prometheus text format 0.0.4) and ``GET /healthz``
+(200 while the gRPC health status is SERVING, else 503) on a separate plaintext port, so
+that probes and scrapers need no TLS client certificate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from scheduler.types import Decision
+
+log = logging.getLogger(__name__)
+
+Sample = tuple[str, Mapping[str, str], float]
+_HELP = {
+    "scheduler_router_requests_total": ("counter", "Router calls by method and final gRPC status code."),
+    "scheduler_router_decisions_total": ("counter", "Routing decisions by policy and ranking mode."),
+    "scheduler_router_fallbacks_total": ("counter", "Fallbacks taken by decisions, by signal."),
+    "scheduler_router_failovers_total": ("counter", "Regions that failed before the first token."),
+    "scheduler_budget_rejections_total": ("counter", "Generate calls refused by a tenant's hard budget."),
+}
+
+
+@dataclass
+class RouterMetrics:
+    _counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
+
+    def inc(self, name: str, labels: Mapping[str, str] | None = None, amount: float = 1.0) -> None:
+        key = (name, tuple(sorted((labels or {}).items())))
+        self._counters[key] = self._counters.get(key, 0.0) + amount
+
+    def request(self, method: str, code: str) -> None:
+        self.inc("scheduler_router_requests_total", {"method": method.rsplit("/", 1)[-1], "code": code})
+
+    def decision(self, decision: Decision) -> None:
+        mode = "unschedulable" if not decision.schedulable else "energy" if decision.energy_ranking else "fallback"
+        self.inc("scheduler_router_decisions_total", {"policy": decision.policy, "mode": mode})
+        for fallback in decision.fallbacks:
+            self.inc("scheduler_router_fallbacks_total", {"signal": fallback.signal})
+
+    def value(self, name: str, labels: Mapping[str, str] | None = None) -> float:
+        return self._counters.get((name, tuple(sorted((labels or {}).items()))), 0.0)
+
+    def exposition(self, gauges: Iterable[Sample] = ()) -> str:
+        lines: list[str] = []
+        for name, (kind, text) in _HELP.items():
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+            for (sample, pairs), value in sorted(self._counters.items()):
+                if sample == name:
+                    lines.append(_line(name, dict(pairs), value))
+        seen: set[str] = set()
+        for gauge, labels, value in gauges:
+            if gauge not in seen:
+                seen.add(gauge)
+                lines.append(f"# TYPE {gauge} {'counter' if gauge.endswith('_total') else 'gauge'}")
+            lines.append(_line(gauge, labels, value))
+        return "\n".join(lines) + "\n"
+
+
+def _line(name: str, labels: Mapping[str, str], value: float) -> str:
+    if not labels:
+        return f"{name} {value:g}"
+    body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+    return f"{name}{{{body}}} {value:g}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@dataclass
+class MetricsEndpoint:
+    """``GET /metrics`` and ``GET /healthz`` on ``host:port`` (0: any free port)."""
+
+    render: Callable[[], str]
+    serving: Callable[[], bool]
+    host: str = "0.0.0.0"
+    port: int = 0
+    _server: asyncio.Server | None = field(default=None, init=False, repr=False)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("metrics and /healthz on http://%s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = await asyncio.wait_for(reader.readline(), timeout=5.0)
+            while (await asyncio.wait_for(reader.readline(), timeout=5.0)) not in (b"\r\n", b"\n", b""):
+                pass  # headers: nothing here needs them
+            parts = request_line.decode("latin-1").split()
+            method, path = (parts[0], parts[1].split("?", 1)[0]) if len(parts) >= 2 else ("", "")
+            if method != "GET":
+                status, body, kind = "405 Method Not Allowed", "only GET\n", "text/plain"
+            elif path == "/metrics":
+                status, body, kind = "200 OK", self.render(), "text/plain; version=0.0.4"
+            elif path == "/healthz":
+                up = self.serving()
+                status, body, kind = ("200 OK", "SERVING\n", "text/plain") if up else (
+                    "503 Service Unavailable", "NOT_SERVING\n", "text/plain")
+            else:
+                status, body, kind = "404 Not Found", "try /metrics or /healthz\n", "text/plain"
+            data = body.encode()
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(data)}\r\n"
+                         f"Connection: close\r\n\r\n".encode() + data)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
