@@ -7,7 +7,7 @@ export VLLM_NO_USAGE_STATS=1
 export DO_NOT_TRACK=1
 export RAY_USAGE_STATS_ENABLED=0
 
-.PHONY: install demo test lint protos unit integration bench
+.PHONY: install demo test lint protos infra simulate bench
 
 install:
 	@bash scripts/install.sh $(VENV)
@@ -16,8 +16,9 @@ demo: install
 	$(VENV)/bin/scheduler up --demo
 
 lint: install
-	$(VENV)/bin/ruff check scheduler tests
+	$(VENV)/bin/ruff check scheduler tests infra
 	$(VENV)/bin/mypy scheduler
+	$(VENV)/bin/mypy --explicit-package-bases infra/render.py
 
 test: lint
 	$(PY) -m pytest tests
@@ -25,5 +26,14 @@ test: lint
 protos: install
 	$(PY) scripts/gen_protos.py
 
+# Re-render the Kubernetes manifests after editing regions/ or policies/ (a test checks they match).
+infra: install
+	$(PY) infra/render.py
+
+simulate: install
+	$(VENV)/bin/scheduler simulate --compare default,latency-first,carbon-first --trace conv --hours 24
+
 bench: install
 	$(VENV)/bin/scheduler bench decide
+	$(VENV)/bin/scheduler bench router
+	$(VENV)/bin/scheduler bench simulate

@@ -190,7 +190,7 @@ def test_model_source_rejects_pools_without_the_model_once_each(make_snapshot) -
     base, rejected = ModelAvailableFilter().select(req(), snapshot)
     assert [snapshot.candidates[i].key for i in base] == ["r/h200"]
     assert [(r.candidate.key, r.plugin) for r in rejected] == [("r/qwen", "model-filter")]
-    assert "serves no llama-3.1-8b (serves qwen3-32b, llama-3.1-70b)" == rejected[0].reason
+    assert rejected[0].reason == "serves no llama-3.1-8b (serves qwen3-32b, llama-3.1-70b)"
 
 
 LONG = [
