@@ -173,8 +173,6 @@ def test_gpu_workers_request_the_gpus_and_the_node_type_of_their_pool(doc: Doc) 
     assert "SCHEDULER_STATE" in env
 
 
-@pytest.mark.xfail(strict=True, reason="gap: scheduler.serve.app has no one-argument Serve app builder "
-                   "(build_region_app takes a RegionConfig and keywords); see docs/deploying.md")
 def test_serve_import_path_is_a_ray_application_builder() -> None:
     import importlib
 
@@ -184,3 +182,16 @@ def test_serve_import_path_is_a_ray_application_builder() -> None:
     # Ray calls an application builder with exactly one argument: the `args` mapping.
     assert len(inspect.signature(builder).parameters) == 1
     assert all(_serve_config(d)["applications"][0]["import_path"] == render.APP_BUILDER for d in RAYSERVICES)
+
+
+def test_the_app_builder_rejects_bad_args_naming_the_field() -> None:
+    from scheduler.serve.app import region_app_builder
+
+    (service,) = [d for d in RAYSERVICES if _serve_config(d)["applications"][0]["args"]["region"]["name"] == "us-east"]
+    args = dict(_serve_config(service)["applications"][0]["args"])
+    with pytest.raises(ValueError, match=r"args\.pool: 'h999' is not a pool of region us-east"):
+        region_app_builder({**args, "pool": "h999"})
+    with pytest.raises(ValueError, match=r"args.engine: unknown keys \['warp'\]"):
+        region_app_builder({**args, "engine": {**args["engine"], "warp": 9}})
+    with pytest.raises(ValueError, match=r"serveConfigV2 args\.region: pue"):
+        region_app_builder({**args, "region": {**args["region"], "pue": "high"}})

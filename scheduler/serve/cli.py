@@ -1,0 +1,160 @@
+"""``scheduler up``: the local multi-region stack (Ray in-process, region apps, the router);
+``scheduler up --demo``: the same, plus a trace replay and a report, then exit."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError
+from scheduler.serve import DEFAULT_LOCAL_REGIONS
+
+
+def register(sub: Any) -> None:
+    up = sub.add_parser("up", help="run regions (Ray Serve + vLLM) and the router locally until Ctrl-C")
+    up.add_argument("--regions", type=Path, default=EMBEDDED_REGIONS, help="folder of region YAML files")
+    up.add_argument("--policies", type=Path, default=EMBEDDED_POLICIES, help="folder of policy YAML files")
+    up.add_argument("--policy", default="default", help="routing policy name (default: %(default)s)")
+    up.add_argument("--only", default=",".join(DEFAULT_LOCAL_REGIONS),
+                    help="regions to deploy, comma-separated; each costs ~3 GB here (default: %(default)s)")
+    up.add_argument("--state", default=None,
+                    help="state store URL (default: redis://127.0.0.1:6379/0 if it answers, else memory)")
+    up.add_argument("--namespace", default=None,
+                    help="state key namespace (default: local; --demo: a fresh one, deleted at exit)")
+    up.add_argument("--router", default="127.0.0.1:50051", help="router gRPC address (port 0: any free port)")
+    up.add_argument("--http-port", type=int, default=8000, help="Serve HTTP port, if free (else any free port)")
+    up.add_argument("--demo", action="store_true", help="replay a trace slice, print a report, shut down, exit")
+    up.add_argument("--demo-requests", type=int, default=150, help="requests to replay with --demo")
+    up.set_defaults(handler=_up)
+
+
+def register_bench(bench: Any) -> None:
+    ttft = bench.add_parser("region-ttft", help="time to first token through the router vs straight to a region")
+    ttft.add_argument("--region", default="eu-north", help="the one region to deploy (default: %(default)s)")
+    ttft.add_argument("--probes", type=int, default=30, help="sequential requests each way (default: %(default)s)")
+    ttft.set_defaults(handler=_bench_ttft)
+
+
+def _bench_ttft(args: argparse.Namespace) -> int:
+    return asyncio.run(_ttft(args.region, args.probes))
+
+
+async def _ttft(region: str, probes: int) -> int:
+    from tokenizers import Tokenizer
+
+    from scheduler.serve import demo
+    from scheduler.serve.stack import LocalStack, StackOptions
+    from scheduler.serve.tiny_model import ensure_tiny_model
+
+    stack = LocalStack(StackOptions(only=(region,), state_url="memory", dashboard=False, http_port=0,
+                                    router_address="127.0.0.1:0"), say=_say)
+    try:
+        await stack.start()
+        tokenizer = Tokenizer.from_file(str(ensure_tiny_model() / "tokenizer.json"))
+        result = await demo.probe_ttft(stack.router_target, stack.endpoint(region), tokenizer,
+                                       demo.DemoOptions(probes=probes))
+    finally:
+        await stack.stop()
+    for name, samples in (("via router", result.router_s), (f"direct to {region}", result.direct_s)):
+        ms = [s * 1000 for s in samples]
+        print(f"TTFT {name:<22} n={len(ms):<4} p50 {demo.percentile(ms, 50):6.1f} ms   "
+              f"p90 {demo.percentile(ms, 90):6.1f} ms   p99 {demo.percentile(ms, 99):6.1f} ms")
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from scheduler.serve.stack import StackOptions, free_port
+
+    host, _, port = args.router.rpartition(":")
+    router_port = free_port(int(port)) if port != "0" else 0
+    options = StackOptions(
+        regions_dir=args.regions, policies_dir=args.policies, policy=args.policy,
+        only=tuple(name.strip() for name in args.only.split(",") if name.strip()),
+        state_url=args.state, namespace=args.namespace or ("local" if not args.demo else None),
+        clean_namespace=args.demo, router_address=f"{host or '127.0.0.1'}:{router_port}",
+        http_port=args.http_port,
+    )
+    try:
+        return asyncio.run(_run(options, args))
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(issue, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _say(message: str) -> None:
+    print(f"[up] {message}", flush=True)
+
+
+async def _run(options: Any, args: argparse.Namespace) -> int:
+    from scheduler.serve.stack import LocalStack
+
+    stack = LocalStack(options, say=_say)
+    started = time.monotonic()
+    try:
+        await stack.start()
+        _say(f"ready in {time.monotonic() - started:.0f} s")
+        _say(f"router (gRPC)   {stack.router_target}")
+        _say("regions (HTTP)  " + ", ".join(stack.endpoint(r.name) for r in stack.regions))
+        _say(f"Ray dashboard   {stack.dashboard_url or 'off'}")
+        _say(f"state           {stack.state_url} (namespace {stack.namespace})")
+        if args.demo:
+            return await _demo(stack, args.demo_requests)
+        _say("serving; Ctrl-C to stop")
+        await _until_signalled()
+        return 0
+    finally:
+        _say("shutting down")
+        await stack.stop()
+        _say("stopped")
+
+
+async def _until_signalled() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _demo(stack: Any, requests: int) -> int:
+    import httpx
+    from tokenizers import Tokenizer
+
+    from scheduler.serve import dashboard, demo
+    from scheduler.serve.tiny_model import tiny_model_dir
+
+    options = demo.DemoOptions(requests=requests)
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir() / "tokenizer.json"))
+    trace = demo.build_requests(options, tokenizer)
+    async with httpx.AsyncClient() as client:
+        if stack.dashboard_url:
+            apps = await dashboard.serve_applications(stack.dashboard_url, client)
+            _say("Ray dashboard REST API, Serve applications: "
+                 + ", ".join(f"{name} {status}" for name, status in sorted(apps.items())))
+        outcomes, wall = await demo.replay(stack.router_target, trace, options)
+        by_region = Counter(o.region for o in outcomes if not o.error)
+        probe_region = by_region.most_common(1)[0][0] if by_region else stack.regions[0].name
+        probe = await demo.probe_ttft(stack.router_target, stack.endpoint(probe_region), tokenizer, options)
+        metrics: dict[str, float] = {}
+        if stack.dashboard_url:
+            metrics = await dashboard.metric_samples(stack.dashboard_url, client, "ray_scheduler_region_requests")
+    print()
+    print(f"Demo: {len(trace)} requests from the Azure LLM conversation trace (2023-11-16, CC-BY), "
+          f"tokens x{options.token_scale}, arrivals x{options.time_scale}; model {demo.MODEL} "
+          f"on tiny CPU stand-ins (energy: the model's estimate for the pools they stand for)")
+    print(demo.report(outcomes, wall, probe, probe_region))
+    if metrics:
+        print("custom metrics as last exported by Ray (every ~10 s) to the targets the dashboard lists: "
+              + ", ".join(f"{k} = {v:.0f}" for k, v in sorted(metrics.items())))
+    print()
+    answered = sum(1 for o in outcomes if not o.error)
+    return 0 if answered else 1

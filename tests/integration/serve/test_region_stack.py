@@ -1,0 +1,146 @@
+"""Ray Serve + vLLM (CPU build, tiny model) + the router, end to end through the SDK.
+
+Runs in file order on one session stack (conftest.py); the region is taken down last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from scheduler.client import AsyncSchedulerClient, UnschedulableError
+from scheduler.serve.stack import LocalStack
+from scheduler.state import codec, keys
+from scheduler.state.factory import open_store
+from scheduler.types import Request
+from tests.integration.serve.conftest import REGION
+
+pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+# Over 128 tokens (the CPU block size) of the tiny model's tokenizer, shared by two requests.
+LONG_PREFIX = "The grid's carbon intensity changes through the day as wind and sun come and go. " * 24
+
+
+@pytest.mark.timeout(300)
+async def test_streams_a_completion_with_a_receipt(stack: LocalStack) -> None:
+    async with AsyncSchedulerClient(stack.router_target) as client:
+        generation = client.generate("Hello! How are you today?", model="llama-3.1-8b", max_tokens=8)
+        text = await generation.text()
+    receipt = generation.receipt
+    assert receipt is not None and text
+    assert receipt.region == REGION and receipt.pool == "h200-long"
+    assert receipt.prompt_tokens > 0 and receipt.completion_tokens > 0
+    assert receipt.measurement_source == "model" and receipt.energy_j > 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_repeated_long_prefix_reuses_cached_tokens(stack: LocalStack) -> None:
+    receipts = []
+    async with AsyncSchedulerClient(stack.router_target) as client:
+        for suffix in (" First question?", " Second question?"):
+            generation = client.generate(LONG_PREFIX + suffix, model="llama-3.1-8b", max_tokens=4)
+            await generation.text()
+            receipts.append(generation.receipt)
+    first, second = receipts
+    assert first is not None and second is not None
+    assert first.prompt_tokens > 128
+    assert second.reused_tokens > 0
+    assert second.avoided_j > 0
+
+
+@pytest.mark.timeout(60)
+async def test_region_publishes_engine_stats_through_the_stat_logger_hook(stack: LocalStack) -> None:
+    """The private path scheduler.serve.engine.attach_live_stats relies on still works: the
+    published prefix-cache hit rate comes only from the hook (after the cached request above)."""
+    store = open_store(stack.state_url, stack.namespace)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            raw = await store.get(keys.region_state(REGION))
+            state = codec.decode_region_state(raw) if raw is not None else None
+            pool = state.pools.get("h200-long") if state is not None else None
+            if (pool is not None and pool.prefix_cache_hit_rate > 0) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        await store.close()
+    assert state is not None and state.healthy
+    assert time.time() - state.observed_at < 5
+    assert pool is not None and 0 < pool.prefix_cache_hit_rate <= 1
+
+
+@pytest.mark.timeout(60)
+async def test_direct_region_call_answers_openai_format(stack: LocalStack) -> None:
+    body = {"model": "llama-3.1-8b", "prompt": "Hello", "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}
+    async with httpx.AsyncClient(timeout=30) as client:
+        async with client.stream("POST", f"{stack.endpoint(REGION)}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
+        missing = await client.post(f"{stack.endpoint(REGION)}/v1/completions", json={**body, "model": "nope"})
+    assert lines[-1] == "data: [DONE]"
+    assert '"energy"' in lines[-2] and '"choices":[]' in lines[-2]
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.timeout(60)
+async def test_a_client_that_goes_away_is_no_longer_in_flight(stack: LocalStack) -> None:
+    body = {"model": "llama-3.1-8b", "prompt": "Tell me a long story.", "max_tokens": 1500,
+            "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(timeout=30) as client:
+        async with client.stream("POST", f"{stack.endpoint(REGION)}/v1/completions", json=body) as response:
+            lines = response.aiter_lines()
+            async for line in lines:
+                if line.startswith("data:"):
+                    # Still reading the stream: the request is in flight.
+                    busy = codec.decode_region_state((await client.get(f"{stack.endpoint(REGION)}/state")).content)
+                    break
+            await lines.aclose()
+        # The stream is closed here, long before 1500 tokens.
+        deadline = time.monotonic() + 10
+        while True:
+            state = codec.decode_region_state((await client.get(f"{stack.endpoint(REGION)}/state")).content)
+            pool = state.pools["h200-long"]
+            if pool.running + pool.queue_depth == 0 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    assert busy.pools["h200-long"].running + busy.pools["h200-long"].queue_depth == 1
+    assert pool.running + pool.queue_depth == 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_region_taken_down_is_unhealthy_within_the_limit_and_gets_no_requests(stack: LocalStack) -> None:
+    refresher = stack.router.deps.refresher
+    limit = refresher.current().policy.max_age.region_state
+    assert refresher.current().fresh_live(REGION) is not None
+
+    scheduler = stack.router.deps.scheduler
+    probe = Request(request_id="probe", model="llama-3.1-8b", prompt_tokens=16, max_tokens=4)
+    assert scheduler.schedule(probe, refresher.current()).schedulable
+
+    killed_at = time.time()
+    await stack.delete_region(REGION)
+    deadline = time.monotonic() + limit + 10
+    while True:
+        snapshot = refresher.current()
+        decision = scheduler.schedule(probe, snapshot)
+        if not decision.schedulable or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    marked_at = time.time()
+    rejected = [r for r in decision.rejected if r.plugin == "region-health"]
+    assert not decision.schedulable and rejected
+    assert all(r.candidate.region.name == REGION for r in rejected)
+    assert "old > limit" in rejected[0].reason
+    # The region published until it was taken down, and the router noticed within the
+    # policy's limit of its last publication (plus one refresh period and some slack).
+    last_seen = snapshot.live[REGION].observed_at
+    assert last_seen >= killed_at - 2 * stack.options.publish_interval_s
+    assert marked_at - last_seen <= limit + refresher.interval_s + 1.0
+
+    async with AsyncSchedulerClient(stack.router_target) as client:
+        with pytest.raises(UnschedulableError):
+            await client.generate("Anyone there?", model="llama-3.1-8b", max_tokens=4).text()

@@ -1,0 +1,98 @@
+"""``StreamAssembler``: the gateway's rewriting of the engine's SSE stream."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scheduler.serve.sse import DONE, StreamAssembler, Usage
+
+# As vLLM 0.32 through Ray Serve LLM streams them (one event per string).
+CONTENT = [
+    'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"tiny-llama",'
+    '"choices":[{"index":0,"text":" grid","logprobs":null,"finish_reason":null}],"usage":null}\n\n',
+    'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"tiny-llama",'
+    '"choices":[{"index":0,"text":" carbon","logprobs":null,"finish_reason":"length"}],"usage":null}\n\n',
+]
+USAGE = (
+    'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"tiny-llama","choices":[],'
+    '"usage":{"prompt_tokens":200,"total_tokens":216,"completion_tokens":16,'
+    '"prompt_tokens_details":{"cached_tokens":128}}}\n\n'
+)
+ENGINE_DONE = "data: [DONE]\n\n"
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+def events(raw: bytes) -> list[str]:
+    return [block.removeprefix("data: ") for block in raw.decode().split("\n\n") if block]
+
+
+def test_content_is_forwarded_with_the_requested_model_name() -> None:
+    assembler = StreamAssembler(requested_model="llama-3.1-8b", clock=Ticks())
+    out = [assembler.feed(e) for e in CONTENT]
+    assert all(o is not None for o in out)
+    chunks = [json.loads(events(o)[0]) for o in out if o is not None]
+    assert [c["model"] for c in chunks] == ["llama-3.1-8b", "llama-3.1-8b"]
+    assert [c["choices"][0]["text"] for c in chunks] == [" grid", " carbon"]
+    assert assembler.first_token_at == 1.0
+
+
+def test_usage_is_held_back_and_finished_with_energy_then_done() -> None:
+    assembler = StreamAssembler(requested_model="llama-3.1-8b", clock=Ticks())
+    for event in CONTENT:
+        assembler.feed(event)
+    assert assembler.feed(USAGE) is None
+    assert assembler.feed(ENGINE_DONE) is None
+    assert assembler.usage == Usage(prompt_tokens=200, completion_tokens=16, cached_tokens=128)
+    tail = assembler.finish({"energy_j": 12.5, "measurement_source": "model"})
+    final, done = events(tail)
+    assert done == "[DONE]"
+    chunk = json.loads(final)
+    assert chunk["choices"] == []
+    assert chunk["model"] == "llama-3.1-8b"
+    assert chunk["usage"]["prompt_tokens_details"]["cached_tokens"] == 128
+    assert chunk["energy"] == {"energy_j": 12.5, "measurement_source": "model"}
+    assert tail.endswith(DONE)
+
+
+def test_no_usage_chunk_finishes_with_done_only() -> None:
+    assembler = StreamAssembler(requested_model="m", clock=Ticks())
+    assembler.feed(CONTENT[0])
+    assert assembler.finish({"energy_j": 1.0}) == DONE
+    assert assembler.usage is None
+
+
+def test_mid_stream_error_is_forwarded_and_recorded() -> None:
+    assembler = StreamAssembler(requested_model="m", clock=Ticks())
+    out = assembler.feed('data: {"error":{"message":"engine died","type":"InternalServerError","code":500}}\n\n')
+    assert out is not None and json.loads(events(out)[0])["error"]["code"] == 500
+    assert assembler.error is not None and assembler.error["message"] == "engine died"
+    assert assembler.first_token_at is None
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ({"prompt_tokens": 3, "completion_tokens": 4}, Usage(3, 4, 0)),
+        ({"prompt_tokens": 3, "completion_tokens": 4, "prompt_tokens_details": None}, Usage(3, 4, 0)),
+        ({"prompt_tokens": 300, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 256}},
+         Usage(300, 1, 256)),
+    ],
+    ids=["no details", "null details", "cached"],
+)
+def test_usage_from_openai(usage: dict[str, object], expected: Usage) -> None:
+    assert Usage.from_openai(usage) == expected
+
+
+def test_non_object_chunk_is_an_error() -> None:
+    with pytest.raises(ValueError, match="non-object"):
+        StreamAssembler(requested_model="m", clock=Ticks()).feed("data: [1, 2]\n\n")
