@@ -269,8 +269,10 @@ class Decision:
     # Positions into the survivors, best first, and each survivor's weighted total.
     order: Sequence[int] | npt.NDArray[np.intp]
     totals: Sequence[float] | npt.NDArray[np.float64]
-    # scorer weight name -> clamped raw value per survivor (absent when it abstained)
-    raw: Mapping[str, Sequence[float] | npt.NDArray[np.float64]]
+    # The scorers that did not abstain (by weight name) and their clamped values, one row
+    # per scorer, one column per survivor.
+    scorer_names: tuple[str, ...]
+    scores: Sequence[Sequence[float]] | npt.NDArray[np.float64]
     # Rejections known outright, and groups whose reasons are formatted when first read.
     eager_rejections: tuple[Rejection, ...]
     lazy_rejections: tuple[RejectionGroup, ...]
@@ -278,9 +280,23 @@ class Decision:
     # The weights actually applied (the policy's, or its fallback weights).
     weights: Mapping[str, float]
     energy_ranking: bool
-    # The energy model's prediction for the chosen candidate.
-    energy: EnergyEstimate | None = None
+    # The chosen candidate's energy coefficients and the request's (prompt, cached, output
+    # tokens, expected wait): ``energy`` evaluates them on first use.
+    energy_inputs: tuple[EnergyCoefficients, int, int, int, float] | None = None
     plugin_timings_ns: Mapping[str, int] = field(default_factory=dict)
+
+    @cached_property
+    def raw(self) -> Mapping[str, Sequence[float] | npt.NDArray[np.float64]]:
+        """Scorer weight name -> clamped value per survivor (absent when it abstained)."""
+        return dict(zip(self.scorer_names, self.scores, strict=True))
+
+    @cached_property
+    def energy(self) -> EnergyEstimate | None:
+        """The energy model's prediction for the chosen candidate."""
+        if self.energy_inputs is None:
+            return None
+        coefficients, prompt, cached, output, wait = self.energy_inputs
+        return coefficients.estimate(prompt, cached, output, wait)
 
     @property
     def schedulable(self) -> bool:

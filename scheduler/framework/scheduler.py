@@ -19,7 +19,6 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from types import MappingProxyType
 
 import numpy as np
@@ -34,11 +33,6 @@ from scheduler.types import Decision, Fallback, FleetSnapshot, Rejection, Reques
 log = logging.getLogger(__name__)
 
 KILL_SWITCH = "energy_routing_disabled"
-
-
-@lru_cache(maxsize=64)
-def _as_dict(weights: ScorerWeights) -> Mapping[str, float]:
-    return MappingProxyType(weights.as_dict())
 
 
 @dataclass(frozen=True)
@@ -71,6 +65,26 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self._energy_layer = frozenset(s.WEIGHT for s in self.scorers if s.ENERGY_LAYER)
+        self._weights_memo: dict[tuple[ScorerWeights, tuple[str, ...], bool], tuple[Mapping[str, float], FloatArray]] = {}
+
+    def _weights(
+        self, configured: ScorerWeights, names: tuple[str, ...], energy_ranking: bool
+    ) -> tuple[Mapping[str, float], FloatArray]:
+        """The weights applied to the scorers that answered (positive ones; no energy-layer
+        weight unless energy ranking is on), as a mapping and as a row for the matrix."""
+        key = (configured, names, energy_ranking)
+        memo = self._weights_memo.get(key)
+        if memo is None:
+            all_weights = configured.as_dict()
+            weights = MappingProxyType({
+                name: all_weights[name]
+                for name in names
+                if all_weights[name] > 0 and (energy_ranking or name not in self._energy_layer)
+            })
+            memo = (weights, np.array([weights.get(name, 0.0) for name in names]))
+            if len(self._weights_memo) < 1024:
+                self._weights_memo[key] = memo
+        return memo
 
     @classmethod
     def from_registry(cls, registry: Registry, rng: random.Random | None = None) -> Scheduler:
@@ -134,7 +148,8 @@ class Scheduler:
                 survivor_index=(),
                 order=(),
                 totals=(),
-                raw={},
+                scorer_names=(),
+                scores=(),
                 eager_rejections=tuple(eager_rejections),
                 lazy_rejections=tuple(lazy),
                 fallbacks=(),
@@ -168,14 +183,9 @@ class Scheduler:
 
         # One matrix (scorer x survivor): clamp to [0, 1] and weight in two operations.
         matrix = np.minimum(np.maximum(np.array(results, dtype=np.float64).reshape(len(results), count), 0.0), 1.0)
-        raw_by_scorer = dict(zip(names, matrix, strict=True))
-        weights_cfg = _as_dict(policy.weights if energy_ranking else policy.fallback.weights)
-        weights = {
-            name: weights_cfg[name]
-            for name in names
-            if weights_cfg[name] > 0 and (energy_ranking or name not in self._energy_layer)
-        }
-        weight_row = np.array([weights.get(name, 0.0) for name in names])
+        scorer_names = tuple(names)
+        weights, weight_row = self._weights(
+            policy.weights if energy_ranking else policy.fallback.weights, scorer_names, energy_ranking)
         totals: FloatArray = weight_row @ matrix if names else np.zeros(count)
         order = self.picker.pick(totals, self.rng)
         survivor_index = base[positions]
@@ -188,16 +198,15 @@ class Scheduler:
             survivor_index=survivor_index,
             order=order,
             totals=totals,
-            raw=raw_by_scorer,
+            scorer_names=scorer_names,
+            scores=matrix,
             eager_rejections=tuple(eager_rejections),
             lazy_rejections=tuple(lazy),
             fallbacks=tuple(fallbacks),
             weights=weights,
             energy_ranking=energy_ranking,
-            energy=snapshot.perf[best.index].energy.estimate(
-                request.prompt_tokens, request.cached_tokens, request.max_tokens,
-                snapshot.perf[best.index].queue_wait_s,
-            ),
+            energy_inputs=(snapshot.perf[best.index].energy, request.prompt_tokens, request.cached_tokens,
+                           request.max_tokens, snapshot.perf[best.index].queue_wait_s),
             plugin_timings_ns=timings,
         )
         if log.isEnabledFor(logging.DEBUG):

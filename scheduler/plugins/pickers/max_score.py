@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -24,7 +25,15 @@ class MaxScorePicker:
 
     def pick(self, totals: FloatArray, rng: random.Random) -> IndexArray:
         n = len(totals)
-        rotation = np.arange(n) + int(rng.random() * n)
-        rotation %= n
+        start = int(rng.random() * n)
+        positions = _positions(n)
+        rotation = np.concatenate((positions[start:], positions[:start]))
         order: IndexArray = rotation[np.argsort(-totals[rotation], kind="stable")]
         return order
+
+
+@lru_cache(maxsize=64)
+def _positions(n: int) -> IndexArray:
+    positions = np.arange(n)
+    positions.flags.writeable = False
+    return positions

@@ -17,7 +17,8 @@ T0 = START.timestamp()
 HOUR = 3600.0
 # Pool tests start jobs directly; no ranking is walked.
 NOT_DISPATCHED = Decision(
-    request_id="", decided_at=0.0, policy="", fleet=(), survivor_index=(), order=(), totals=(), raw={},
+    request_id="", decided_at=0.0, policy="", fleet=(), survivor_index=(), order=(), totals=(), scorer_names=(),
+    scores=(),
     eager_rejections=(), lazy_rejections=(), fallbacks=(), weights={}, energy_ranking=False,
 )
 
