@@ -65,12 +65,14 @@ class RedisStore:
         self._incr_window = client.register_script(_INCR_WINDOW)
 
     @classmethod
-    def from_url(cls, url: str, namespace: str, timeout_s: float = 1.0) -> RedisStore:
-        """``redis://host:port/db``; short socket timeouts so a dead Redis fails fast."""
+    def from_url(cls, url: str, namespace: str, timeout_s: float = 3.0, connect_timeout_s: float = 1.0) -> RedisStore:
+        """``redis://host:port/db``. A dead Redis fails fast (connect timeout); a slow answer
+        gets ``timeout_s``: every store call is off the request path, and on a loaded host a
+        1 s read timeout turned scheduling hiccups into spurious "store unavailable"."""
         client = aioredis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
+            socket_connect_timeout=connect_timeout_s,
             health_check_interval=30,
             decode_responses=False,
         )
