@@ -64,6 +64,7 @@ class Scheduler:
     timer: Callable[[], int] = time.perf_counter_ns
 
     def __post_init__(self) -> None:
+        self._narrowing = (*((f, True) for f in self.filters), *((m, False) for m in self.matchers))
         self._energy_layer = frozenset(s.WEIGHT for s in self.scorers if s.ENERGY_LAYER)
         self._weights_memo: dict[tuple[ScorerWeights, tuple[str, ...], bool], tuple[Mapping[str, float], FloatArray]] = {}
 
@@ -114,27 +115,17 @@ class Scheduler:
         # None while every candidate is still alive (the common case: no mask work at all).
         alive: BoolArray | None = None
         count = len(base)
-        for plugin in self.filters:
+        # Filters may leave nothing; a matcher that would is ignored (it only narrows).
+        for plugin, may_empty in self._narrowing:
             start = timer()
             keep = plugin.keep(view)
             timings[plugin.TYPE] = timer() - start
             if keep is not None:
                 narrowed = keep if alive is None else alive & keep
                 kept = int(np.count_nonzero(narrowed))
-                if kept != count:
+                if kept != count and (kept or may_empty):
                     dropped = ~keep if alive is None else alive & ~keep
                     lazy.append(LazyRejections(plugin, view, np.flatnonzero(dropped).tolist()))
-                    alive, count = narrowed, kept
-        for matcher in self.matchers:
-            start = timer()
-            keep = matcher.keep(view)
-            timings[matcher.TYPE] = timer() - start
-            if keep is not None:
-                narrowed = keep if alive is None else alive & keep
-                kept = int(np.count_nonzero(narrowed))
-                if 0 < kept != count:
-                    dropped = ~keep if alive is None else alive & ~keep
-                    lazy.append(LazyRejections(matcher, view, np.flatnonzero(dropped).tolist()))
                     alive, count = narrowed, kept
 
         positions: Positions = slice(None) if alive is None else np.flatnonzero(alive)
