@@ -20,8 +20,10 @@ lint: install
 	$(VENV)/bin/mypy scheduler
 	$(VENV)/bin/mypy --explicit-package-bases infra/render.py
 
+# pytest's exit code 5 (no tests collected) is a failure like any other.
 test: lint
-	$(PY) -m pytest tests
+	@$(PY) -m pytest tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: failing"; fi; exit $$rc
 
 protos: install
 	$(PY) scripts/gen_protos.py
