@@ -23,13 +23,10 @@ from scheduler.client.common import (
     build_request,
     channel_options,
     resolve_tls,
+    should_retry,
 )
-from scheduler.client.errors import SchedulerRpcError, UnavailableError, from_rpc_error
+from scheduler.client.errors import from_rpc_error
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
-
-
-def _should_retry(error: SchedulerRpcError, attempt: int, policy: RetryPolicy) -> bool:
-    return isinstance(error, UnavailableError) and error.retryable and attempt + 1 < policy.attempts
 
 
 class AsyncGeneration:
@@ -69,7 +66,7 @@ class AsyncGeneration:
                 return
             except grpc.aio.AioRpcError as exc:
                 error = from_rpc_error(exc)
-                if received_text or not _should_retry(error, self.attempts - 1, client.retry):
+                if received_text or not should_retry(error, self.attempts - 1, client.retry):
                     raise error from None
                 delay = client.retry.backoff(self.attempts - 1, error.retry_after_s)
                 if deadline is not None and time.monotonic() + delay >= deadline:
@@ -113,7 +110,7 @@ class AsyncSchedulerClient:
                 return await method(request, metadata=self._metadata, timeout=timeout)
             except grpc.aio.AioRpcError as exc:
                 error = from_rpc_error(exc)
-                if not _should_retry(error, attempt, self.retry):
+                if not should_retry(error, attempt, self.retry):
                     raise error from None
                 await asyncio.sleep(self.retry.backoff(attempt, error.retry_after_s))
                 attempt += 1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 
+from scheduler.client.errors import SchedulerRpcError, UnavailableError
 from scheduler.v1 import messages_pb2 as pb
 
 WORKLOAD_CLASSES = {
@@ -133,3 +134,8 @@ def build_request(
     if cached_tokens is not None:
         request.cached_tokens = cached_tokens
     return request
+
+
+def should_retry(error: SchedulerRpcError, attempt: int, policy: RetryPolicy) -> bool:
+    """Retry only what is safe: UNAVAILABLE before any text reached the client."""
+    return isinstance(error, UnavailableError) and error.retryable and attempt + 1 < policy.attempts

@@ -22,13 +22,10 @@ from scheduler.client.common import (
     build_request,
     channel_options,
     resolve_tls,
+    should_retry,
 )
-from scheduler.client.errors import SchedulerRpcError, UnavailableError, from_rpc_error
+from scheduler.client.errors import from_rpc_error
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
-
-
-def _should_retry(error: SchedulerRpcError, attempt: int, policy: RetryPolicy) -> bool:
-    return isinstance(error, UnavailableError) and error.retryable and attempt + 1 < policy.attempts
 
 
 class Generation:
@@ -65,7 +62,7 @@ class Generation:
                 return
             except grpc.RpcError as exc:
                 error = from_rpc_error(exc)
-                if received_text or not _should_retry(error, self.attempts - 1, client.retry):
+                if received_text or not should_retry(error, self.attempts - 1, client.retry):
                     raise error from None
                 delay = client.retry.backoff(self.attempts - 1, error.retry_after_s)
                 if deadline is not None and time.monotonic() + delay >= deadline:
@@ -106,7 +103,7 @@ class SchedulerClient:
                 return method(request, metadata=self._metadata, timeout=timeout)
             except grpc.RpcError as exc:
                 error = from_rpc_error(exc)
-                if not _should_retry(error, attempt, self.retry):
+                if not should_retry(error, attempt, self.retry):
                     raise error from None
                 time.sleep(self.retry.backoff(attempt, error.retry_after_s))
                 attempt += 1
