@@ -44,6 +44,10 @@ class CarbonReplay:
         self._signals: dict[tuple[str, int], Signal] = {}
         self._last_rows: tuple[int, ...] = ()
         self._last_published: dict[str, Signal] = {}
+        # The last answer holds for every t in [_valid_from, _valid_until): no row is
+        # published and no outage starts or ends in between.
+        self._valid_from = math.inf
+        self._valid_until = -math.inf
         # zone -> (from, until, value) of the row ``intensity`` answered last
         self._current: dict[str, tuple[float, float, float]] = {}
 
@@ -68,7 +72,10 @@ class CarbonReplay:
 
     def published(self, t: float) -> Mapping[str, Signal]:
         """Zone -> the latest signal a provider had published by ``t`` (absent: none yet)."""
+        if self._valid_from <= t < self._valid_until:
+            return self._last_published
         rows = tuple(self._published_row(zone, t) for zone in self.series)
+        self._valid_from, self._valid_until = t, self._next_change(t, rows)
         if rows == self._last_rows:
             return self._last_published
         published: dict[str, Signal] = {}
@@ -77,6 +84,16 @@ class CarbonReplay:
                 published[zone] = self._signal(zone, row)
         self._last_rows, self._last_published = rows, published
         return published
+
+    def _next_change(self, t: float, rows: tuple[int, ...]) -> float:
+        """The first time after ``t`` at which a new row is published or an outage starts or
+        ends (a conservative bound: the answer may still be the same then)."""
+        candidates = [o.start for o in self.outages if o.start > t] + [o.end for o in self.outages if o.end > t]
+        for zone, row in zip(self.series, rows, strict=True):
+            times = self.series[zone].times
+            if row + 1 < len(times):
+                candidates.append(max(times[row + 1] + self.delay_s, math.nextafter(t, math.inf)))
+        return min(candidates, default=math.inf)
 
     def _signal(self, zone: str, row: int) -> Signal:
         signal = self._signals.get((zone, row))

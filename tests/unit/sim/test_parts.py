@@ -46,6 +46,19 @@ def test_carbon_replay_publishes_what_the_provider_had(
     assert replay.intensity("CLEAN", at) == 20.0
 
 
+def test_one_replay_asked_along_the_timeline_answers_as_fresh_ones(files: Files) -> None:
+    # The replay answers from its last result until the next row or outage boundary: asked
+    # every 7 minutes over 12 hours with a delay and two outages, it must agree with a new
+    # replay asked once at each time.
+    outages = (ProviderOutage("CLEAN", T0 + 2 * HOUR, T0 + 5 * HOUR), ProviderOutage(None, T0 + 7.5 * HOUR, T0 + 8 * HOUR))
+    kept = CarbonReplay.from_dir(files.carbon_dir, ["CLEAN", "DIRTY"], 2023, 900.0, outages)
+    for step in range(0, 12 * 60, 7):
+        at = T0 + step * 60.0
+        fresh = CarbonReplay.from_dir(files.carbon_dir, ["CLEAN", "DIRTY"], 2023, 900.0, outages)
+        expected = {zone: s.observed_at for zone, s in fresh.published(at).items()}
+        assert {zone: s.observed_at for zone, s in kept.published(at).items()} == expected, step
+
+
 def test_carbon_replay_has_no_signal_before_the_first_published_value(files: Files) -> None:
     replay = CarbonReplay.from_dir(files.carbon_dir, ["CLEAN"], 2023, delay_s=HOUR)
     assert "CLEAN" not in replay.published(T0 + 0.5 * HOUR)
