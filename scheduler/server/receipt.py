@@ -130,7 +130,9 @@ def _modelled_energy(inputs: ReceiptInputs, prompt: int, cached: int, completion
     avoided = min(cached, prompt) * coefficients.prefill_j_per_token
     return {
         "measurement_source": "model",
-        "attribution_method": f"{MODEL_ATTRIBUTION} ({estimate.provenance})",
+        # The rule version only: the ledger keys entries on it. The estimate's provenance
+        # (profile or analytic) travels in the decision message.
+        "attribution_method": MODEL_ATTRIBUTION,
         "energy_j": estimate.energy_j,
         "energy_j_low": estimate.low_j,
         "energy_j_high": estimate.high_j,
