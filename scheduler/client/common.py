@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -139,3 +140,45 @@ def build_request(
 def should_retry(error: SchedulerRpcError, attempt: int, policy: RetryPolicy) -> bool:
     """Retry only what is safe: UNAVAILABLE before any text reached the client."""
     return isinstance(error, UnavailableError) and error.retryable and attempt + 1 < policy.attempts
+
+
+class StreamState:
+    """What a Generate stream has delivered so far, shared by the sync and async clients:
+    the decision, the receipt, the attempts made and the deadline they share."""
+
+    def __init__(self, request: pb.GenerateRequest, timeout_s: float | None, retry: RetryPolicy) -> None:
+        self.request = request
+        self.decision: pb.Decision | None = None
+        self.receipt: pb.EnergyReceipt | None = None
+        self.attempts = 0
+        self._retry = retry
+        self._timeout_s = timeout_s
+        self._deadline: float | None = None
+
+    def begin_attempt(self) -> float | None:
+        """Start an attempt; the seconds it may take (None: no deadline)."""
+        if self.attempts == 0 and self._timeout_s is not None:
+            self._deadline = time.monotonic() + self._timeout_s
+        self.attempts += 1
+        return None if self._deadline is None else max(0.001, self._deadline - time.monotonic())
+
+    def take(self, event: pb.GenerateResponse) -> str | None:
+        """Record a decision or receipt; the text of a chunk."""
+        kind = event.WhichOneof("event")
+        if kind == "chunk":
+            return event.chunk.text
+        if kind == "decision":
+            self.decision = event.decision
+        elif kind == "receipt":
+            self.receipt = event.receipt
+        return None
+
+    def retry_delay(self, error: SchedulerRpcError, received_text: bool) -> float:
+        """Seconds to wait before the next attempt, or raise ``error``: nothing is retried
+        once text reached the caller, nor past the deadline."""
+        if received_text or not should_retry(error, self.attempts - 1, self._retry):
+            raise error
+        delay = self._retry.backoff(self.attempts - 1, error.retry_after_s)
+        if self._deadline is not None and time.monotonic() + delay >= self._deadline:
+            raise error
+        return delay

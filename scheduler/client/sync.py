@@ -17,6 +17,7 @@ import grpc
 
 from scheduler.client.common import (
     RetryPolicy,
+    StreamState,
     TlsConfig,
     auth_metadata,
     build_request,
@@ -24,48 +25,36 @@ from scheduler.client.common import (
     resolve_tls,
     should_retry,
 )
-from scheduler.client.errors import from_rpc_error
+from scheduler.client.errors import SchedulerRpcError, from_rpc_error
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
 
 
-class Generation:
+class Generation(StreamState):
     """Iterate the text; when the stream ends, ``decision`` and ``receipt`` are set.
     Retried on UNAVAILABLE before any text arrived (same request id)."""
 
     def __init__(self, client: SchedulerClient, request: messages_pb2.GenerateRequest,
                  timeout_s: float | None) -> None:
+        super().__init__(request, timeout_s, client.retry)
         self._client = client
-        self.request = request
-        self._timeout_s = timeout_s
-        self.decision: messages_pb2.Decision | None = None
-        self.receipt: messages_pb2.EnergyReceipt | None = None
-        self.attempts = 0
 
     def __iter__(self) -> Iterator[str]:
         client = self._client
-        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         while True:
-            self.attempts += 1
+            remaining = self.begin_attempt()
             received_text = False
-            remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
             call = client._router.Generate(self.request, metadata=client._metadata, timeout=remaining)
             try:
                 for event in call:
-                    kind = event.WhichOneof("event")
-                    if kind == "chunk":
+                    text = self.take(event)
+                    if text is not None:
                         received_text = True
-                        yield event.chunk.text
-                    elif kind == "decision":
-                        self.decision = event.decision
-                    elif kind == "receipt":
-                        self.receipt = event.receipt
+                        yield text
                 return
             except grpc.RpcError as exc:
-                error = from_rpc_error(exc)
-                if received_text or not should_retry(error, self.attempts - 1, client.retry):
-                    raise error from None
-                delay = client.retry.backoff(self.attempts - 1, error.retry_after_s)
-                if deadline is not None and time.monotonic() + delay >= deadline:
+                try:
+                    delay = self.retry_delay(from_rpc_error(exc), received_text)
+                except SchedulerRpcError as error:
                     raise error from None
                 time.sleep(delay)
             finally:
