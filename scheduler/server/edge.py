@@ -70,9 +70,11 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             self.limiter.check(principal)
         return principal
 
-    def _failed(self, method: str, exc: Exception) -> None:
+    def _status(self, exc: Exception) -> grpc.Status:
+        """The one mapping of an outcome to a status (and the metric a budget refusal adds)."""
         if isinstance(exc, errors.BudgetExhausted):
             self.metrics.inc("scheduler_budget_rejections_total", {"tenant": exc.tenant})
+        return status_for(exc)
 
     def _unary(self, method: str, inner: Unary) -> Unary:
         async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -84,8 +86,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 code = grpc.StatusCode.UNKNOWN
                 raise
             except Exception as exc:
-                self._failed(method, exc)
-                status = status_for(exc)
+                status = self._status(exc)
                 code = status.code
                 await _abort(context, status)
             finally:
@@ -104,8 +105,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 code = grpc.StatusCode.UNKNOWN
                 raise
             except Exception as exc:
-                self._failed(method, exc)
-                status = status_for(exc)
+                status = self._status(exc)
                 code = status.code
                 await _abort(context, status)
             finally:
