@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 # Modules exposing register(subparsers) and/or register_bench(bench_subparsers).
 COMMAND_MODULES = (
-    "scheduler.config.cli",
+    "scheduler.plugins.cli",
     "scheduler.datalayer.cli",
     "scheduler.energy.cli",
     "scheduler.ledger.cli",
-    "scheduler.framework.cli",
+    "scheduler.decide",
     "scheduler.server.cli",
     "scheduler.serve.cli",
     "scheduler.sim.cli",

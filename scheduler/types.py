@@ -8,20 +8,19 @@ is always measured from it, never from when we fetched it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-if TYPE_CHECKING:
-    from scheduler.config.schema import ModelDeployment, PolicyConfig, PoolConfig, RegionConfig
-    from scheduler.energy.hardware import GpuSpec
-    from scheduler.energy.model import EnergyCoefficients
-    from scheduler.energy.models import ModelSpec
-    from scheduler.framework.arrays import ColumnCache, FleetArrays
+from scheduler.config.schema import ModelDeployment, PolicyConfig, PoolConfig, RegionConfig
+from scheduler.energy.hardware import GpuSpec
+from scheduler.energy.models import ModelSpec
+from scheduler.energy.step import EnergyCoefficients, EnergyEstimate, LatencyCoefficients
+from scheduler.errors import Attempt
 
 WorkloadClass = Literal["interactive", "batch", "deferrable"]
 WORKLOAD_CLASSES: tuple[WorkloadClass, ...] = ("interactive", "batch", "deferrable")
@@ -125,36 +124,19 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class CandidatePerf:
-    """A candidate's live-dependent performance and energy coefficients, computed once per
-    snapshot by the data layer (``scheduler.datalayer.snapshot``) so that a decision only
-    multiplies them by the request's token counts.
-
-    prefill_s  = uncached x prefill_s_per_token
-                 + uncached x (context - uncached / 2) x prefill_s_per_attention_pair
-    step_s     = decode_step_s + decode_step_s_per_context x context
-    """
+    """A candidate's live-dependent energy and latency coefficients, computed once per
+    snapshot by the data layer (``scheduler.datalayer.snapshot``, from the step model of
+    ``scheduler.energy.step`` at the pool's live batch) so that a decision only multiplies
+    them by the request's token counts."""
 
     energy: EnergyCoefficients
+    latency: LatencyCoefficients
+    # Expected decode batch per replica (this request included) and queue wait before admission.
     batch: float
     queue_wait_s: float
-    prefill_s_per_token: float
-    prefill_s_per_attention_pair: float
-    decode_step_s: float
-    decode_step_s_per_context: float
     # False when the pool's live state is stale or missing and ``batch``/``queue_wait_s``
     # are the nominal assumptions.
     live: bool
-
-
-@dataclass(frozen=True, slots=True)
-class EnergyEstimate:
-    energy_j: float
-    low_j: float
-    high_j: float
-    prefill_j: float
-    decode_j: float
-    idle_j: float
-    provenance: str
 
 
 @dataclass(frozen=True)
@@ -174,18 +156,13 @@ class FleetSnapshot:
     carbon: Mapping[str, Signal] = field(default_factory=dict)
     live: Mapping[str, RegionLiveState] = field(default_factory=dict)
     energy_routing_enabled: bool = True
-    # Columns shared with the other snapshots of the same builder (a cache, not an input).
-    column_cache: ColumnCache | None = field(default=None, compare=False, repr=False)
+    # Columns the framework and plugins derive from snapshots, shared with the other snapshots
+    # of the same builder (a cache, not an input: every entry is checked against the snapshot
+    # parts it was computed from).
+    column_cache: MutableMapping[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     def age(self, observed_at: float) -> float:
         return self.now - observed_at
-
-    @cached_property
-    def arrays(self) -> FleetArrays:
-        """The per-candidate facts as numpy columns (built on first use, once per snapshot)."""
-        from scheduler.framework.arrays import build_arrays
-
-        return build_arrays(self, self.column_cache)
 
     @cached_property
     def candidates_by_model(self) -> Mapping[str, tuple[Candidate, ...]]:
@@ -244,10 +221,11 @@ class Fallback:
 @dataclass(frozen=True, slots=True)
 class ScoredCandidate:
     candidate: Candidate
-    # scorer name -> clamped raw value in [0, 1] (absent when the scorer abstained)
-    raw: Mapping[str, float]
-    # scorer name -> raw * weight
-    weighted: Mapping[str, float]
+    # scorer TYPE -> its quantity for this candidate, in the scorer's unit (absent: it abstained)
+    quantities: Mapping[str, float]
+    # scorer TYPE -> quantity x the policy's rate, in USD
+    costs: Mapping[str, float]
+    # the sum of the costs, USD (lowest first)
     total: float
 
 
@@ -255,9 +233,9 @@ class ScoredCandidate:
 class Decision:
     """The outcome of one ``Scheduler.schedule`` call.
 
-    The survivors are kept in scoring order with ``order`` (best first) and their per-scorer
-    values; ``ranked`` builds the per-candidate view on first use, so a router that only
-    needs the ranked candidates for dispatch and failover does not pay for it.
+    The survivors are kept in ranking order with ``order`` (lowest cost first) and their
+    per-scorer quantities; ``ranked`` builds the per-candidate view on first use, so a router
+    that only needs the ranked candidates for dispatch and failover does not pay for it.
     """
 
     request_id: str
@@ -266,37 +244,36 @@ class Decision:
     # The snapshot's candidates, and the indices (into it) of those that survived the filters.
     fleet: tuple[Candidate, ...]
     survivor_index: Sequence[int] | npt.NDArray[np.intp]
-    # Positions into the survivors, best first, and each survivor's weighted total.
+    # Positions into the survivors, best first, and each survivor's cost in USD.
     order: Sequence[int] | npt.NDArray[np.intp]
     totals: Sequence[float] | npt.NDArray[np.float64]
-    # The scorers that did not abstain (by weight name) and their clamped values, one row
-    # per scorer, one column per survivor.
+    # The scorers of the applied objective that answered (by TYPE), their units, their rates
+    # (USD per unit, for this request's workload class, as applied and as written) and their
+    # quantities: one row per scorer, one column per survivor.
     scorer_names: tuple[str, ...]
-    scores: Sequence[Sequence[float]] | npt.NDArray[np.float64]
+    units: tuple[str, ...]
+    rates: tuple[float, ...]
+    rates_written: tuple[str, ...]
+    quantities: Sequence[Sequence[float]] | npt.NDArray[np.float64]
     # Rejections known outright, and groups whose reasons are formatted when first read.
     eager_rejections: tuple[Rejection, ...]
     lazy_rejections: tuple[RejectionGroup, ...]
     fallbacks: tuple[Fallback, ...]
-    # The weights actually applied (the policy's, or its fallback weights).
-    weights: Mapping[str, float]
+    # False: the policy's fallback (performance) objective ranked (a stale energy-layer
+    # signal, or the kill switch).
     energy_ranking: bool
     # The chosen candidate's energy coefficients and the request's (prompt, cached, output
-    # tokens, expected wait): ``energy`` evaluates them on first use.
-    energy_inputs: tuple[EnergyCoefficients, int, int, int, float] | None = None
+    # tokens): ``energy`` evaluates them on first use.
+    energy_inputs: tuple[EnergyCoefficients, int, int, int] | None = None
     plugin_timings_ns: Mapping[str, int] = field(default_factory=dict)
-
-    @cached_property
-    def raw(self) -> Mapping[str, Sequence[float] | npt.NDArray[np.float64]]:
-        """Scorer weight name -> clamped value per survivor (absent when it abstained)."""
-        return dict(zip(self.scorer_names, self.scores, strict=True))
 
     @cached_property
     def energy(self) -> EnergyEstimate | None:
         """The energy model's prediction for the chosen candidate."""
         if self.energy_inputs is None:
             return None
-        coefficients, prompt, cached, output, wait = self.energy_inputs
-        return coefficients.estimate(prompt, cached, output, wait)
+        coefficients, prompt, cached, output = self.energy_inputs
+        return coefficients.estimate(prompt, cached, output)
 
     @property
     def schedulable(self) -> bool:
@@ -328,9 +305,56 @@ class Decision:
         return self._scored(self.order[0]) if len(self.order) else None
 
     def _scored(self, i: int) -> ScoredCandidate:
+        quantities = {name: float(row[i]) for name, row in zip(self.scorer_names, self.quantities, strict=True)}
         return ScoredCandidate(
             candidate=self.fleet[self.survivor_index[i]],
-            raw={name: float(values[i]) for name, values in self.raw.items()},
-            weighted={name: w * float(self.raw[name][i]) for name, w in self.weights.items()},
+            quantities=quantities,
+            costs={name: rate * quantities[name] for name, rate in zip(self.scorer_names, self.rates, strict=True)},
             total=float(self.totals[i]),
         )
+
+
+@dataclass(frozen=True)
+class CarbonUsed:
+    """The carbon signal a receipt's grams rest on, with its age when the receipt was made."""
+
+    signal: Signal
+    age_s: float
+    stale: bool
+
+
+@dataclass(frozen=True)
+class EnergyReceipt:
+    """How much energy and carbon one request cost, how that was obtained and how sure it is
+    (ARCHITECTURE section 6). A field nothing measured stays None."""
+
+    decision_id: str
+    request_id: str
+    tenant: str
+    model: str
+    region: str
+    pool: str
+    pue: float
+    measurement_source: str
+    attribution_method: str
+    energy_j: float | None = None
+    energy_j_low: float | None = None
+    energy_j_high: float | None = None
+    confidence: float | None = None
+    waiting_j: float | None = None
+    prefill_j: float | None = None
+    decode_j: float | None = None
+    postprocess_j: float | None = None
+    idle_allocation_j: float | None = None
+    batch_size: float | None = None
+    padding_ratio: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reused_tokens: int | None = None
+    avoided_j: float | None = None
+    carbon_g: float | None = None
+    carbon: CarbonUsed | None = None
+    fallbacks: tuple[Fallback, ...] = ()
+    failovers: tuple[Attempt, ...] = ()
+    ttft_ms: float | None = None
+    duration_ms: float = 0.0

@@ -7,18 +7,18 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from scheduler.config.loader import Fleet, load_fleet
+from scheduler.config.loader import Fleet
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
-from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins import default_scheduler_registry, load_checked_fleet
 from scheduler.types import FleetSnapshot, RegionLiveState, Signal
 from tests.literals import NOW
 
 
 @pytest.fixture(scope="session")
 def shipped() -> Fleet:
-    return load_fleet()
+    return load_checked_fleet()
 
 
 @pytest.fixture(scope="session")

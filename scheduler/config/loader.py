@@ -3,7 +3,8 @@
 - parse:    YAML text -> a mapping (syntax errors name the file and line)
 - default:  fill the defaults that depend on other fields, visibly (never over a bad value)
 - validate: pydantic, strict; every error names the file, the field path and the bad value
-- build:    cross-file checks (unique names, at least one region and policy) -> ``Fleet``
+- build:    cross-file checks (unique names, at least one region and policy, each policy's
+            plugins and rates against the plugin registry) -> ``Fleet``
 
 Every problem found is reported, not just the first, so an operator fixes a file once.
 """
@@ -14,7 +15,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -48,6 +49,12 @@ class ConfigError(Exception):
     def __init__(self, issues: Iterable[ConfigIssue]) -> None:
         self.issues = tuple(issues)
         super().__init__("\n".join(str(issue) for issue in self.issues))
+
+
+class PolicyChecker(Protocol):
+    """Checks a policy's plugin lists (the plugin registry, ``scheduler.framework.registry``)."""
+
+    def check(self, policy: PolicyConfig, source: str) -> list[ConfigIssue]: ...
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ def default_region(raw: dict[str, Any]) -> dict[str, Any]:
 # --- validate ----------------------------------------------------------------------------
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
+def field_path(loc: tuple[int | str, ...]) -> str:
     path = ""
     for part in loc:
         if isinstance(part, int):
@@ -148,7 +155,7 @@ def validate(model: type[ModelT], raw: Mapping[str, Any], source: str) -> ModelT
         return model.model_validate_json(json.dumps(raw, default=str), strict=True)
     except ValidationError as exc:
         raise ConfigError(
-            ConfigIssue(source, _field_path(tuple(err["loc"])), _describe(err))
+            ConfigIssue(source, field_path(tuple(err["loc"])), _describe(err))
             for err in exc.errors(include_url=False)
         ) from None
 
@@ -196,8 +203,13 @@ def _check_unique(items: list[tuple[Path, Any]], what: str) -> list[ConfigIssue]
     return issues
 
 
-def load_fleet(regions_dir: Path | None = None, policies_dir: Path | None = None) -> Fleet:
-    """Load and check every region and policy file; raise one ConfigError listing all issues."""
+def load_fleet(
+    regions_dir: Path | None = None, policies_dir: Path | None = None, checker: PolicyChecker | None = None
+) -> Fleet:
+    """Load and check every region and policy file; raise one ConfigError listing all issues.
+
+    ``checker`` also checks each policy's plugins (``scheduler.plugins.load_checked_fleet``
+    passes the registry; this layer does not know the plugins)."""
     regions_dir = regions_dir or EMBEDDED_REGIONS
     policies_dir = policies_dir or EMBEDDED_POLICIES
     issues: list[ConfigIssue] = []
@@ -211,6 +223,9 @@ def load_fleet(regions_dir: Path | None = None, policies_dir: Path | None = None
     try:
         policies, found = _load_all(_yaml_files(policies_dir), load_policy)
         issues += found + _check_unique(policies, "policy")
+        if checker is not None:
+            for path, policy in policies:
+                issues += checker.check(policy, str(path))
     except ConfigError as exc:
         issues.extend(exc.issues)
     if issues:

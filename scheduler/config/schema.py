@@ -9,7 +9,8 @@ filled by the loader's ``default`` step, visibly, before validation.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -17,13 +18,16 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
     model_validator,
 )
 
+from scheduler.config.units import Rate, parse_rate
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
 
-SCORER_NAMES = ("energy", "carbon", "latency", "load", "price")
 CARBON_PROVIDERS = ("csv", "electricitymaps", "watttime", "ukci", "casdk")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -163,21 +167,80 @@ class RegionConfig(Strict):
         return self
 
 
-class ScorerWeights(Strict):
-    energy: float = Field(default=0.0, ge=0)
-    carbon: float = Field(default=0.0, ge=0)
-    latency: float = Field(default=0.0, ge=0)
-    load: float = Field(default=0.0, ge=0)
-    price: float = Field(default=0.0, ge=0)
+WORKLOAD_CLASS_NAMES = ("interactive", "batch", "deferrable")
 
-    @model_validator(mode="after")
-    def _some_weight(self) -> ScorerWeights:
-        if not any(self.as_dict().values()):
-            raise ValueError("at least one scorer weight must be positive")
-        return self
 
-    def as_dict(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in SCORER_NAMES}
+@dataclass(frozen=True)
+class ClassRates:
+    """A rate per workload class (what a millisecond is worth differs between them)."""
+
+    interactive: Rate
+    batch: Rate
+    deferrable: Rate
+
+    def of(self, workload_class: str) -> Rate:
+        rate: Rate = getattr(self, workload_class)
+        return rate
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name}: {self.of(name)}" for name in WORKLOAD_CLASS_NAMES)
+
+
+def parse_rate_spec(value: object) -> Rate | ClassRates:
+    """One rate for every workload class, or a mapping with a rate for each of them."""
+    if not isinstance(value, dict):
+        return parse_rate(value)
+    problems = [f"unknown workload class {key!r}" for key in value if key not in WORKLOAD_CLASS_NAMES]
+    rates: dict[str, Rate] = {}
+    for name in WORKLOAD_CLASS_NAMES:
+        if name not in value:
+            problems.append(f"{name}: no rate given (each of {', '.join(WORKLOAD_CLASS_NAMES)} needs one)")
+            continue
+        try:
+            rates[name] = parse_rate(value[name])
+        except ValueError as exc:
+            problems.append(f"{name}: {exc}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return ClassRates(**rates)
+
+
+def _rate_json(spec: Rate | ClassRates) -> object:
+    if isinstance(spec, ClassRates):
+        return {name: str(spec.of(name)) for name in WORKLOAD_CLASS_NAMES}
+    return str(spec)
+
+
+_ONE_RATE_SCHEMA = {"anyOf": [{"type": "string", "pattern": r"^ *[0-9.eE+-]+ *USD */ *[A-Za-z0-9]+ *$"},
+                              {"type": "number", "minimum": 0}]}
+RateSpec = Annotated[
+    Rate | ClassRates,
+    PlainValidator(parse_rate_spec),
+    PlainSerializer(_rate_json),
+    WithJsonSchema({
+        "anyOf": [_ONE_RATE_SCHEMA, {"type": "object", "additionalProperties": False,
+                                     "required": list(WORKLOAD_CLASS_NAMES),
+                                     "properties": {name: _ONE_RATE_SCHEMA for name in WORKLOAD_CLASS_NAMES}}],
+        "description": "USD per unit of the scorer's quantity, e.g. '200 USD/tCO2e' or '0.5 USD/h' (a bare number "
+        "for scorers that report USD), or a mapping with one rate per workload class",
+    }),
+]
+
+
+class PluginRef(Strict):
+    """A plugin of the registry, by its TYPE, with its parameters (checked against the plugin)."""
+
+    type: str = Field(min_length=1)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScorerTerm(PluginRef):
+    """One term of the objective: the scorer's quantity times ``rate`` (USD per its unit)."""
+
+    rate: RateSpec
+
+    def rate_for(self, workload_class: str) -> Rate:
+        return self.rate.of(workload_class) if isinstance(self.rate, ClassRates) else self.rate
 
 
 class MaxAge(Strict):
@@ -189,16 +252,11 @@ class MaxAge(Strict):
 
 
 class FallbackConfig(Strict):
-    """The performance-and-reliability order used when energy ranking is off or a signal it
-    needs is stale. Energy and carbon weights are not allowed here."""
+    """The performance-and-reliability objective used when energy ranking is off or a signal it
+    needs is stale. Energy-layer scorers (energy, carbon) are not allowed here (the registry
+    check says so with the file and field)."""
 
-    weights: ScorerWeights
-
-    @model_validator(mode="after")
-    def _performance_only(self) -> FallbackConfig:
-        if self.weights.energy or self.weights.carbon:
-            raise ValueError("fallback weights may not use the energy or carbon scorers")
-        return self
+    scorers: tuple[ScorerTerm, ...] = Field(min_length=1)
 
 
 class UnknownRegionState(Strict):
@@ -207,11 +265,6 @@ class UnknownRegionState(Strict):
 
     stale: Literal["unhealthy", "assume-healthy"]
     missing: Literal["unhealthy", "assume-healthy"]
-
-
-class LongContextConfig(Strict):
-    threshold_tokens: int = Field(gt=0)
-    min_hbm_gb: float = Field(gt=0)
 
 
 class SloClass(Strict):
@@ -231,11 +284,13 @@ class SloDefaults(Strict):
 class PolicyConfig(Strict):
     name: Slug
     description: str = ""
-    weights: ScorerWeights
+    # The objective: cost [USD] = sum of rate x quantity over these scorers; lowest first.
+    scorers: tuple[ScorerTerm, ...] = Field(min_length=1)
+    # Workload-to-hardware matchers (layer 2), in order.
+    matchers: tuple[PluginRef, ...] = ()
     max_age: MaxAge
     fallback: FallbackConfig
     unknown_region_state: UnknownRegionState
-    long_context: LongContextConfig
     slo: SloDefaults
     sensitive_task_classes: tuple[str, ...] = ()
     # Workload classes a tenant's hard energy budget never blocks.

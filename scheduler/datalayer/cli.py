@@ -99,13 +99,14 @@ async def _fetch_async(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from scheduler.config.loader import ConfigError, load_fleet, load_policy
+    from scheduler.config.loader import ConfigError, load_policy
+    from scheduler.plugins import load_checked_fleet
 
     try:
         if args.policy.endswith((".yaml", ".yml")):
             policy = load_policy(Path(args.policy))
         else:
-            policy = load_fleet(policies_dir=args.policies).policy(args.policy)
+            policy = load_checked_fleet(policies_dir=args.policies).policy(args.policy)
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)

@@ -14,28 +14,32 @@ from dataclasses import dataclass, field
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.model import EnergyModel
-from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
+from scheduler.energy.models import MODEL_CATALOGUE
 from scheduler.energy.profile_model import ProfileEnergyModel
-from scheduler.framework.arrays import ColumnCache
+from scheduler.energy.step import GPU_MEMORY_UTILIZATION, RatedCosts, mean_context, predict
 from scheduler.types import Candidate, CandidatePerf, FleetSnapshot, PoolLiveState, RegionLiveState, Signal
-
-# Share of HBM vLLM may use (its gpu_memory_utilization default).
-GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)
 class PerfAssumptions:
-    """How fast the hardware runs, for latency prediction (not energy)."""
+    """What the predictions assume where live state says nothing (it is stale or missing)."""
 
-    prefill_mfu: float = 0.5
-    decode_bw_efficiency: float = 0.7
-    # Concurrent sequences per replica assumed when a pool's live state is unknown.
+    # Concurrent sequences per replica, and their mean context, when a pool's state is unknown.
     nominal_batch: float = 16.0
-    # Average time a queued request waits per request ahead of it, per replica.
-    queue_s_per_waiting: float = 0.25
+    nominal_context: float = 1024.0
+    # The prompt length a queued request is assumed to have (the router does not see the
+    # queue's prompts): each one ahead costs a prefill of this many tokens.
+    queued_prompt_tokens: float = 1024.0
+    # KV usage above which a replica admits a new sequence only when one finishes.
+    kv_full: float = 0.95
+
+
+def replicas_of(candidate: Candidate) -> int:
+    return max(1, candidate.pool.count // candidate.deployment.tensor_parallel)
 
 
 def kv_capacity_tokens(candidate_region: RegionConfig, pool_index: int, deployment_index: int) -> int:
+    """Tokens of KV cache one replica can give a single sequence (at most max_context)."""
     pool = candidate_region.pools[pool_index]
     deployment = pool.models[deployment_index]
     gpu = GPU_CATALOGUE[pool.gpu]
@@ -77,7 +81,7 @@ class SnapshotBuilder:
     A candidate's ``CandidatePerf`` depends only on the candidate and its pool's live state
     when that state is fresh, so entries are memoized on (candidate, fresh pool state), and
     when no fresh pool state changed since the last build the last ``perf`` tuple itself is
-    reused (then the snapshot's perf columns are too: ``ColumnCache``).
+    reused (then the framework's columns derived from it are too).
     """
 
     regions: tuple[RegionConfig, ...]
@@ -87,7 +91,11 @@ class SnapshotBuilder:
 
     def __post_init__(self) -> None:
         self.candidates = enumerate_candidates(self.regions)
-        self.columns = ColumnCache()
+        self.column_cache: dict[object, object] = {}
+        self.rated: tuple[RatedCosts, ...] = tuple(
+            self.energy_model.rated_costs(c.model, c.gpu, c.deployment.precision, c.deployment.tensor_parallel)
+            for c in self.candidates
+        )
         self._perf_memo: dict[tuple[int, PoolLiveState | None], CandidatePerf] = {}
         self._last: tuple[tuple[object, ...], tuple[CandidatePerf, ...]] | None = None
 
@@ -115,7 +123,7 @@ class SnapshotBuilder:
             carbon=dict(carbon or {}),
             live=dict(live),
             energy_routing_enabled=energy_routing_enabled,
-            column_cache=self.columns,
+            column_cache=self.column_cache,
         )
 
     def _fresh_pools(self, state: RegionLiveState | None, now: float) -> Mapping[str, PoolLiveState] | None:
@@ -135,28 +143,33 @@ class SnapshotBuilder:
         return perf
 
     def perf_of(self, c: Candidate, pool_state: PoolLiveState | None) -> CandidatePerf:
-        """The candidate's performance with its pool in ``pool_state`` (None: unknown or
-        stale; the nominal batch and no queue are assumed)."""
+        """The candidate's predictors with its pool in ``pool_state`` (None: unknown or stale;
+        the nominal batch and context and no queue are assumed).
+
+        Per replica (the pool's totals / replicas), with r running and q waiting sequences:
+            batch        = r + 1 (this request joins), at most max_num_seqs
+            others' context = KV usage x KV capacity / r      (scheduler.energy.step.mean_context)
+            queue wait   = q x prefill time of ``queued_prompt_tokens`` at that batch
+                           + (the replica is full: at max_num_seqs or KV usage >= kv_full)
+                             one decode lifetime / r (the time until one running sequence ends)
+        """
         assumptions = self.perf
-        replicas = max(1, c.pool.count // c.deployment.tensor_parallel)
-        if pool_state is not None:
-            batch = max(1.0, pool_state.running / replicas)
-            waiting = pool_state.queue_depth / replicas
-        else:
-            batch, waiting = assumptions.nominal_batch, 0.0
-        tp = c.deployment.tensor_parallel
-        fast_math = 2.0 if PRECISION_BYTES[c.deployment.precision] < 2 else 1.0
-        flops_per_s = c.gpu.peak_bf16_tflops * 1e12 * assumptions.prefill_mfu * tp * fast_math
-        bandwidth = c.gpu.mem_bandwidth_gbs * 1e9 * assumptions.decode_bw_efficiency * tp
-        model = c.model
-        return CandidatePerf(
-            energy=self.energy_model.coefficients(model, c.gpu, c.deployment.precision, tp, batch),
-            batch=batch,
-            queue_wait_s=waiting * assumptions.queue_s_per_waiting,
-            prefill_s_per_token=2.0 * model.active_b * 1e9 / flops_per_s,
-            # attention: 2 (QK and AV) x 2 FLOP x layers x hidden per (query, key) pair
-            prefill_s_per_attention_pair=4.0 * model.layers * model.hidden / flops_per_s,
-            decode_step_s=model.active_b * 1e9 * PRECISION_BYTES[c.deployment.precision] / bandwidth,
-            decode_step_s_per_context=batch * model.kv_bytes_per_token_at(c.deployment.precision) / bandwidth,
-            live=pool_state is not None,
-        )
+        rated = self.rated[c.index]
+        costs = rated.costs
+        replicas = replicas_of(c)
+        if pool_state is None:
+            energy, latency = predict(rated, assumptions.nominal_batch, assumptions.nominal_context)
+            return CandidatePerf(energy, latency, assumptions.nominal_batch, 0.0, live=False)
+        running = pool_state.running / replicas
+        waiting = pool_state.queue_depth / replicas
+        batch = min(running + 1.0, float(costs.max_num_seqs))
+        others = mean_context(pool_state.kv_cache_usage, costs.kv_capacity_tokens, running)
+        energy, latency = predict(rated, batch, others)
+        prompt = assumptions.queued_prompt_tokens
+        prefill_s = latency.prefill_s + prompt * latency.prefill_s_per_token + prompt * prompt / 2 * latency.prefill_s_per_pair
+        wait = waiting * prefill_s
+        if running >= costs.max_num_seqs or pool_state.kv_cache_usage >= assumptions.kv_full:
+            tpot = latency.tpot_s + others * latency.tpot_s_per_context_token
+            # A running sequence is on average halfway through; others' context stands for its length.
+            wait += tpot * max(others, 1.0) / 2.0 / max(running, 1.0)
+        return CandidatePerf(energy, latency, batch, wait, live=True)

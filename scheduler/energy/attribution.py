@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from scheduler.energy.model import EnergyCoefficients
+from scheduler.energy.step import EnergyCoefficients
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +196,7 @@ def attribute(
             prefill_j=prefill[i],
             decode_j=decode[i],
             idle_allocation_j=idle_shares[i],
-            avoided_j=coefficients.avoided_j(r.cached_tokens) if coefficients is not None else 0.0,
+            avoided_j=coefficients.avoided_j(r.prompt_tokens, r.cached_tokens) if coefficients is not None else 0.0,
             batch_size=run_weighted_batch[i] / run_time[i] if run_time[i] > 0 else 0.0,
             attribution_method=rule.version,
         )

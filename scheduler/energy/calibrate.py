@@ -4,8 +4,10 @@ For each (batch, context, output) of the sweep the engine runs ``batch`` distinc
 together (random prompts of ``context`` tokens, prefix cache off, exactly ``output`` tokens,
 EOS ignored), once to warm up and then ``repeats`` times between two readings of NVML's
 energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ since driver load) on the
-replica's GPUs; the median run is the point. An idle window with the model loaded gives the
-execution-idle floor. ``fit.fit_replica`` turns the points into the profile.
+replica's GPUs, timing each run; the median run is the point. An idle window with the model
+loaded gives the execution-idle floor. ``fit.fit_step_costs`` turns the points into the
+profile's step costs (energy and time terms); the interval is the fit's largest relative
+residual, at least ``MIN_REL_ERROR``.
 
 The engine and the NVML library are injected: the real ones are vLLM and ``pynvml``;
 tests drive the same code with a simulated GPU that implements the same calls.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -23,11 +26,15 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from scheduler.energy.fit import FitResult, SweepPoint, fit_replica
-from scheduler.energy.model import weights_read_ratio
+from scheduler.energy.fit import CalibrationFit, SweepPoint, fit_step_costs
+from scheduler.energy.hardware import GpuSpec
 from scheduler.energy.models import ModelSpec
 from scheduler.energy.nvml import NvmlMeter, delta_mj
-from scheduler.energy.profiles import EnergyProfile, Source
+from scheduler.energy.profiles import EnergyProfile, Residuals, Source
+from scheduler.energy.step import kv_tokens_per_replica
+
+# Smallest interval a calibrated profile claims (NVML's counter and run-to-run spread).
+MIN_REL_ERROR = 0.05
 
 CALIBRATION_SOURCE = Source(
     name="scheduler calibrate (NVML total energy counter around vLLM sweep runs)",
@@ -110,9 +117,8 @@ class Calibrator:
 
 
 def calibrated_profile(
-    model: ModelSpec, gpu: str, precision: str, tensor_parallel: int, fit: FitResult, today: dt.date
+    model: ModelSpec, gpu: str, precision: str, tensor_parallel: int, fit: CalibrationFit, today: dt.date
 ) -> EnergyProfile:
-    # The interval: twice the fit's relative RMS, at least 5 %.
     return EnergyProfile(
         model=model.name,
         gpu=gpu,
@@ -120,25 +126,35 @@ def calibrated_profile(
         tensor_parallel=tensor_parallel,
         method="calibrated",
         date=today,
-        rel_error=min(0.9, max(0.05, 2 * fit.rel_rmse)),
-        replica=fit.replica,
+        rel_error=min(0.9, max(MIN_REL_ERROR, math.ceil(fit.max_rel_residual * 100) / 100)),
+        interval=f"max |relative residual| of the {fit.points} sweep runs ({fit.max_rel_residual:.3f}), "
+        f"at least {MIN_REL_ERROR}",
+        costs=fit.costs,
+        parameters=None,
+        generation="",
+        residuals=Residuals(fit.points, fit.rel_rmse, fit.max_rel_residual),
+        points=(),
         sources=(CALIBRATION_SOURCE,),
         path="",
     )
 
 
-def calibration_note(fit: FitResult, points: Sequence[SweepPoint]) -> str:
+def calibration_note(fit: CalibrationFit, points: Sequence[SweepPoint]) -> str:
     dropped = f"; terms fitted below zero and dropped: {', '.join(fit.dropped_terms)}" if fit.dropped_terms else ""
     return (
-        f"calibrated: least-squares fit of {fit.points} metered sweep runs "
+        f"calibrated: least-squares fit of the step costs to {fit.points} metered sweep runs "
         f"(batch {sorted({p.batch for p in points})}, context {sorted({p.context for p in points})}, "
-        f"output {sorted({p.output for p in points})}); relative RMS residual {fit.rel_rmse:.3f}, "
-        f"worst {fit.max_rel_residual:.3f}{dropped}"
+        f"output {sorted({p.output for p in points})}); energy relative RMS residual {fit.rel_rmse:.3f}, "
+        f"worst {fit.max_rel_residual:.3f}; time relative RMS {fit.time_rel_rmse:.3f}{dropped}"
     )
 
 
-def fit_sweep(model: ModelSpec, points: Sequence[SweepPoint], idle_w: float) -> FitResult:
-    return fit_replica(points, idle_w, lambda b: weights_read_ratio(model, b))
+def fit_sweep(
+    model: ModelSpec, gpu: GpuSpec, precision: str, tensor_parallel: int, points: Sequence[SweepPoint],
+    idle_w: float,
+) -> CalibrationFit:
+    capacity = kv_tokens_per_replica(model, gpu, precision, tensor_parallel)
+    return fit_step_costs(points, idle_w, kv_capacity_tokens=capacity)
 
 
 # NVML device-name fragments -> catalogue names; A100s differ only by memory size.

@@ -1,4 +1,4 @@
-"""``scheduler energy predict``, ``scheduler energy derive-profiles`` and ``scheduler calibrate``."""
+"""``scheduler energy predict | fit-profiles | validate`` and ``scheduler calibrate``."""
 
 from __future__ import annotations
 
@@ -28,14 +28,22 @@ def register(sub: Any) -> None:
     predict.add_argument("--output", type=int, required=True, help="output tokens")
     predict.add_argument("--precision", default="bf16", choices=sorted(PRECISION_BYTES))
     predict.add_argument("--tensor-parallel", type=int, default=None, help="default: the profile's, else 1")
-    predict.add_argument("--wait-s", type=float, default=0.0, help="expected queueing time (idle floor share)")
+    predict.add_argument("--others-context", type=float, default=None,
+                         help="mean context of the other running sequences (default: this request's)")
     predict.add_argument("--profiles", type=Path, default=EMBEDDED_PROFILES, help="folder of profile YAML files")
     predict.add_argument("--json", action="store_true", help="print one JSON object")
     predict.set_defaults(handler=_predict)
 
-    derive = energy_sub.add_parser("derive-profiles", help="re-derive the shipped profiles from the published anchor")
-    derive.add_argument("--out", type=Path, default=EMBEDDED_PROFILES, help="folder to write the YAML files to")
-    derive.set_defaults(handler=_derive)
+    fit = energy_sub.add_parser("fit-profiles", help="fit the model to the published points; rewrite the profiles")
+    fit.add_argument("--out", type=Path, default=EMBEDDED_PROFILES, help="folder to write the profile YAML files to")
+    fit.add_argument("--fit-file", type=Path, default=None, help="where to write the fit summary "
+                     "(default: scheduler/energy/published/fit.yaml)")
+    fit.set_defaults(handler=_fit_profiles)
+
+    validate = energy_sub.add_parser("validate", help="the model against the published points it was not fitted to")
+    validate.add_argument("--all", action="store_true", help="also show the excluded points")
+    validate.add_argument("--json", action="store_true", help="print one JSON object")
+    validate.set_defaults(handler=_validate)
 
     calibrate = sub.add_parser("calibrate", help="measure a pool on an NVIDIA GPU (vLLM + NVML) and fit its profile")
     calibrate.add_argument("--model", required=True, type=Path, help="model folder (Hugging Face layout) for vLLM")
@@ -69,8 +77,10 @@ def _predict(args: argparse.Namespace) -> int:
         return 1
     profile = library.get(model.name, gpu.name)
     tp = args.tensor_parallel or (profile.tensor_parallel if profile is not None else 1)
-    coefficients = ProfileEnergyModel(library=library).coefficients(model, gpu, args.precision, tp, args.batch)
-    estimate = coefficients.estimate(args.context, args.cached, args.output, args.wait_s)
+    others = args.others_context if args.others_context is not None else args.context + args.output / 2
+    coefficients = ProfileEnergyModel(library=library).coefficients(
+        model, gpu, args.precision, tp, args.batch, others)
+    estimate = coefficients.estimate(args.context, args.cached, args.output)
     result = {
         "model": model.name,
         "gpu": gpu.name,
@@ -85,7 +95,7 @@ def _predict(args: argparse.Namespace) -> int:
         "low_j": estimate.low_j,
         "high_j": estimate.high_j,
         "parts": {"prefill_j": estimate.prefill_j, "decode_j": estimate.decode_j, "idle_j": estimate.idle_j},
-        "avoided_j": coefficients.avoided_j(args.cached),
+        "avoided_j": coefficients.avoided_j(args.context, args.cached),
         "provenance": estimate.provenance,
     }
     if args.json:
@@ -107,12 +117,20 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _derive(args: argparse.Namespace) -> int:
-    from scheduler.energy.derive import anchor_factor, write_derived_profiles
+def _fit_profiles(args: argparse.Namespace) -> int:
+    from scheduler.energy.derive import FIT_FILE, write_fitted_profiles
 
-    written = write_derived_profiles(args.out)
-    print(f"wrote {len(written)} profiles to {args.out} (anchor factor k = {anchor_factor():.4f})")
+    written = write_fitted_profiles(args.out, args.fit_file or FIT_FILE)
+    print(f"wrote {written[0]} and {len(written) - 1} profiles to {args.out}")
     return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from scheduler.energy.validate import as_json, as_text, coverage, rows
+
+    table = rows(roles=("held_out", "excluded") if args.all else ("held_out",))
+    print(json.dumps(as_json(table)) if args.json else as_text(table))
+    return 0 if all(c.passed for c in coverage(table)) else 1
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -160,10 +178,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     idle_w = calibrator.idle_w(args.idle_s)
     points = calibrator.sweep(sweep)
     meter.close()
-    fit = fit_sweep(model, points, idle_w)
+    fit = fit_sweep(model, GPU_CATALOGUE[gpu_name], args.precision, args.tensor_parallel, points, idle_w)
     profile = calibrated_profile(model, gpu_name, args.precision, args.tensor_parallel, fit, dt.date.today())
     write_profile(profile, calibration_note(fit, points), args.out)
-    print(f"wrote {args.out}: {profile.provenance}; idle {idle_w:.1f} W; fit RMS {fit.rel_rmse:.3f}")
+    print(f"wrote {args.out}: {profile.provenance}; idle {idle_w:.1f} W; fit RMS {fit.rel_rmse:.3f}, "
+          f"interval ±{profile.rel_error:.0%}")
     return 0
 
 

@@ -1,31 +1,38 @@
 """Energy profiles: YAML files (``scheduler/energy/profiles/*.yaml``), one per (model, GPU).
 
-A profile holds the batch-independent terms of one replica (``ReplicaEnergy``) at the
-precision and tensor-parallel degree it was measured or derived for, how they were
-obtained (``method``: calibrated on a GPU with ``scheduler calibrate``, anchored to a
-published measurement, or scaled from an anchored profile by the physics model) and the
-sources it rests on. Loading is strict: an error names the file, the field path and the
-value.
+A profile (schema version 2) holds the step costs of one replica (``StepCosts``: the time and
+energy of an engine step as  c_step + c_token x tokens + c_kv x KV tokens read + c_pair x
+attention pairs, see ``scheduler.energy.step``) at the precision and tensor-parallel degree it
+was made for, how they were obtained and how sure they are:
+
+- ``method: fitted``: the step costs are ``Roofline.costs(parameters)``: the physical parameters
+  fitted to published measurements (``scheduler energy fit-profiles``; ``points`` lists the ids
+  of ``published/points.yaml`` the fit used), with the catalogues' bandwidth, FLOP/s and power;
+- ``method: calibrated``: fitted to a metered sweep on the pool itself (``scheduler calibrate``).
+
+``rel_error`` is the interval's relative half-width and ``interval`` says which residuals set it;
+``residuals`` summarises the fit. Loading is strict: an error names the file, the field path
+and the value.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.model import ReplicaEnergy
 from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
+from scheduler.energy.step import PhysicsAssumptions, StepCosts
 
 EMBEDDED_PROFILES = Path(__file__).parent / "profiles"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class ProfileError(ValueError):
@@ -42,30 +49,59 @@ class _Strict(BaseModel):
 
 class Source(_Strict):
     name: str = Field(min_length=1)
-    url: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https://")
     # What the source says that this profile uses (quoted figure or finding).
     used_for: str = Field(min_length=1)
 
 
-class Coefficients(_Strict):
-    prefill_j_per_token: float = Field(ge=0)
-    start_j: float = Field(ge=0)
-    step_weights_j: float = Field(gt=0)
-    step_seq_j: float = Field(ge=0)
-    step_kv_j_per_token: float = Field(ge=0)
+class StepCostsDoc(_Strict):
+    t_step: float = Field(gt=0)
+    t_token: float = Field(ge=0)
+    t_kv: float = Field(ge=0)
+    t_pair: float = Field(ge=0)
+    e_step: float = Field(gt=0)
+    e_token: float = Field(ge=0)
+    e_kv: float = Field(ge=0)
+    e_pair: float = Field(ge=0)
     idle_w: float = Field(ge=0)
+    max_num_seqs: int = Field(ge=1)
+    max_batched_tokens: int = Field(ge=1)
+    kv_capacity_tokens: int = Field(ge=0)
+
+
+class ParametersDoc(_Strict):
+    generation: str = Field(min_length=1)
+    prefill_mfu: float = Field(gt=0)
+    attention_mfu: float = Field(gt=0)
+    bw_efficiency: float = Field(gt=0)
+    kv_bw_efficiency: float = Field(gt=0)
+    overhead_s: float = Field(gt=0)
+    compute_power: float = Field(gt=0)
+    memory_power: float = Field(gt=0)
+    overhead_power: float = Field(gt=0)
+
+
+class ResidualsDoc(_Strict):
+    points: int = Field(ge=1)
+    # Root-mean-square and largest relative error of the fit on the points it used.
+    rms: float = Field(ge=0)
+    max_abs: float = Field(ge=0)
 
 
 class ProfileFile(_Strict):
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     model: str
     gpu: str
     precision: str
     tensor_parallel: int = Field(ge=1)
-    method: Literal["calibrated", "anchored", "scaled"]
+    method: Literal["calibrated", "fitted"]
     date: dt.date
     rel_error: float = Field(gt=0, lt=1)
-    coefficients: Coefficients
+    interval: str = Field(min_length=1)
+    step_costs: StepCostsDoc
+    parameters: ParametersDoc | None = None
+    residuals: ResidualsDoc
+    points: tuple[str, ...] = ()
     sources: tuple[Source, ...] = Field(min_length=1)
     derivation: str = Field(min_length=1)
 
@@ -90,6 +126,19 @@ class ProfileFile(_Strict):
             raise ValueError(f"{value!r} is not a known precision (known: {', '.join(PRECISION_BYTES)})")
         return value
 
+    @model_validator(mode="after")
+    def _fitted_has_parameters(self) -> ProfileFile:
+        if self.method == "fitted" and (self.parameters is None or not self.points):
+            raise ValueError("a fitted profile needs its parameters and the ids of the points it was fitted to")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Residuals:
+    points: int
+    rms: float
+    max_abs: float
+
 
 @dataclass(frozen=True, slots=True)
 class EnergyProfile:
@@ -100,7 +149,13 @@ class EnergyProfile:
     method: str
     date: dt.date
     rel_error: float
-    replica: ReplicaEnergy
+    interval: str
+    costs: StepCosts
+    # The fitted physical parameters and their GPU generation (fitted profiles only).
+    parameters: PhysicsAssumptions | None
+    generation: str
+    residuals: Residuals
+    points: tuple[str, ...]
     sources: tuple[Source, ...]
     path: str
 
@@ -114,7 +169,7 @@ def parse_profile(data: Any, path: str) -> EnergyProfile:
         doc = ProfileFile.model_validate(data)
     except ValidationError as exc:
         raise ProfileError([_issue(path, err) for err in exc.errors()]) from None
-    c = doc.coefficients
+    p = doc.parameters
     return EnergyProfile(
         model=doc.model,
         gpu=doc.gpu,
@@ -123,9 +178,13 @@ def parse_profile(data: Any, path: str) -> EnergyProfile:
         method=doc.method,
         date=doc.date,
         rel_error=doc.rel_error,
-        replica=ReplicaEnergy(
-            c.prefill_j_per_token, c.start_j, c.step_weights_j, c.step_seq_j, c.step_kv_j_per_token, c.idle_w
-        ),
+        interval=doc.interval,
+        costs=StepCosts(**doc.step_costs.model_dump()),
+        parameters=None if p is None else PhysicsAssumptions(
+            **{f.name: getattr(p, f.name) for f in fields(PhysicsAssumptions)}),
+        generation="" if p is None else p.generation,
+        residuals=Residuals(doc.residuals.points, doc.residuals.rms, doc.residuals.max_abs),
+        points=doc.points,
         sources=doc.sources,
         path=path,
     )
@@ -140,9 +199,9 @@ def load_profile(path: Path) -> EnergyProfile:
 
 
 def profile_document(profile: EnergyProfile, derivation: str) -> dict[str, Any]:
-    """The YAML document of a profile (what ``calibrate`` and ``derive-profiles`` write)."""
-    r = profile.replica
-    return {
+    """The YAML document of a profile (what ``calibrate`` and ``fit-profiles`` write)."""
+    c = profile.costs
+    doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "model": profile.model,
         "gpu": profile.gpu,
@@ -151,17 +210,19 @@ def profile_document(profile: EnergyProfile, derivation: str) -> dict[str, Any]:
         "method": profile.method,
         "date": profile.date.isoformat(),
         "rel_error": round(profile.rel_error, 4),
-        "coefficients": {
-            "prefill_j_per_token": _sig(r.prefill_j_per_token),
-            "start_j": _sig(r.start_j),
-            "step_weights_j": _sig(r.step_weights_j),
-            "step_seq_j": _sig(r.step_seq_j),
-            "step_kv_j_per_token": _sig(r.step_kv_j_per_token),
-            "idle_w": _sig(r.idle_w),
-        },
-        "sources": [s.model_dump() for s in profile.sources],
-        "derivation": derivation,
+        "interval": profile.interval,
+        "step_costs": {f.name: _sig(getattr(c, f.name)) if isinstance(getattr(c, f.name), float)
+                       else getattr(c, f.name) for f in fields(c)},
     }
+    if profile.parameters is not None:
+        doc["parameters"] = {"generation": profile.generation} | {
+            f.name: _sig(getattr(profile.parameters, f.name)) for f in fields(profile.parameters)}
+    doc["residuals"] = {"points": profile.residuals.points, "rms": round(profile.residuals.rms, 4),
+                        "max_abs": round(profile.residuals.max_abs, 4)}
+    doc["points"] = list(profile.points)
+    doc["sources"] = [s.model_dump() for s in profile.sources]
+    doc["derivation"] = derivation
+    return doc
 
 
 def write_profile(profile: EnergyProfile, derivation: str, path: Path) -> None:
@@ -209,4 +270,4 @@ def _issue(path: str, err: Any) -> str:
 
 
 def _sig(value: float) -> float:
-    return float(f"{value:.5g}")
+    return float(f"{value:.6g}")

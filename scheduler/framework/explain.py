@@ -1,5 +1,6 @@
 """A Decision as the JSON object and the table that ``route --explain`` (and the router's
-``Route`` answer) show. Derived from the Decision alone."""
+``Route`` answer) show: every term of the objective with its quantity, unit, rate and cost.
+Derived from the Decision alone."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ from typing import Any
 
 from scheduler.types import Decision
 
-SCORE_COLUMNS = ("energy", "carbon", "latency", "load", "price")
-ENERGY_LAYER_WEIGHTS = ("energy", "carbon")
+TOTAL_UNIT = "USD"
+
+
+def objective_text(decision: Decision) -> str:
+    """'cost [USD] = 1000 USD/tCO2e x carbon-scorer [gCO2e] + ...' for the applied objective."""
+    if not decision.scorer_names:
+        return "cost [USD] = 0 (every scorer abstained: ties broken per request)"
+    terms = (
+        f"{written} x {name} [{unit}]"
+        for name, unit, written in zip(decision.scorer_names, decision.units, decision.rates_written, strict=True)
+    )
+    return f"cost [{TOTAL_UNIT}] = " + " + ".join(terms)
 
 
 def explain_dict(decision: Decision) -> dict[str, Any]:
@@ -19,7 +30,13 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
         "policy": decision.policy,
         "schedulable": decision.schedulable,
         "energy_ranking": decision.energy_ranking,
-        "weights": dict(decision.weights),
+        "objective": objective_text(decision),
+        "units": dict(zip(decision.scorer_names, decision.units, strict=True)),
+        "rates": {
+            name: {"usd_per_unit": rate, "as_written": written}
+            for name, rate, written in zip(decision.scorer_names, decision.rates, decision.rates_written, strict=True)
+        },
+        "total_unit": TOTAL_UNIT,
         "chosen": None
         if chosen is None
         else {
@@ -35,8 +52,8 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
                 "region": s.candidate.region.name,
                 "pool": s.candidate.pool.name,
                 "gpu": s.candidate.gpu.name,
-                "scores": dict(s.raw),
-                "weighted": dict(s.weighted),
+                "scores": dict(s.quantities),
+                "costs": dict(s.costs),
                 "total": s.total,
             }
             for s in decision.ranked
@@ -52,6 +69,13 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
     }
 
 
+def _number(value: float) -> str:
+    """Four significant figures, without exponents for everyday magnitudes."""
+    if value == 0 or 1e-3 <= abs(value) < 1e6:
+        return f"{value:,.4g}" if abs(value) >= 1e3 else f"{value:.4g}"
+    return f"{value:.3e}"
+
+
 def explain_table(decision: Decision) -> str:
     lines: list[str] = []
     chosen = decision.chosen
@@ -62,18 +86,20 @@ def explain_table(decision: Decision) -> str:
         estimate = decision.energy
         energy = f"   ~{estimate.energy_j:,.1f} J ({estimate.provenance})" if estimate else ""
         lines.append(f"chosen   {c.region.name} / {c.pool.name} ({c.gpu.name}, {c.deployment.precision}){energy}")
-        uses_energy = decision.energy_ranking and any(k in decision.weights for k in ENERGY_LAYER_WEIGHTS)
-        mode = "energy/carbon ranking" if uses_energy else "performance order"
-        if not decision.energy_ranking:
-            mode += " (fallback)"
-        weights = ", ".join(f"{k}={v:g}" for k, v in decision.weights.items())
-        lines.append(f"policy   {decision.policy}: {mode}; weights {weights}")
-        header = f"{'rank':<5} {'region':<14} {'pool':<12} {'gpu':<11}" + "".join(f" {k:>8}" for k in SCORE_COLUMNS)
-        lines.append(header + f" {'total':>7}")
+        mode = "energy/carbon objective" if decision.energy_ranking else "fallback (performance) objective"
+        lines.append(f"policy   {decision.policy}: {mode}, lowest cost first")
+        lines.append(f"         {objective_text(decision)}")
+        headers = [f"{name.removesuffix('-scorer')} {unit}" for name, unit in zip(decision.scorer_names, decision.units,
+                                                                                   strict=True)]
+        widths = [max(11, len(h)) for h in headers]
+        header = f"{'rank':<5} {'region':<14} {'pool':<12} {'gpu':<11}" + "".join(
+            f" {h:>{w}}" for h, w in zip(headers, widths, strict=True))
+        lines.append(header + f" {'cost ' + TOTAL_UNIT:>11}")
         for rank, s in enumerate(decision.ranked, start=1):
-            cells = "".join(f" {s.raw[k]:>8.2f}" if k in s.raw else f" {'-':>8}" for k in SCORE_COLUMNS)
+            cells = "".join(f" {_number(s.quantities[name]):>{w}}" for name, w in zip(decision.scorer_names, widths,
+                                                                                     strict=True))
             c = s.candidate
-            lines.append(f"{rank:<5} {c.region.name:<14} {c.pool.name:<12} {c.gpu.name:<11}{cells} {s.total:>7.3f}")
+            lines.append(f"{rank:<5} {c.region.name:<14} {c.pool.name:<12} {c.gpu.name:<11}{cells} {_number(s.total):>11}")
     if decision.rejected:
         lines.append("rejected")
         for r in decision.rejected:
@@ -85,8 +111,13 @@ def explain_table(decision: Decision) -> str:
             if f.age_s is None and f.max_age_s == 0:
                 lines.append(f"      {f.signal:<14} {f.detail}")
                 continue
-            age = "never seen" if f.age_s is None else f"age {f.age_s:,.0f} s"
-            lines.append(f"      {f.signal:<14} {age} > limit {f.max_age_s:,.0f} s ({f.scorer}: {f.detail})")
+            if f.age_s is None:
+                state = f"never seen (limit {f.max_age_s:,.0f} s)"
+            elif f.age_s > f.max_age_s:
+                state = f"age {f.age_s:,.0f} s > limit {f.max_age_s:,.0f} s"
+            else:
+                state = f"unusable at age {f.age_s:,.0f} s"
+            lines.append(f"      {f.signal:<14} {state} ({f.scorer}: {f.detail})")
     else:
         lines.append("fallbacks  none")
     return "\n".join(lines)

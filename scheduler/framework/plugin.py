@@ -4,38 +4,46 @@
   with a rejection for every pool that serves no such model.
 - ``Filter`` (layer 1, hard): which of the view's candidates it keeps; ``reason`` says why a
   rejected one was rejected (asked lazily, only when a Decision's rejections are read). Never
-  relaxed.
+  relaxed, and never optional: every registered filter runs for every policy.
 - ``Matcher`` (layer 2, workload to hardware): the same shape as a filter; when it would leave
-  nothing, the framework keeps every survivor.
-- ``Scorer`` (layer 3): a value per survivor, higher is better; the framework clamps it to
-  [0, 1] and applies the policy's weight. A scorer whose input is stale returns ``Abstain``.
-- ``Picker``: orders the survivors by their weighted totals into the ranked list.
+  nothing, the framework keeps every survivor. A policy lists the matchers it uses.
+- ``Scorer`` (layer 3): a physical quantity per survivor in its ``UNIT`` (J, gCO2e, ms,
+  USD); the framework multiplies it by the policy's rate (USD per unit) and sums the terms
+  into each candidate's cost. A scorer whose input is stale returns ``Abstain``. A quantity
+  never depends on which other candidates are in the list.
+- ``Picker``: orders the survivors by cost into the ranked list.
 
-Plugins work on a ``RequestView``: the request, the snapshot, the candidate indices that
-serve the model (``base``) and the per-candidate predictions the framework computes once.
-Every array in the view is aligned with ``base``; a plugin indexes it with positions.
-Plugins never read weights, clocks or I/O.
+A plugin owns its math in two steps (llm-d's PreScore idea): ``prepare(snapshot)`` computes
+its per-candidate columns once (for the whole fleet); the framework caches them for the
+plugin's ``LIFETIME`` (``static``: while the candidates stay the same; ``perf``: while their
+performance coefficients do; ``live``: one snapshot; ``None``: the plugin has no columns)
+and hands each request the columns restricted to the candidates of its model. A field of
+the columns that is an array of one value per candidate (or a mapping of such arrays) is
+restricted; anything else is passed as is. Plugins never read rates, clocks or I/O.
+
+A plugin's parameters are the fields of its (frozen dataclass) class: the registry
+validates a policy's ``parameters`` against them.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
-import numpy as np
+from pydantic import ConfigDict
 
-from scheduler.framework.arrays import BoolArray, FleetArrays, FloatArray, IndexArray
+from scheduler.framework.columns import BoolArray, FloatArray, HashArray, IndexArray
 from scheduler.types import FleetSnapshot, Rejection, Request
 
 Reason = tuple[str, tuple[object, ...]]
 # Which of the view's candidates survive: an index array, or ``slice(None)`` for all of them.
 Positions = IndexArray | slice
+Lifetime = Literal["static", "perf", "live"]
 
 
 @dataclass(frozen=True, slots=True)
 class Abstain:
-    """A scorer's answer when a signal it needs is stale or missing."""
+    """A scorer's answer when a signal it needs is stale, missing or invalid."""
 
     signal: str
     age_s: float | None  # None: never seen
@@ -48,65 +56,89 @@ class RequestView:
     """One request against one snapshot, with the framework's predictions for each candidate
     that serves the model (arrays aligned with ``base``, candidate indices of the snapshot).
 
-    ttft_s   = RTT + queue wait + prefill (uncached tokens, attention over the context)
-    tpot_s   = decode step at the mid-output context
-    energy_j = the energy model's coefficients evaluated for this request (scheduler.energy.model)
+    rtt_s        = the network round trip from the client (scheduler.framework.network)
+    queue_wait_s = predicted wait before the pool admits the request (data layer)
+    ttft_s       = rtt_s + queue_wait_s + prefill time
+    tpot_s       = decode step time at the mid-output context
+    energy_j     = the energy model's prediction for this request (scheduler.energy.step)
+    live         = the pool's live state is fresh (else queue wait and batch are nominal)
     """
 
     request: Request
     snapshot: FleetSnapshot
-    # The snapshot's columns restricted to ``base``: cols.x[p] is the fact for base[p].
-    cols: FleetArrays
     base: IndexArray
     rtt_s: FloatArray
+    queue_wait_s: FloatArray
     ttft_s: FloatArray
     tpot_s: FloatArray
     energy_j: FloatArray
+    live: BoolArray
+    # crc32 of each candidate's key (orders exact ties; scheduler.framework.columns)
+    key_hash: HashArray
 
 
 class CandidateSource(Protocol):
     TYPE: ClassVar[str]
 
-    def select(self, request: Request, snapshot: FleetSnapshot) -> tuple[IndexArray, list[Rejection]]: ...
+    def select(self, request: Request, snapshot: FleetSnapshot) -> tuple[IndexArray, tuple[Rejection, ...]]: ...
 
 
 class Filter(Protocol):
-    TYPE: ClassVar[str]
+    """A hard filter or a matcher."""
 
-    def keep(self, view: RequestView) -> BoolArray | None:
+    TYPE: ClassVar[str]
+    LIFETIME: ClassVar[Lifetime | None]
+
+    def prepare(self, snapshot: FleetSnapshot) -> Any:
+        """Per-candidate columns for the whole fleet (called once per ``LIFETIME``)."""
+        ...
+
+    def keep(self, view: RequestView, cols: Any) -> BoolArray | None:
         """A mask over ``view.base`` (True: keep), or None to keep every candidate."""
         ...
 
-    def reason(self, view: RequestView, position: int) -> Reason:
+    def reason(self, view: RequestView, cols: Any, position: int) -> Reason:
         """Why ``view.base[position]`` was rejected: a format string and its arguments."""
         ...
 
 
 class Scorer(Protocol):
     TYPE: ClassVar[str]
-    # The policy weight this scorer answers to (a key of ScorerWeights).
-    WEIGHT: ClassVar[str]
-    # True for the energy/carbon layer: its abstention switches ranking to the fallback order.
+    # The quantity's unit (a name of scheduler.config.units.UNITS) and a short label for it.
+    UNIT: ClassVar[str]
+    QUANTITY: ClassVar[str]
+    # True for the energy/carbon layer: its abstention (or the kill switch) switches ranking
+    # to the policy's fallback objective; such scorers may not appear in that objective.
     ENERGY_LAYER: ClassVar[bool]
+    LIFETIME: ClassVar[Lifetime | None]
 
-    def score(self, view: RequestView, positions: Positions) -> FloatArray | Abstain:
-        """A value per survivor (``positions`` index the view's arrays), higher is better."""
+    def prepare(self, snapshot: FleetSnapshot) -> Any: ...
+
+    def score(self, view: RequestView, cols: Any, positions: Positions) -> FloatArray | Abstain:
+        """The quantity per survivor (``positions`` index the view's arrays), in ``UNIT``."""
         ...
 
 
 class Picker(Protocol):
     TYPE: ClassVar[str]
 
-    def pick(self, totals: FloatArray, rng: random.Random) -> IndexArray:
-        """Indices into ``totals``, best first."""
+    def pick(self, costs: FloatArray, tiebreak: HashArray) -> IndexArray:
+        """Indices into ``costs``, best first; ``tiebreak`` orders exact ties (a per-candidate
+        key that does not depend on the other candidates)."""
         ...
 
 
-def normalized_low_is_best(values: FloatArray) -> FloatArray:
-    """1 for the lowest value, 0 for the highest, linear between; all 1 when they are equal."""
-    high = np.maximum.reduce(values)
-    span = high - np.minimum.reduce(values)
-    if span <= 0:
-        return np.ones_like(values)
-    result: FloatArray = (high - values) / span
-    return result
+class Plugin:
+    """Base of every plugin class: its dataclass fields are its parameters, which a policy's
+    ``parameters`` set (validated strictly: unknown names and wrong types are errors)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)
+
+
+class NoColumns(Plugin):
+    """Base of the plugins that need no per-snapshot columns."""
+
+    LIFETIME: ClassVar[Lifetime | None] = None
+
+    def prepare(self, snapshot: FleetSnapshot) -> None:
+        return None

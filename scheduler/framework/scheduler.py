@@ -1,38 +1,50 @@
 """``Scheduler.schedule(request, snapshot) -> Decision``: the one decision function.
 
-Pure: no I/O, no clock but ``snapshot.now``, no randomness but the injected RNG (consulted
-only to break exact ties). The router, the simulator and ``scheduler route --explain`` all
-call it. Three layers, never mixed:
+Pure: no I/O, no clock but ``snapshot.now``, no randomness but a salt drawn once from the
+injected RNG (it only orders exact ties). The router, the simulator and
+``scheduler route --explain`` all call it. Three layers, never mixed:
 
-1. filters (hard; never relaxed): each removes candidates, with a reason;
-2. matchers (workload to hardware): narrow the survivors, never to nothing;
-3. scorers: each gives [0, 1] per candidate (clamped here), weighted by the policy. A scorer
-   that abstains is recorded as a fallback; if it belongs to the energy layer (or energy
-   routing is switched off) the ranking uses the policy's fallback weights instead, and no
-   energy-layer value moves a score.
+1. filters (hard; every registered filter, for every policy; never relaxed): each removes
+   candidates, with a reason;
+2. matchers (workload to hardware; those the policy lists): narrow the survivors, never to
+   nothing;
+3. the objective: each scorer the policy lists reports a physical quantity per survivor,
+   and each survivor's cost is
+
+       cost [USD] = sum over scorers of  rate(scorer, workload class) [USD/unit] x quantity [unit]
+
+   ranked lowest first. A candidate's cost depends on that candidate alone, so removing a
+   candidate that was not chosen never changes the choice. A scorer that abstains is
+   recorded as a fallback and its term dropped; if it belongs to the energy layer (or the
+   kill switch is on) the policy's fallback objective (performance only) ranks instead, so
+   no stale value moves a cost.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
-from scheduler.config.schema import ScorerWeights
-from scheduler.framework.arrays import BoolArray, FloatArray
-from scheduler.framework.latency import request_view
+from scheduler.config.schema import WORKLOAD_CLASS_NAMES, PolicyConfig
+from scheduler.framework.columns import BoolArray, FloatArray, HashArray, IndexArray, prepared
 from scheduler.framework.plugin import Abstain, CandidateSource, Filter, Picker, Positions, RequestView, Scorer
-from scheduler.framework.registry import Registry
+from scheduler.framework.predict import request_view
+from scheduler.framework.registry import Plan, Registry, Term
 from scheduler.types import Decision, Fallback, FleetSnapshot, Rejection, Request
 
 log = logging.getLogger(__name__)
 
 KILL_SWITCH = "energy_routing_disabled"
+# Mixes a candidate's key hash with the request's into a tie-break key (splitmix64's constant).
+_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,7 @@ class LazyRejections:
 
     plugin: Filter
     view: RequestView
+    cols: object
     positions: Sequence[int]
 
     def materialize(self) -> list[Rejection]:
@@ -48,48 +61,51 @@ class LazyRejections:
         base = self.view.base
         out = []
         for position in self.positions:
-            fmt, args = self.plugin.reason(self.view, position)
+            fmt, args = self.plugin.reason(self.view, self.cols, position)
             out.append(Rejection(candidates[base[position]], self.plugin.TYPE, fmt, args))
         return out
+
+
+@dataclass(frozen=True)
+class _Ranking:
+    names: tuple[str, ...]
+    units: tuple[str, ...]
+    rates: tuple[float, ...]
+    written: tuple[str, ...]
+    quantities: FloatArray
+    totals: FloatArray
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """A policy's plan with what every decision under it reuses."""
+
+    policy: PolicyConfig
+    plan: Plan
+    # (plugin, may leave nothing): the hard filters, then the policy's matchers
+    narrowing: tuple[tuple[Filter, bool], ...]
+    # Every plugin whose columns a decision may read, in this order: the narrowing plugins,
+    # the primary objective's scorers, the fallback objective's.
+    prepares: tuple[Filter | Scorer, ...]
 
 
 @dataclass
 class Scheduler:
     source: CandidateSource
     filters: Sequence[Filter]
-    matchers: Sequence[Filter]
-    scorers: Sequence[Scorer]
     picker: Picker
+    registry: Registry
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     timer: Callable[[], int] = time.perf_counter_ns
 
     def __post_init__(self) -> None:
-        self._narrowing = (*((f, True) for f in self.filters), *((m, False) for m in self.matchers))
-        self._energy_layer = frozenset(s.WEIGHT for s in self.scorers if s.ENERGY_LAYER)
-        self._weights_memo: dict[tuple[ScorerWeights, tuple[str, ...], bool], tuple[Mapping[str, float], FloatArray]] = {}
-
-    def _weights(
-        self, configured: ScorerWeights, names: tuple[str, ...], energy_ranking: bool
-    ) -> tuple[Mapping[str, float], FloatArray]:
-        """The weights applied to the scorers that answered (positive ones; no energy-layer
-        weight unless energy ranking is on), as a mapping and as a row for the matrix."""
-        key = (configured, names, energy_ranking)
-        memo = self._weights_memo.get(key)
-        if memo is None:
-            all_weights = configured.as_dict()
-            weights = MappingProxyType({
-                name: all_weights[name]
-                for name in names
-                if all_weights[name] > 0 and (energy_ranking or name not in self._energy_layer)
-            })
-            memo = (weights, np.array([weights.get(name, 0.0) for name in names]))
-            if len(self._weights_memo) < 1024:
-                self._weights_memo[key] = memo
-        return memo
+        self._salt = self.rng.getrandbits(32)
+        # id(policy) -> its compiled plan; the policy is kept in it so its id stays its own.
+        self._compiled: dict[int, _Compiled] = {}
 
     @classmethod
     def from_registry(cls, registry: Registry, rng: random.Random | None = None) -> Scheduler:
-        """Every registered plugin, in registration order."""
+        """Every registered filter; matchers and scorers as each snapshot's policy lists them."""
         if len(registry.sources) != 1 or len(registry.pickers) != 1:
             raise ValueError(
                 f"expected one candidate source and one picker, got {sorted(registry.sources)} / {sorted(registry.pickers)}"
@@ -97,89 +113,99 @@ class Scheduler:
         return cls(
             source=next(iter(registry.sources.values()))(),
             filters=[make() for make in registry.filters.values()],
-            matchers=[make() for make in registry.matchers.values()],
-            scorers=[make() for make in registry.scorers.values()],
             picker=next(iter(registry.pickers.values()))(),
+            registry=registry,
             rng=rng or random.Random(0),
         )
+
+    def plan(self, policy: PolicyConfig) -> Plan:
+        """The policy's plugins and rates, compiled once per policy object."""
+        return self._compile(policy).plan
+
+    def _compile(self, policy: PolicyConfig) -> _Compiled:
+        compiled = self._compiled.get(id(policy))
+        if compiled is None or compiled.policy is not policy:
+            if len(self._compiled) >= 64:
+                self._compiled.clear()
+            plan = self.registry.compile(policy)
+            narrowing = (*((f, True) for f in self.filters), *((m, False) for m in plan.matchers))
+            prepares: tuple[Filter | Scorer, ...] = (
+                *(p for p, _ in narrowing), *(t.scorer for t in plan.primary), *(t.scorer for t in plan.fallback))
+            compiled = _Compiled(policy, plan, narrowing, prepares)
+            self._compiled[id(policy)] = compiled
+        return compiled
+
+    def _columns(self, compiled: _Compiled, snapshot: FleetSnapshot, model: str, base: IndexArray) -> tuple[Any, ...]:
+        """Every plugin's columns for the model's candidates (``compiled.prepares`` order),
+        looked up once per snapshot and model."""
+        cache = snapshot.column_cache
+        key = ("plan-columns", id(compiled), model)
+        entry = cache.get(key)
+        if isinstance(entry, tuple) and entry[0] is compiled and entry[1] is snapshot:
+            columns: tuple[Any, ...] = entry[2]
+            return columns
+        columns = tuple(prepared(plugin, snapshot, model, base) for plugin in compiled.prepares)
+        cache[key] = (compiled, snapshot, columns)
+        return columns
 
     def schedule(self, request: Request, snapshot: FleetSnapshot) -> Decision:
         timer = self.timer
         timings: dict[str, int] = {}
+        policy = snapshot.policy
+        compiled = self._compile(policy)
         start = timer()
         base, eager_rejections = self.source.select(request, snapshot)
         timings[self.source.TYPE] = timer() - start
+        model = request.model
         view = request_view(request, snapshot, base)
+        columns = self._columns(compiled, snapshot, model, base)
         lazy: list[LazyRejections] = []
 
         # None while every candidate is still alive (the common case: no mask work at all).
         alive: BoolArray | None = None
         count = len(base)
-        # Filters may leave nothing; a matcher that would is ignored (it only narrows).
-        for plugin, may_empty in self._narrowing:
+        for k, (plugin, may_empty) in enumerate(compiled.narrowing):
             start = timer()
-            keep = plugin.keep(view)
+            cols = columns[k]
+            keep = plugin.keep(view, cols)
             timings[plugin.TYPE] = timer() - start
             if keep is not None:
                 narrowed = keep if alive is None else alive & keep
                 kept = int(np.count_nonzero(narrowed))
+                # A matcher that would leave nothing is ignored (it only narrows).
                 if kept != count and (kept or may_empty):
                     dropped = ~keep if alive is None else alive & ~keep
-                    lazy.append(LazyRejections(plugin, view, np.flatnonzero(dropped).tolist()))
+                    lazy.append(LazyRejections(plugin, view, cols, np.flatnonzero(dropped).tolist()))
                     alive, count = narrowed, kept
 
-        positions: Positions = slice(None) if alive is None else np.flatnonzero(alive)
-        policy = snapshot.policy
         if count == 0:
             return Decision(
-                request_id=request.request_id,
-                decided_at=snapshot.now,
-                policy=policy.name,
-                fleet=snapshot.candidates,
-                survivor_index=(),
-                order=(),
-                totals=(),
-                scorer_names=(),
-                scores=(),
-                eager_rejections=tuple(eager_rejections),
-                lazy_rejections=tuple(lazy),
-                fallbacks=(),
-                weights={},
-                energy_ranking=False,
-                plugin_timings_ns=timings,
+                request_id=request.request_id, decided_at=snapshot.now, policy=policy.name,
+                fleet=snapshot.candidates, survivor_index=(), order=(), totals=(), scorer_names=(), units=(),
+                rates=(), rates_written=(), quantities=(), eager_rejections=tuple(eager_rejections),
+                lazy_rejections=tuple(lazy), fallbacks=(), energy_ranking=False, plugin_timings_ns=timings,
             )
 
+        positions: Positions = slice(None) if alive is None else np.flatnonzero(alive)
         fallbacks: list[Fallback] = []
-        names: list[str] = []
-        results: list[FloatArray] = []
         energy_ranking = snapshot.energy_routing_enabled
         if not energy_ranking:
-            fallbacks.append(
-                Fallback(signal=KILL_SWITCH, scorer="*", age_s=None, max_age_s=0.0,
-                         detail="energy routing switched off by an operator")
-            )
-        for scorer in self.scorers:
-            if scorer.ENERGY_LAYER and not snapshot.energy_routing_enabled:
-                continue
-            start = timer()
-            result = scorer.score(view, positions)
-            timings[scorer.TYPE] = timer() - start
-            if isinstance(result, Abstain):
-                fallbacks.append(Fallback(result.signal, scorer.TYPE, result.age_s, result.max_age_s, result.detail))
-                if scorer.ENERGY_LAYER:
-                    energy_ranking = False
-                continue
-            names.append(scorer.WEIGHT)
-            results.append(result)
-
-        # One matrix (scorer x survivor): clamp to [0, 1] and weight in two operations.
-        matrix = np.minimum(np.maximum(np.array(results, dtype=np.float64).reshape(len(results), count), 0.0), 1.0)
-        scorer_names = tuple(names)
-        weights, weight_row = self._weights(
-            policy.weights if energy_ranking else policy.fallback.weights, scorer_names, energy_ranking)
-        totals: FloatArray = weight_row @ matrix if names else np.zeros(count)
-        order = self.picker.pick(totals, self.rng)
+            fallbacks.append(Fallback(signal=KILL_SWITCH, scorer="*", age_s=None, max_age_s=0.0,
+                                      detail="energy routing switched off by an operator"))
+        klass = WORKLOAD_CLASS_NAMES.index(request.workload_class)
+        narrowing = len(compiled.narrowing)
+        primary = compiled.plan.primary
+        ranking = None
+        if energy_ranking:
+            ranking = self._evaluate(primary, columns[narrowing:narrowing + len(primary)], view, positions, count,
+                                     klass, fallbacks, timings, primary=True)
+        if ranking is None:
+            energy_ranking = False
+            ranking = self._evaluate(compiled.plan.fallback, columns[narrowing + len(primary):], view, positions,
+                                     count, klass, fallbacks, timings, primary=False)
+            assert ranking is not None
         survivor_index = base[positions]
+        order = self.picker.pick(ranking.totals, self._tiebreak(request, view, positions))
         best = snapshot.candidates[survivor_index[order[0]]]
         decision = Decision(
             request_id=request.request_id,
@@ -188,22 +214,79 @@ class Scheduler:
             fleet=snapshot.candidates,
             survivor_index=survivor_index,
             order=order,
-            totals=totals,
-            scorer_names=scorer_names,
-            scores=matrix,
+            totals=ranking.totals,
+            scorer_names=ranking.names,
+            units=ranking.units,
+            rates=ranking.rates,
+            rates_written=ranking.written,
+            quantities=ranking.quantities,
             eager_rejections=tuple(eager_rejections),
             lazy_rejections=tuple(lazy),
             fallbacks=tuple(fallbacks),
-            weights=weights,
             energy_ranking=energy_ranking,
             energy_inputs=(snapshot.perf[best.index].energy, request.prompt_tokens, request.cached_tokens,
-                           request.max_tokens, snapshot.perf[best.index].queue_wait_s),
+                           request.max_tokens),
             plugin_timings_ns=timings,
         )
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "request %s: chose %s (total %.3f) of %d; fallbacks %s; plugin ns %s",
-                request.request_id, best.key, float(totals[order[0]]), len(order),
-                [f.signal for f in fallbacks], timings,
+                "request %s: chose %s (cost %.3g USD) of %d; objective %s; fallbacks %s; plugin ns %s",
+                request.request_id, best.key, float(ranking.totals[order[0]]), len(order),
+                "primary" if energy_ranking else "fallback", [f.signal for f in fallbacks], timings,
             )
         return decision
+
+    def _evaluate(
+        self, terms: tuple[Term, ...], columns: tuple[Any, ...], view: RequestView, positions: Positions, count: int,
+        klass: int, fallbacks: list[Fallback], timings: dict[str, int], primary: bool,
+    ) -> _Ranking | None:
+        """The quantities of ``terms``' scorers over the survivors and each survivor's cost;
+        None when an energy-layer scorer of the primary objective abstained (the fallback
+        objective ranks instead). A scorer that gives a non-finite quantity abstains."""
+        answered: list[Term] = []
+        rows: list[FloatArray] = []
+        for term, cols in zip(terms, columns, strict=False):
+            scorer = term.scorer
+            start = self.timer()
+            result = scorer.score(view, cols, positions)
+            timings[scorer.TYPE] = self.timer() - start
+            if isinstance(result, Abstain):
+                fallbacks.append(Fallback(result.signal, scorer.TYPE, result.age_s, result.max_age_s, result.detail))
+                if primary and scorer.ENERGY_LAYER:
+                    return None
+                continue
+            answered.append(term)
+            rows.append(result)
+        quantities = np.array(rows, dtype=np.float64).reshape(len(rows), count)
+        rates = [term.rates[klass] for term in answered]
+        totals: FloatArray = np.array(rates) @ quantities if rows else np.zeros(count)
+        if not math.isfinite(float(np.add.reduce(totals))):
+            # Rare: drop the scorers that gave a non-finite quantity (recorded as fallbacks).
+            row_finite: BoolArray = np.all(np.isfinite(quantities), axis=1)
+            finite = [bool(ok) for ok in row_finite]
+            for term, ok in zip(answered, finite, strict=True):
+                scorer = term.scorer
+                if not ok:
+                    fallbacks.append(Fallback(scorer.QUANTITY, scorer.TYPE, None, 0.0,
+                                              f"{scorer.TYPE} gave a non-finite {scorer.QUANTITY}"))
+                    if primary and scorer.ENERGY_LAYER:
+                        return None
+            answered = [term for term, ok in zip(answered, finite, strict=True) if ok]
+            quantities = quantities[np.asarray(finite, dtype=bool)]
+            rates = [term.rates[klass] for term in answered]
+            totals = np.array(rates) @ quantities if answered else np.zeros(count)
+        return _Ranking(
+            names=tuple(term.scorer.TYPE for term in answered),
+            units=tuple(term.scorer.UNIT for term in answered),
+            rates=tuple(rates),
+            written=tuple(term.written[klass] for term in answered),
+            quantities=quantities,
+            totals=totals,
+        )
+
+    def _tiebreak(self, request: Request, view: RequestView, positions: Positions) -> HashArray:
+        """A per-candidate key mixing the candidate's key hash with the request id's: exact
+        ties fall differently for different requests, and never depend on the others."""
+        salt = np.uint64(zlib.crc32(request.request_id.encode(), self._salt))
+        keys: HashArray = (view.key_hash[positions] ^ salt) * _MIX
+        return keys

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 from scheduler.ledger.budget import BudgetStatus
 from scheduler.ledger.ledger import Ledger, LedgerEntry, MonthUsage, month_of
-from scheduler.server.receipt import EnergyReceipt
-from scheduler.types import Request
+from scheduler.types import EnergyReceipt, Request
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,11 @@
-"""Filters, matchers, scorers and the picker; ``register_all`` is the one registration list."""
+"""Filters, matchers, scorers and the picker; ``register_all`` is the one registration list
+(the names a policy may use are the TYPEs registered here)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from scheduler.config.loader import Fleet, PolicyChecker, load_fleet
 from scheduler.framework.registry import Registry
 from scheduler.plugins.filters import (
     certifications,
@@ -12,8 +16,8 @@ from scheduler.plugins.filters import (
     slo_reachable,
 )
 from scheduler.plugins.matchers import long_context
-from scheduler.plugins.pickers import max_score
-from scheduler.plugins.scorers import carbon, energy, latency, load, price
+from scheduler.plugins.pickers import lowest_cost
+from scheduler.plugins.scorers import carbon, energy, price, queue, ttft
 
 
 def register_all(registry: Registry) -> Registry:
@@ -28,12 +32,19 @@ def register_all(registry: Registry) -> Registry:
     registry.matcher(long_context.TYPE, long_context.LongContextMatcher)
     registry.scorer(energy.TYPE, energy.EnergyScorer)
     registry.scorer(carbon.TYPE, carbon.CarbonScorer)
-    registry.scorer(latency.TYPE, latency.LatencyScorer)
-    registry.scorer(load.TYPE, load.LoadScorer)
     registry.scorer(price.TYPE, price.PriceScorer)
-    registry.picker(max_score.TYPE, max_score.MaxScorePicker)
+    registry.scorer(ttft.TYPE, ttft.TtftScorer)
+    registry.scorer(queue.TYPE, queue.QueueScorer)
+    registry.picker(lowest_cost.TYPE, lowest_cost.LowestCostPicker)
     return registry
 
 
 def default_scheduler_registry() -> Registry:
     return register_all(Registry())
+
+
+def load_checked_fleet(regions_dir: Path | None = None, policies_dir: Path | None = None) -> Fleet:
+    """``regions/`` and ``policies/`` loaded and every policy's plugins checked against the
+    registry (the loader every command and server uses)."""
+    checker: PolicyChecker = default_scheduler_registry()
+    return load_fleet(regions_dir, policies_dir, checker)

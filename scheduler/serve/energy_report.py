@@ -7,10 +7,11 @@ Two sources, one shape (see shared formats, "Region OpenAI-compatible streaming 
   ``scheduler.energy.attribution``, by time in flight); split into phases in the proportions
   the energy model predicts; interval +-5 %.
 - ``model``: no GPU meter (CPU replicas, laptops, CI). The prediction of the router's energy
-  model (``ProfileEnergyModel``, as ``SnapshotBuilder`` uses) for the pool the replica stands
-  for (its GPU, the requested model at its precision and tensor parallelism) at the
-  request's mean batch, from its real token counts (``measurement_source: model``, rule
-  "model-v1", the model's own interval).
+  model (``ProfileEnergyModel.rated_costs`` and ``step.predict``, as the router uses them) for
+  the pool the replica stands for (its GPU, the requested model at its precision and tensor
+  parallelism) at the request's mean batch, the other sequences at this request's mid-output
+  context, from its real token counts (``measurement_source: model``, rule "model-v1", the
+  model's own interval).
 
 Either way ``avoided_j`` is the prefill energy the prefix cache saved. Waiting and
 idle-allocation energy are 0 here: a bill made when the stream ends cannot share idle time
@@ -61,19 +62,20 @@ class PoolEnergyProfile:
     def serves(self, model: str) -> bool:
         return model in self.deployments
 
-    def coefficients(self, model: str, batch: float) -> EnergyCoefficients:
+    def coefficients(self, model: str, batch: float, others_context: float) -> EnergyCoefficients:
         deployment = self.deployments[model]
         return self.energy_model.coefficients(
-            MODEL_CATALOGUE[model], self.gpu, deployment.precision, deployment.tensor_parallel, batch
+            MODEL_CATALOGUE[model], self.gpu, deployment.precision, deployment.tensor_parallel, batch, others_context
         )
 
 
 def energy_object(
     profile: PoolEnergyProfile, model: str, usage: Usage, share: RequestShare
 ) -> dict[str, Any]:
-    coefficients = profile.coefficients(model, share.mean_batch)
+    context = usage.prompt_tokens + usage.completion_tokens / 2
+    coefficients = profile.coefficients(model, share.mean_batch, context)
     estimate = coefficients.estimate(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
-    avoided = coefficients.avoided_j(min(usage.cached_tokens, usage.prompt_tokens))
+    avoided = coefficients.avoided_j(usage.prompt_tokens, min(usage.cached_tokens, usage.prompt_tokens))
     if share.measured_j is None:
         total, low, high = estimate.energy_j, estimate.low_j, estimate.high_j
         prefill, decode = estimate.prefill_j, estimate.decode_j

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from scheduler.config.loader import load_fleet
+from scheduler.plugins import load_checked_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.serve import DEFAULT_LOCAL_REGIONS
 from scheduler.serve.app import EngineOptions, build_region_app, local_pool
@@ -123,7 +123,7 @@ class LocalStack:
 
     async def start(self) -> None:
         options = self.options
-        fleet = load_fleet(options.regions_dir, options.policies_dir)
+        fleet = load_checked_fleet(options.regions_dir, options.policies_dir)
         policy = fleet.policy(options.policy)
         by_name = {r.name: r for r in fleet.regions}
         unknown = [name for name in options.only if name not in by_name]

@@ -29,15 +29,15 @@ from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
 from scheduler.ledger.budget import TenantBudget
 from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
 from scheduler.server.metrics import MetricsEndpoint, RouterMetrics, Sample
-from scheduler.server.receipt import EnergyReceipt
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
 from scheduler.state.store import StateStore
-from scheduler.types import Request
+from scheduler.types import EnergyReceipt, Request
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -200,9 +200,9 @@ def router_gauges(deps: RouterDeps) -> list[Sample]:
     ]
     for zone, signal in sorted(snapshot.carbon.items()):
         samples.append(("scheduler_carbon_signal_age_seconds", {"zone": zone}, snapshot.now - signal.observed_at))
-    arrays = snapshot.arrays
-    for name, verdict in zip(arrays.region_names, arrays.region_health, strict=True):
-        samples.append(("scheduler_router_region_healthy", {"region": name}, float(verdict is None)))
+    for region in snapshot.regions:
+        healthy = region_verdict(snapshot, region.name) is None
+        samples.append(("scheduler_router_region_healthy", {"region": region.name}, float(healthy)))
     for gauge in deps.gauges:
         samples.extend(gauge())
     return samples

@@ -16,9 +16,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from scheduler.server.receipt import EnergyReceipt
 from scheduler.state import keys
 from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.types import EnergyReceipt
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from scheduler.config.loader import load_fleet
+from scheduler.plugins import load_checked_fleet
 from scheduler.server.sse import DONE, SseParser
 
 BENCH_REGION = "eu-north"
@@ -134,7 +134,7 @@ async def _measure(region_port: int, router_port: int, requests: int, concurrenc
 
 
 def run_router_bench(requests: int, concurrency: int, max_tokens: int, first_token_delay_ms: float) -> int:
-    fleet = load_fleet()
+    fleet = load_checked_fleet()
     region_proc, region_port = _spawn(
         [sys.executable, "-m", "scheduler.server.stub_region", "--port", "0",
          "--first-token-delay-ms", str(first_token_delay_ms)],

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scheduler.config.cli import add_config_dirs
+from scheduler.config.args import add_config_dirs
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,10 @@ def register_bench(bench_sub: Any) -> None:
 def _router(args: argparse.Namespace) -> int:
     import asyncio
 
-    from scheduler.config.loader import ConfigError, load_fleet
+    from scheduler.config.loader import ConfigError
     from scheduler.datalayer.snapshot import SnapshotBuilder
     from scheduler.ledger.budget import BudgetError, load_budgets
+    from scheduler.plugins import load_checked_fleet
     from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
     from scheduler.state.factory import open_store
@@ -68,7 +69,7 @@ def _router(args: argparse.Namespace) -> int:
         print("--tls-cert and --tls-key go together; --tls-client-ca needs them", file=sys.stderr)
         return 2
     try:
-        fleet = load_fleet(args.regions, args.policies)
+        fleet = load_checked_fleet(args.regions, args.policies)
         policy = fleet.policy(args.policy)
         keys = KeyRing.load(args.keys) if args.keys else None
         budgets = load_budgets(args.budgets) if args.budgets else None

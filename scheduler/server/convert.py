@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.errors import FieldViolation, InvalidRequest
+from scheduler.framework.explain import objective_text
 from scheduler.server.dispatch import CHAT_COMPLETIONS, COMPLETIONS, RegionCall
-from scheduler.server.receipt import CarbonUsed, EnergyReceipt
-from scheduler.types import Decision, Fallback, FleetSnapshot, GeoPoint, Request, WorkloadClass
+from scheduler.types import CarbonUsed, Decision, EnergyReceipt, Fallback, FleetSnapshot, GeoPoint, Request, WorkloadClass
 from scheduler.v1 import messages_pb2 as pb
 
 MAX_TOKENS_LIMIT = 1_048_576
@@ -154,11 +154,11 @@ def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming)
         item = pb.RankedCandidate(region=c.region.name, pool=c.pool.name, model=c.deployment.name, gpu=c.pool.gpu,
                                   endpoint=c.region.endpoint, total=scored.total)
         # Item assignment: several times cheaper than passing dicts to the constructor.
-        raw, weighted = item.raw, item.weighted
-        for name, value in scored.raw.items():
-            raw[name] = value
-        for name, value in scored.weighted.items():
-            weighted[name] = value
+        quantities, costs = item.quantities, item.costs
+        for name, value in scored.quantities.items():
+            quantities[name] = value
+        for name, value in scored.costs.items():
+            costs[name] = value
         if k == 0 and decision.energy is not None:
             e = decision.energy
             item.energy.CopyFrom(pb.EnergyEstimate(
@@ -177,7 +177,9 @@ def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming)
             for r in decision.rejected
         ],
         fallbacks=[fallback_to_proto(f) for f in decision.fallbacks],
-        weights=dict(decision.weights),
+        rates=dict(zip(decision.scorer_names, decision.rates, strict=True)),
+        units=dict(zip(decision.scorer_names, decision.units, strict=True)),
+        objective=objective_text(decision),
         energy_ranking=decision.energy_ranking,
         plugin_timings_ns=dict(decision.plugin_timings_ns),
         prompt_tokens=incoming_.request.prompt_tokens,

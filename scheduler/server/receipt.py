@@ -15,51 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.errors import Attempt
-from scheduler.types import Candidate, Fallback, FleetSnapshot, Signal
+from scheduler.types import Candidate, CarbonUsed, EnergyReceipt, Fallback, FleetSnapshot
 
 J_PER_KWH = 3.6e6
 MODEL_ATTRIBUTION = "model-v1"
-
-
-@dataclass(frozen=True)
-class CarbonUsed:
-    signal: Signal
-    age_s: float
-    stale: bool
-
-
-@dataclass(frozen=True)
-class EnergyReceipt:
-    decision_id: str
-    request_id: str
-    tenant: str
-    model: str
-    region: str
-    pool: str
-    pue: float
-    measurement_source: str
-    attribution_method: str
-    energy_j: float | None = None
-    energy_j_low: float | None = None
-    energy_j_high: float | None = None
-    confidence: float | None = None
-    waiting_j: float | None = None
-    prefill_j: float | None = None
-    decode_j: float | None = None
-    postprocess_j: float | None = None
-    idle_allocation_j: float | None = None
-    batch_size: float | None = None
-    padding_ratio: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    reused_tokens: int | None = None
-    avoided_j: float | None = None
-    carbon_g: float | None = None
-    carbon: CarbonUsed | None = None
-    fallbacks: tuple[Fallback, ...] = ()
-    failovers: tuple[Attempt, ...] = ()
-    ttft_ms: float | None = None
-    duration_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -126,8 +85,8 @@ def _measured_energy(energy: Mapping[str, Any]) -> dict[str, Any]:
 def _modelled_energy(inputs: ReceiptInputs, prompt: int, cached: int, completion: int) -> dict[str, Any]:
     perf = inputs.snapshot.perf[inputs.candidate.index]
     coefficients = perf.energy
-    estimate = coefficients.estimate(prompt, cached, completion, perf.queue_wait_s)
-    avoided = min(cached, prompt) * coefficients.prefill_j_per_token
+    estimate = coefficients.estimate(prompt, cached, completion)
+    avoided = coefficients.avoided_j(prompt, cached)
     return {
         "measurement_source": "model",
         # The rule version only: the ledger keys entries on it. The estimate's provenance

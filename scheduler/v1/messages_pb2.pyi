@@ -123,15 +123,15 @@ class EnergyEstimate(_message.Message):
     def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., idle_j: _Optional[float] = ..., provenance: _Optional[str] = ...) -> None: ...
 
 class RankedCandidate(_message.Message):
-    __slots__ = ("region", "pool", "model", "gpu", "endpoint", "raw", "weighted", "total", "energy")
-    class RawEntry(_message.Message):
+    __slots__ = ("region", "pool", "model", "gpu", "endpoint", "quantities", "costs", "total", "energy")
+    class QuantitiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
-    class WeightedEntry(_message.Message):
+    class CostsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -143,8 +143,8 @@ class RankedCandidate(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
-    RAW_FIELD_NUMBER: _ClassVar[int]
-    WEIGHTED_FIELD_NUMBER: _ClassVar[int]
+    QUANTITIES_FIELD_NUMBER: _ClassVar[int]
+    COSTS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     ENERGY_FIELD_NUMBER: _ClassVar[int]
     region: str
@@ -152,11 +152,11 @@ class RankedCandidate(_message.Message):
     model: str
     gpu: str
     endpoint: str
-    raw: _containers.ScalarMap[str, float]
-    weighted: _containers.ScalarMap[str, float]
+    quantities: _containers.ScalarMap[str, float]
+    costs: _containers.ScalarMap[str, float]
     total: float
     energy: EnergyEstimate
-    def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., endpoint: _Optional[str] = ..., raw: _Optional[_Mapping[str, float]] = ..., weighted: _Optional[_Mapping[str, float]] = ..., total: _Optional[float] = ..., energy: _Optional[_Union[EnergyEstimate, _Mapping]] = ...) -> None: ...
+    def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., endpoint: _Optional[str] = ..., quantities: _Optional[_Mapping[str, float]] = ..., costs: _Optional[_Mapping[str, float]] = ..., total: _Optional[float] = ..., energy: _Optional[_Union[EnergyEstimate, _Mapping]] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("region", "pool", "plugin", "reason")
@@ -185,14 +185,21 @@ class Fallback(_message.Message):
     def __init__(self, signal: _Optional[str] = ..., scorer: _Optional[str] = ..., age_s: _Optional[float] = ..., max_age_s: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("decision_id", "request_id", "decided_at_unix_s", "policy", "ranked", "rejected", "fallbacks", "weights", "energy_ranking", "plugin_timings_ns", "prompt_tokens", "prompt_tokens_estimated")
-    class WeightsEntry(_message.Message):
+    __slots__ = ("decision_id", "request_id", "decided_at_unix_s", "policy", "ranked", "rejected", "fallbacks", "rates", "units", "objective", "energy_ranking", "plugin_timings_ns", "prompt_tokens", "prompt_tokens_estimated")
+    class RatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class UnitsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class PluginTimingsNsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -207,7 +214,9 @@ class Decision(_message.Message):
     RANKED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     FALLBACKS_FIELD_NUMBER: _ClassVar[int]
-    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    RATES_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     ENERGY_RANKING_FIELD_NUMBER: _ClassVar[int]
     PLUGIN_TIMINGS_NS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -219,12 +228,14 @@ class Decision(_message.Message):
     ranked: _containers.RepeatedCompositeFieldContainer[RankedCandidate]
     rejected: _containers.RepeatedCompositeFieldContainer[Rejection]
     fallbacks: _containers.RepeatedCompositeFieldContainer[Fallback]
-    weights: _containers.ScalarMap[str, float]
+    rates: _containers.ScalarMap[str, float]
+    units: _containers.ScalarMap[str, str]
+    objective: str
     energy_ranking: bool
     plugin_timings_ns: _containers.ScalarMap[str, int]
     prompt_tokens: int
     prompt_tokens_estimated: bool
-    def __init__(self, decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decided_at_unix_s: _Optional[float] = ..., policy: _Optional[str] = ..., ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., weights: _Optional[_Mapping[str, float]] = ..., energy_ranking: _Optional[bool] = ..., plugin_timings_ns: _Optional[_Mapping[str, int]] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_estimated: _Optional[bool] = ...) -> None: ...
+    def __init__(self, decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decided_at_unix_s: _Optional[float] = ..., policy: _Optional[str] = ..., ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., rates: _Optional[_Mapping[str, float]] = ..., units: _Optional[_Mapping[str, str]] = ..., objective: _Optional[str] = ..., energy_ranking: _Optional[bool] = ..., plugin_timings_ns: _Optional[_Mapping[str, int]] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_estimated: _Optional[bool] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("text", "finish_reason")

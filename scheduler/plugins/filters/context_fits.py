@@ -5,7 +5,7 @@ keep c  iff  need <= c.kv_capacity_tokens, where
              kv_capacity_tokens = min(max_context,
                                       (HBM x 0.9 x tensor_parallel - weight bytes)
                                       / (2 x layers x kv_heads x head_dim x precision bytes))
-Reads: request.prompt_tokens, request.max_tokens, the candidate's precomputed KV capacity.
+Reads: request.prompt_tokens, request.max_tokens, the candidates' KV capacity (static columns).
 """
 
 from __future__ import annotations
@@ -13,22 +13,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from scheduler.framework.arrays import BoolArray
-from scheduler.framework.plugin import Reason, RequestView
+import numpy as np
+
+from scheduler.framework.columns import BoolArray, FloatArray
+from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
+from scheduler.types import FleetSnapshot
 
 TYPE = "context-fits"
 
 
 @dataclass(frozen=True)
-class ContextFitsFilter:
-    TYPE: ClassVar[str] = TYPE
+class Columns:
+    kv_capacity: FloatArray
 
-    def keep(self, view: RequestView) -> BoolArray | None:
+
+@dataclass(frozen=True)
+class ContextFitsFilter(Plugin):
+    TYPE: ClassVar[str] = TYPE
+    LIFETIME: ClassVar[Lifetime | None] = "static"
+
+    def prepare(self, snapshot: FleetSnapshot) -> Columns:
+        return Columns(np.asarray([c.kv_capacity_tokens for c in snapshot.candidates], dtype=np.float64))
+
+    def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         need = view.request.prompt_tokens + view.request.max_tokens
-        keep: BoolArray = view.cols.kv_capacity >= need
+        keep: BoolArray = cols.kv_capacity >= need
         return keep
 
-    def reason(self, view: RequestView, position: int) -> Reason:
+    def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
         c = view.snapshot.candidates[view.base[position]]
         need = view.request.prompt_tokens + view.request.max_tokens
         if need > c.deployment.max_context:

@@ -1,23 +1,25 @@
 """Model filter: the pool serves the requested model at an acceptable precision.
 
-candidates = the deployments of request.model (a per-snapshot index), then
+candidates = the deployments of request.model (the framework's per-snapshot index), then
 keep c  iff  (request.precision is None or c.deployment.precision == request.precision)
         and  (request.task_class not in policy.sensitive_task_classes
               or rank(c.deployment.precision) >= rank("bf16"))
 One rejection per pool that serves no deployment of the model (not one per other model).
-Reads: request.model, request.precision, request.task_class, policy.sensitive_task_classes.
+Reads: request.model, request.precision, request.task_class, policy.sensitive_task_classes,
+the deployments' precisions (static columns).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from scheduler.energy.models import PRECISION_RANK
-from scheduler.framework.arrays import BoolArray, IndexArray
-from scheduler.framework.plugin import Reason, RequestView
+from scheduler.framework.columns import BoolArray, FloatArray, IndexArray, by_model, memo
+from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
 from scheduler.types import Candidate, FleetSnapshot, Rejection, Request
 
 TYPE = "model-filter"
@@ -26,32 +28,42 @@ _NONE: IndexArray = np.zeros(0, dtype=np.intp)
 
 
 @dataclass(frozen=True)
-class ModelAvailableFilter:
+class Columns:
+    precision_rank: FloatArray
+    # precision name -> which candidates serve at it
+    precision: Mapping[str, BoolArray]
+
+
+@dataclass(frozen=True)
+class ModelAvailableFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
+    LIFETIME: ClassVar[Lifetime | None] = "static"
 
-    def select(self, request: Request, snapshot: FleetSnapshot) -> tuple[IndexArray, list[Rejection]]:
-        model = request.model
-        arrays = snapshot.arrays
-        rejected = [
-            Rejection(first, TYPE, "serves no {} (serves {})", (model, _served_by(snapshot, first)))
-            for first in arrays.cache.pools_lacking(snapshot, model)
-        ]
-        return arrays.by_model.get(model, _NONE), rejected
+    def select(self, request: Request, snapshot: FleetSnapshot) -> tuple[IndexArray, tuple[Rejection, ...]]:
+        return by_model(snapshot).get(request.model, _NONE), _rejections(snapshot, request.model)
 
-    def keep(self, view: RequestView) -> BoolArray | None:
+    def prepare(self, snapshot: FleetSnapshot) -> Columns:
+        cands = snapshot.candidates
+        precisions = {c.deployment.precision for c in cands}
+        return Columns(
+            precision_rank=np.asarray([PRECISION_RANK[c.deployment.precision] for c in cands], dtype=np.float64),
+            precision={p: np.asarray([c.deployment.precision == p for c in cands], dtype=bool) for p in precisions},
+        )
+
+    def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         request = view.request
         sensitive = _sensitive(view)
         if request.precision is None and not sensitive:
             return None
-        candidates = view.snapshot.candidates
         keep = np.ones(len(view.base), dtype=bool)
         if request.precision is not None:
-            keep &= np.asarray([candidates[i].deployment.precision == request.precision for i in view.base.tolist()])
+            served = cols.precision.get(request.precision)
+            keep &= served if served is not None else False
         if sensitive:
-            keep &= view.cols.precision_rank >= REFERENCE_RANK
+            keep &= cols.precision_rank >= REFERENCE_RANK
         return keep
 
-    def reason(self, view: RequestView, position: int) -> Reason:
+    def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
         c = view.snapshot.candidates[view.base[position]]
         precision = c.deployment.precision
         if view.request.precision is not None and precision != view.request.precision:
@@ -59,10 +71,19 @@ class ModelAvailableFilter:
         return "task class {} may not run at reduced precision {}", (view.request.task_class, precision)
 
 
-def _served_by(snapshot: FleetSnapshot, first: Candidate) -> str:
-    return ", ".join(
-        c.deployment.name for c in snapshot.candidates if c.region is first.region and c.pool is first.pool
-    )
+def _rejections(snapshot: FleetSnapshot, model: str) -> tuple[Rejection, ...]:
+    """One rejection per pool that serves no deployment of ``model`` (once per candidate tuple)."""
+    def compute() -> tuple[Rejection, ...]:
+        pools: dict[tuple[str, str], list[Candidate]] = {}
+        for c in snapshot.candidates:
+            pools.setdefault((c.region.name, c.pool.name), []).append(c)
+        return tuple(
+            Rejection(pool[0], TYPE, "serves no {} (serves {})", (model, ", ".join(c.deployment.name for c in pool)))
+            for pool in pools.values() if not any(c.deployment.name == model for c in pool)
+        )
+
+    rejections: tuple[Rejection, ...] = memo(snapshot, ("model-rejections", model), snapshot.candidates, compute)
+    return rejections
 
 
 def _sensitive(view: RequestView) -> bool:

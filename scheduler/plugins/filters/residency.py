@@ -1,38 +1,52 @@
 """Residency filter: the region's jurisdiction is one the request allows.
 
 keep c  iff  request.allowed_jurisdictions is empty or c.region.jurisdiction in it
-Reads: request.allowed_jurisdictions, region.jurisdiction. Never relaxed, by anything.
+Reads: request.allowed_jurisdictions, region.jurisdiction (static columns). Never relaxed,
+by anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.arrays import BoolArray
-from scheduler.framework.plugin import Reason, RequestView
+from scheduler.framework.columns import BoolArray
+from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
+from scheduler.types import FleetSnapshot
 
 TYPE = "residency-filter"
 
 
 @dataclass(frozen=True)
-class ResidencyFilter:
-    TYPE: ClassVar[str] = TYPE
+class Columns:
+    # jurisdiction -> which candidates' regions are in it
+    jurisdiction: Mapping[str, BoolArray]
 
-    def keep(self, view: RequestView) -> BoolArray | None:
+
+@dataclass(frozen=True)
+class ResidencyFilter(Plugin):
+    TYPE: ClassVar[str] = TYPE
+    LIFETIME: ClassVar[Lifetime | None] = "static"
+
+    def prepare(self, snapshot: FleetSnapshot) -> Columns:
+        cands = snapshot.candidates
+        return Columns({j: np.asarray([c.region.jurisdiction == j for c in cands], dtype=bool)
+                        for j in {c.region.jurisdiction for c in cands}})
+
+    def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         allowed = view.request.allowed_jurisdictions
         if not allowed:
             return None
-        masks = view.cols.jurisdiction
         keep = np.zeros(len(view.base), dtype=bool)
         for jurisdiction in allowed:
-            mask = masks.get(jurisdiction)
+            mask = cols.jurisdiction.get(jurisdiction)
             if mask is not None:
                 keep |= mask
         return keep
 
-    def reason(self, view: RequestView, position: int) -> Reason:
+    def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
         c = view.snapshot.candidates[view.base[position]]
         return "jurisdiction {} not in {}", (c.region.jurisdiction, sorted(view.request.allowed_jurisdictions))

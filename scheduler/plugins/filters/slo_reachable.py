@@ -1,6 +1,6 @@
 """SLO filter: the predicted time to first token and per output token meet the request's SLO.
 
-ttft = RTT(client, region) + queue wait + prefill time   (scheduler.framework.latency)
+ttft = RTT(client, region) + queue wait + prefill time   (scheduler.framework.predict)
 budget_ttft = request.ttft_slo_ms, or slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens x prompt / 1000
 keep c  iff  ttft <= budget_ttft  and  tpot <= (request.tpot_slo_ms or slo.tpot_ms)
 Reads: the view's ttft_s and tpot_s, request SLOs and workload class, policy.slo.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from scheduler.framework.arrays import BoolArray
-from scheduler.framework.plugin import Reason, RequestView
+from scheduler.framework.columns import BoolArray
+from scheduler.framework.plugin import NoColumns, Reason, RequestView
 from scheduler.types import FleetSnapshot, Request
 
 TYPE = "slo-reachable"
@@ -32,16 +32,16 @@ def tpot_budget_s(request: Request, snapshot: FleetSnapshot) -> float:
 
 
 @dataclass(frozen=True)
-class SloReachableFilter:
+class SloReachableFilter(NoColumns):
     TYPE: ClassVar[str] = TYPE
 
-    def keep(self, view: RequestView) -> BoolArray | None:
+    def keep(self, view: RequestView, cols: None) -> BoolArray | None:
         keep: BoolArray = (view.ttft_s <= ttft_budget_s(view.request, view.snapshot)) & (
             view.tpot_s <= tpot_budget_s(view.request, view.snapshot)
         )
         return keep
 
-    def reason(self, view: RequestView, position: int) -> Reason:
+    def reason(self, view: RequestView, cols: None, position: int) -> Reason:
         ttft_budget = ttft_budget_s(view.request, view.snapshot)
         ttft = float(view.ttft_s[position])
         if ttft > ttft_budget:

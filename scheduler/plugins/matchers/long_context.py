@@ -1,36 +1,51 @@
 """Long-context matcher: long prompts go to large-HBM pools.
 
-if request.prompt_tokens >= policy.long_context.threshold_tokens:
-    keep c  iff  c.gpu.hbm_gb >= policy.long_context.min_hbm_gb
+if request.prompt_tokens >= threshold_tokens:
+    keep c  iff  c.gpu.hbm_gb >= min_hbm_gb
 (when no large-HBM pool survived the filters, the framework keeps them all)
-Reads: request.prompt_tokens, policy.long_context, the GPU's HBM from the hardware catalogue.
+Parameters: threshold_tokens, min_hbm_gb. Reads: request.prompt_tokens, the GPUs' HBM from
+the hardware catalogue (static columns).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from scheduler.framework.arrays import BoolArray
-from scheduler.framework.plugin import Reason, RequestView
+import numpy as np
+from pydantic import Field
+
+from scheduler.framework.columns import BoolArray, FloatArray
+from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
+from scheduler.types import FleetSnapshot
 
 TYPE = "long-context-matcher"
 
 
 @dataclass(frozen=True)
-class LongContextMatcher:
-    TYPE: ClassVar[str] = TYPE
+class Columns:
+    hbm_gb: FloatArray
 
-    def keep(self, view: RequestView) -> BoolArray | None:
-        rule = view.snapshot.policy.long_context
-        if view.request.prompt_tokens < rule.threshold_tokens:
+
+@dataclass(frozen=True)
+class LongContextMatcher(Plugin):
+    TYPE: ClassVar[str] = TYPE
+    LIFETIME: ClassVar[Lifetime | None] = "static"
+    # Prompts at or above this many tokens go to pools with at least min_hbm_gb of HBM.
+    threshold_tokens: Annotated[int, Field(gt=0)] = 32768
+    min_hbm_gb: Annotated[float, Field(gt=0)] = 141.0
+
+    def prepare(self, snapshot: FleetSnapshot) -> Columns:
+        return Columns(np.asarray([c.gpu.hbm_gb for c in snapshot.candidates], dtype=np.float64))
+
+    def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
+        if view.request.prompt_tokens < self.threshold_tokens:
             return None
-        keep: BoolArray = view.cols.hbm_gb >= rule.min_hbm_gb
+        keep: BoolArray = cols.hbm_gb >= self.min_hbm_gb
         return keep
 
-    def reason(self, view: RequestView, position: int) -> Reason:
-        rule = view.snapshot.policy.long_context
+    def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
         c = view.snapshot.candidates[view.base[position]]
         return "{:,}-token prompt goes to pools with >= {:.0f} GB HBM; {} has {:.0f} GB", (
-            view.request.prompt_tokens, rule.min_hbm_gb, c.gpu.name, c.gpu.hbm_gb,
+            view.request.prompt_tokens, self.min_hbm_gb, c.gpu.name, c.gpu.hbm_gb,
         )

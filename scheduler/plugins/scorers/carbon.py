@@ -1,39 +1,84 @@
 """Carbon scorer: grams of CO2e this request would cost on each candidate pool.
 
-g = E_j x intensity(zone) [gCO2e/kWh] x region.pue / 3.6e6
-score = 1 - (g - g_min) / (g_max - g_min)
-Reads: view.energy_j, the snapshot's carbon signal per grid zone (value, observed_at), PUE.
-Abstains when any candidate's zone signal is missing or older than policy.max_age.carbon
-(age from the signal's observed_at): a stale value never moves a score.
+g [gCO2e] = E [J] x intensity(zone) [gCO2e/kWh] x region.pue / 3.6e6 [J/kWh]
+Reads: view.energy_j; per region (prepare, per snapshot): the snapshot's carbon signal for
+its grid zone (value, observed_at), its PUE, snapshot.now and policy.max_age.carbon.
+Abstains when any survivor's zone signal is missing, invalid (not a finite non-negative
+number, or observed in the future) or older than policy.max_age.carbon (age from the
+signal's observed_at): a stale value never moves a cost, and grams known for some
+candidates and not others would favour the unknown ones.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.arrays import FloatArray
-from scheduler.framework.plugin import Abstain, Positions, RequestView, normalized_low_is_best
+from scheduler.framework.columns import BoolArray, FloatArray, IndexArray
+from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
+from scheduler.types import FleetSnapshot
 
 TYPE = "carbon-scorer"
+J_PER_KWH = 3.6e6
+# A signal observed this far after the snapshot's clock is a clock error, not the future.
+CLOCK_SKEW_S = 60.0
 
 
 @dataclass(frozen=True)
-class CarbonScorer:
-    TYPE: ClassVar[str] = TYPE
-    WEIGHT: ClassVar[str] = "carbon"
-    ENERGY_LAYER: ClassVar[bool] = True
+class Columns:
+    # grams per joule (intensity x PUE / 3.6e6); 0 where unusable
+    g_per_j: FloatArray
+    usable: BoolArray
+    # per candidate: its region's position in ``why``; per region: why its signal is unusable
+    region: IndexArray
+    why: tuple[Abstain | None, ...]
 
-    def score(self, view: RequestView, positions: Positions) -> FloatArray | Abstain:
-        max_age = view.snapshot.policy.max_age.carbon
-        ages = view.cols.carbon_age_s[positions]
-        worst = int(np.argmax(ages))
-        if ages[worst] > max_age:
-            region = view.snapshot.candidates[view.base[positions][worst]].region
-            signal = view.snapshot.carbon.get(region.grid_zone)
+
+@dataclass(frozen=True)
+class CarbonScorer(Plugin):
+    TYPE: ClassVar[str] = TYPE
+    UNIT: ClassVar[str] = "gCO2e"
+    QUANTITY: ClassVar[str] = "carbon"
+    ENERGY_LAYER: ClassVar[bool] = True
+    LIFETIME: ClassVar[Lifetime | None] = "live"
+
+    def prepare(self, snapshot: FleetSnapshot) -> Columns:
+        max_age = snapshot.policy.max_age.carbon
+        factors: list[float] = []
+        why: list[Abstain | None] = []
+        for region in snapshot.regions:
+            signal = snapshot.carbon.get(region.grid_zone)
+            problem: Abstain | None
             if signal is None:
-                return Abstain("carbon", None, max_age, f"no carbon signal for zone {region.grid_zone}")
-            return Abstain("carbon", float(ages[worst]), max_age, f"zone {region.grid_zone} signal from {signal.source}")
-        return normalized_low_is_best(view.energy_j[positions] * view.cols.carbon_g_per_j[positions])
+                problem = Abstain("carbon", None, max_age, f"no carbon signal for zone {region.grid_zone}")
+            elif not (math.isfinite(signal.value) and signal.value >= 0):
+                problem = Abstain("carbon", snapshot.now - signal.observed_at, max_age,
+                                  f"zone {region.grid_zone} signal from {signal.source} "
+                                  f"is not a valid intensity ({signal.value})")
+            elif signal.observed_at > snapshot.now + CLOCK_SKEW_S:
+                problem = Abstain("carbon", snapshot.now - signal.observed_at, max_age,
+                                  f"zone {region.grid_zone} signal from {signal.source} is dated in the future")
+            elif snapshot.now - signal.observed_at > max_age:
+                problem = Abstain("carbon", snapshot.now - signal.observed_at, max_age,
+                                  f"zone {region.grid_zone} signal from {signal.source}")
+            else:
+                problem = None
+            why.append(problem)
+            factors.append(0.0 if problem is not None or signal is None else signal.value * region.pue / J_PER_KWH)
+        position = {r.name: i for i, r in enumerate(snapshot.regions)}
+        region_of = np.asarray([position[c.region.name] for c in snapshot.candidates], dtype=np.intp)
+        usable = np.asarray([w is None for w in why], dtype=bool)[region_of]
+        return Columns(np.asarray(factors, dtype=np.float64)[region_of], usable, region_of, tuple(why))
+
+    def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
+        usable = cols.usable[positions]
+        if not usable.all():
+            worst = int(np.flatnonzero(~usable)[0])
+            problem = cols.why[int(cols.region[positions][worst])]
+            assert problem is not None
+            return problem
+        grams: FloatArray = view.energy_j[positions] * cols.g_per_j[positions]
+        return grams

@@ -1,9 +1,11 @@
 """Energy scorer: predicted joules for this request on each candidate pool.
 
-E = uncached x e_prefill + e_start + N x (e_step + e_kv x (C + N/2)) + idle_w x wait
-    (scheduler.energy.model coefficients per pool and live batch, evaluated by the framework)
-score = 1 - (E - E_min) / (E_max - E_min)
-Reads: view.energy_j.
+E [J] = U (e_token + e_step / (B M')) + pairs (e_pair + e_kv / M') + e_step / (2 B)
+        + N (e_step / B + e_token) + N (C + N / 2) (e_kv + e_pair)
+(scheduler.energy.step: the pool's step model at its expected batch B, evaluated by the
+framework for U uncached of C prompt tokens and N output tokens)
+Reads: view.energy_j. Never abstains: the prediction comes from configured hardware and the
+pool's live batch, which the data layer replaces by the nominal batch when stale.
 """
 
 from __future__ import annotations
@@ -11,17 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from scheduler.framework.arrays import FloatArray
-from scheduler.framework.plugin import Abstain, Positions, RequestView, normalized_low_is_best
+from scheduler.framework.columns import FloatArray
+from scheduler.framework.plugin import Abstain, NoColumns, Positions, RequestView
 
 TYPE = "energy-scorer"
 
 
 @dataclass(frozen=True)
-class EnergyScorer:
+class EnergyScorer(NoColumns):
     TYPE: ClassVar[str] = TYPE
-    WEIGHT: ClassVar[str] = "energy"
+    UNIT: ClassVar[str] = "J"
+    QUANTITY: ClassVar[str] = "energy"
     ENERGY_LAYER: ClassVar[bool] = True
 
-    def score(self, view: RequestView, positions: Positions) -> FloatArray | Abstain:
-        return normalized_low_is_best(view.energy_j[positions])
+    def score(self, view: RequestView, cols: None, positions: Positions) -> FloatArray | Abstain:
+        return view.energy_j[positions]

@@ -1,8 +1,8 @@
-"""Price scorer: electricity cost of the request on each candidate.
+"""Electricity cost scorer: what the request's energy costs at each region's price.
 
-cost = E_j x region.pue x region.price_per_kwh / 3.6e6
-score = 1 - (cost - cost_min) / (cost_max - cost_min)
-Reads: view.energy_j, region.pue, region.price_per_kwh (from the region file).
+cost [USD] = E [J] x region.pue x region.price_per_kwh [USD/kWh] / 3.6e6 [J/kWh]
+Reads: view.energy_j, region.pue and region.price_per_kwh (static columns, from the region
+files). Reports USD, so a policy prices it with a bare multiplier (1: count each dollar).
 """
 
 from __future__ import annotations
@@ -10,18 +10,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from scheduler.framework.arrays import FloatArray
-from scheduler.framework.plugin import Abstain, Positions, RequestView, normalized_low_is_best
+import numpy as np
+
+from scheduler.framework.columns import FloatArray
+from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
+from scheduler.types import FleetSnapshot
 
 TYPE = "price-scorer"
+J_PER_KWH = 3.6e6
 
 
 @dataclass(frozen=True)
-class PriceScorer:
-    TYPE: ClassVar[str] = TYPE
-    WEIGHT: ClassVar[str] = "price"
-    ENERGY_LAYER: ClassVar[bool] = False
+class Columns:
+    usd_per_j: FloatArray
 
-    def score(self, view: RequestView, positions: Positions) -> FloatArray | Abstain:
-        c = view.cols
-        return normalized_low_is_best(view.energy_j[positions] * (c.pue[positions] * c.price_per_kwh[positions]))
+
+@dataclass(frozen=True)
+class PriceScorer(Plugin):
+    TYPE: ClassVar[str] = TYPE
+    UNIT: ClassVar[str] = "USD"
+    QUANTITY: ClassVar[str] = "electricity"
+    ENERGY_LAYER: ClassVar[bool] = False
+    LIFETIME: ClassVar[Lifetime | None] = "static"
+
+    def prepare(self, snapshot: FleetSnapshot) -> Columns:
+        return Columns(np.asarray([c.region.pue * c.region.price_per_kwh / J_PER_KWH for c in snapshot.candidates],
+                                  dtype=np.float64))
+
+    def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
+        usd: FloatArray = view.energy_j[positions] * cols.usd_per_j[positions]
+        return usd

@@ -184,9 +184,9 @@ async def test_provider_down_decision_falls_back_with_the_true_age(serve, redis_
 
     # Within the limit: carbon ranks, and the cleaner grid (NO) wins on it.
     fresh = decide(builder, carbon, now=observed + max_age - 60)
-    assert fresh.energy_ranking and "carbon" in fresh.weights and fresh.fallbacks == ()
+    assert fresh.energy_ranking and "carbon-scorer" in fresh.scorer_names and fresh.fallbacks == ()
     by_region = {s.candidate.region.name: s for s in fresh.ranked}
-    assert by_region["eu-north"].raw["carbon"] > by_region["eu-central"].raw["carbon"]
+    assert by_region["eu-north"].quantities["carbon-scorer"] < by_region["eu-central"].quantities["carbon-scorer"]
 
     # Past the limit: the carbon scorer abstains, with the signal's true age, and the
     # ranking is the policy's fallback order.
@@ -196,9 +196,9 @@ async def test_provider_down_decision_falls_back_with_the_true_age(serve, redis_
     assert (fallback.signal, fallback.scorer) == ("carbon", "carbon-scorer")
     assert fallback.age_s == now - observed == max_age + 900
     assert fallback.max_age_s == max_age
-    assert not stale.energy_ranking and "carbon" not in stale.weights
-    assert set(stale.weights) <= set(policy.fallback.weights.as_dict())
-    assert all("carbon" not in s.raw for s in stale.ranked)
+    assert not stale.energy_ranking and "carbon-scorer" not in stale.scorer_names
+    assert set(stale.scorer_names) <= {term.type for term in policy.fallback.scorers}
+    assert all("carbon-scorer" not in s.quantities for s in stale.ranked)
 
     # The old values no longer move the ranking: swapping them changes nothing once stale...
     swapped = {"DE-LU": replace(carbon["DE-LU"], value=carbon["NO"].value),
@@ -209,4 +209,5 @@ async def test_provider_down_decision_falls_back_with_the_true_age(serve, redis_
     # ...while the same swap moves the carbon scores when the values are fresh.
     fresh_swapped = decide(builder, swapped, now=observed + max_age - 60)
     swapped_by_region = {s.candidate.region.name: s for s in fresh_swapped.ranked}
-    assert swapped_by_region["eu-north"].raw["carbon"] < swapped_by_region["eu-central"].raw["carbon"]
+    assert (swapped_by_region["eu-north"].quantities["carbon-scorer"]
+            > swapped_by_region["eu-central"].quantities["carbon-scorer"])

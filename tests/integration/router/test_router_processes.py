@@ -110,7 +110,7 @@ async def test_kill_switch_on_one_router_switches_both_within_a_second(
                 assert time.monotonic() < deadline, "routers never saw the carbon signals"
                 await asyncio.sleep(0.1)
             before = await router_b.route("hi", model="llama-3.1-8b", max_tokens=8)
-            assert {"carbon", "energy"} <= set(before.weights)
+            assert "carbon-scorer" in before.rates and before.units["carbon-scorer"] == "gCO2e"
 
             switched_at = time.monotonic()
             await router_a.set_energy_routing(False, reason="integration test")
@@ -121,8 +121,8 @@ async def test_kill_switch_on_one_router_switches_both_within_a_second(
             assert elapsed < 1.0, f"router B took {elapsed:.2f} s"
 
             after = await router_b.route("hi", model="llama-3.1-8b", max_tokens=8)
-            # The policy's performance order (latency, load; load abstains without live state).
-            assert "latency" in after.weights and set(after.weights) <= {"latency", "load"}
+            # The policy's fallback (performance) objective: time and electricity, no carbon.
+            assert "ttft-scorer" in after.rates and set(after.rates) <= {"ttft-scorer", "price-scorer"}
             assert "energy_routing_disabled" in {f.signal for f in after.fallbacks}
             status = await router_b.status()
             assert not status.energy_routing and status.state_backend == "redis" and status.state_reachable

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from scheduler.cli import main
-from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError, load_fleet
+from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError
+from scheduler.plugins import load_checked_fleet as load_fleet
 
 
 def test_shipped_fleet_is_valid_and_plausible() -> None:
@@ -70,12 +71,42 @@ def test_policy_errors_are_reported_with_region_errors(config_dirs) -> None:  # 
     assert "us-west.yaml: pue:" in text and "9" in text
 
 
-def test_fallback_weights_may_not_use_energy(config_dirs) -> None:  # type: ignore[no-untyped-def]
+BAD_POLICY_EDITS = [
+    ("{type: carbon-scorer, rate: 1000 USD/tCO2e}", "{type: karbon-scorer, rate: 1000 USD/tCO2e}",
+     "scorers[0].type", "'karbon-scorer' is not a registered scorer (known: energy-scorer, carbon-scorer"),
+    ("{type: carbon-scorer, rate: 1000 USD/tCO2e}", "{type: carbon-scorer, rate: 1000 USD/h}",
+     "scorers[0].rate", "carbon-scorer reports gCO2e: a rate per h (time) cannot price a quantity in gCO2e (mass of CO2e); "
+     "expected a rate like '200 USD/tCO2e'"),
+    ("{type: carbon-scorer, rate: 1000 USD/tCO2e}", "{type: carbon-scorer, rate: 1000 EUR/tCO2e}",
+     "scorers[0].rate", "expected a rate like '200 USD/tCO2e' or '0.5 USD/h', got '1000 EUR/tCO2e'"),
+    ("{type: carbon-scorer, rate: 1000 USD/tCO2e}", "{type: carbon-scorer, rate: '1000 USD/tons'}",
+     "scorers[0].rate", "unknown unit 'tons'"),
+    ("rate: {interactive: 1 USD/h, batch: 0.05 USD/h, deferrable: 0}\nmatchers",
+     "rate: {interactive: 1 USD/h, batch: 0.05 USD/h}\nmatchers",
+     "scorers[2].rate", "deferrable: no rate given"),
+    ("parameters: {threshold_tokens: 32768, min_hbm_gb: 141}", "parameters: {threshold_tokens: '32768', min_hbm_gb: 141}",
+     "matchers[0].parameters.threshold_tokens", "'32768'"),
+    ("parameters: {threshold_tokens: 32768, min_hbm_gb: 141}", "parameters: {threshold: 32768}",
+     "matchers[0].parameters.threshold", "long-context-matcher has no parameter by this name"),
+    ("    - {type: price-scorer, rate: 1}\n# A region", "    - {type: carbon-scorer, rate: 1000 USD/tCO2e}\n# A region",
+     "fallback.scorers[1].type", "'carbon-scorer' is an energy-layer scorer; the fallback objective ranks without"),
+    ("  - {type: price-scorer, rate: 1}    ", "  - {type: ttft-scorer, rate: 1 USD/h}",
+     "scorers[2].type", "'ttft-scorer' is listed twice in scorers"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "path", "fragment"), BAD_POLICY_EDITS, ids=[e[2] + ":" + e[3][:30] for e in BAD_POLICY_EDITS])
+def test_policy_plugin_errors_name_file_field_and_value(config_dirs, old, new, path, fragment) -> None:  # type: ignore[no-untyped-def]
     regions, policies = config_dirs
-    path = policies / "default.yaml"
-    path.write_text(path.read_text().replace("weights: {latency: 0.7, load: 0.3}", "weights: {carbon: 1.0}"))
-    with pytest.raises(ConfigError, match="fallback: fallback weights may not use the energy or carbon scorers"):
+    target = policies / "default.yaml"
+    text = target.read_text()
+    old, new = old.replace("\\n", "\n"), new.replace("\\n", "\n")
+    assert old in text, old
+    target.write_text(text.replace(old, new, 1))
+    with pytest.raises(ConfigError) as caught:
         load_fleet(regions, policies)
+    messages = [str(issue) for issue in caught.value.issues]
+    assert any(m.startswith(f"{target}: {path}: ") and fragment in m for m in messages), messages
 
 
 def test_duplicate_region_names(config_dirs) -> None:  # type: ignore[no-untyped-def]
@@ -107,4 +138,6 @@ def test_cli_schema_is_json_schema(capsys) -> None:  # type: ignore[no-untyped-d
     assert main(["config", "schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema["region"]["additionalProperties"] is False
-    assert "pools" in schema["region"]["properties"] and "weights" in schema["policy"]["properties"]
+    assert "pools" in schema["region"]["properties"] and "scorers" in schema["policy"]["properties"]
+    assert schema["plugins"]["scorers"]["carbon-scorer"]["unit"] == "gCO2e"
+    assert "threshold_tokens" in schema["plugins"]["matchers"]["long-context-matcher"]["parameters"]["properties"]

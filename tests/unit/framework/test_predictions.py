@@ -1,5 +1,5 @@
 """The per-request predictions the framework computes as one matrix product agree with the
-energy model's own ``EnergyCoefficients.joules`` and the latency formulas, candidate by
+step model's own ``EnergyCoefficients.joules`` and ``LatencyCoefficients``, candidate by
 candidate: the columns must never drift from the model."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 import pytest
 
 from scheduler.config.synthetic import synthetic_fleet
-from scheduler.framework.latency import request_view
+from scheduler.framework.predict import request_view
 from scheduler.plugins.filters.model_available import ModelAvailableFilter
 from scheduler.types import PoolLiveState, RegionLiveState, Request
 from tests.literals import NOW
@@ -29,12 +29,12 @@ def test_matrix_predictions_match_the_models(make_snapshot, seed: int) -> None: 
     view = request_view(request, snapshot, base)
     for position, index in enumerate(base.tolist()):
         perf = snapshot.perf[index]
-        joules = perf.energy.joules(request.prompt_tokens, request.cached_tokens, request.max_tokens,
-                                    perf.queue_wait_s)
+        joules = perf.energy.joules(request.prompt_tokens, request.cached_tokens, request.max_tokens)
         uncached = request.prompt_tokens - request.cached_tokens
-        ttft = (perf.queue_wait_s + uncached * perf.prefill_s_per_token
-                + uncached * (request.prompt_tokens - uncached / 2) * perf.prefill_s_per_attention_pair)
-        tpot = perf.decode_step_s + perf.decode_step_s_per_context * (request.prompt_tokens + request.max_tokens / 2)
+        t = perf.latency
+        ttft = (perf.queue_wait_s + t.prefill_s + uncached * t.prefill_s_per_token
+                + uncached * (request.prompt_tokens - uncached / 2) * t.prefill_s_per_pair)
+        tpot = t.tpot_s + t.tpot_s_per_context_token * (request.prompt_tokens + request.max_tokens / 2)
         assert view.energy_j[position] == pytest.approx(joules, rel=1e-9)
         assert view.ttft_s[position] == pytest.approx(ttft, rel=1e-9)
         assert view.tpot_s[position] == pytest.approx(tpot, rel=1e-9)

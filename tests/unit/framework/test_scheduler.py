@@ -1,8 +1,11 @@
-"""The decision function: three layers, fallbacks with ages, the kill switch, purity."""
+"""The decision function: three layers, an objective in USD over physical quantities,
+fallbacks with ages, the kill switch, purity."""
 
 from __future__ import annotations
 
 import random
+
+import pytest
 
 from scheduler.framework.scheduler import KILL_SWITCH, Scheduler
 from scheduler.plugins import default_scheduler_registry
@@ -26,9 +29,16 @@ def test_fresh_carbon_ranks_the_clean_region_first(scheduler, make_snapshot) -> 
     decision = scheduler.schedule(req(), snapshot)
     assert decision.chosen is not None and decision.chosen.candidate.region.name == "far-clean"
     assert decision.energy_ranking
-    assert [f.signal for f in decision.fallbacks] == ["region_state"]  # no live state in this snapshot
-    assert decision.chosen.raw["carbon"] == 1.0
-    assert decision.chosen.weighted["carbon"] == decision.weights["carbon"]
+    assert decision.fallbacks == ()  # default uses no live-state scorer, so none abstained
+    chosen = decision.chosen
+    energy_j = decision.energy.energy_j  # type: ignore[union-attr]
+    assert chosen.quantities["carbon-scorer"] == pytest.approx(energy_j * 20 * 1.2 / 3.6e6)
+    rate = dict(zip(decision.scorer_names, decision.rates, strict=True))["carbon-scorer"]
+    assert rate == pytest.approx(1000 / 1e6)  # default prices carbon at 1000 USD/tCO2e: USD per gram
+    assert chosen.costs["carbon-scorer"] == pytest.approx(rate * chosen.quantities["carbon-scorer"])
+    assert chosen.total == pytest.approx(sum(chosen.costs.values()))
+    assert dict(zip(decision.scorer_names, decision.units, strict=True)) == {
+        "carbon-scorer": "gCO2e", "price-scorer": "USD", "ttft-scorer": "ms"}
 
 
 def test_stale_carbon_falls_back_to_the_performance_order(scheduler, make_snapshot, shipped) -> None:  # type: ignore[no-untyped-def]
@@ -38,7 +48,7 @@ def test_stale_carbon_falls_back_to_the_performance_order(scheduler, make_snapsh
     assert len(carbon_fallbacks) == 1
     assert carbon_fallbacks[0].age_s == 3 * 3600 and carbon_fallbacks[0].max_age_s == 7200
     assert not decision.energy_ranking
-    assert "carbon" not in decision.weights and "energy" not in decision.weights
+    assert "carbon-scorer" not in decision.scorer_names and "energy-scorer" not in decision.scorer_names
     assert decision.chosen is not None and decision.chosen.candidate.region.name == "near-dirty"
     # the same ranking latency-first gives with fresh data
     latency_first = make_snapshot([NEAR_DIRTY, FAR_CLEAN], policy=shipped.policy("latency-first"),
@@ -60,7 +70,7 @@ def test_kill_switch_uses_the_performance_order(scheduler, make_snapshot) -> Non
     decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN], carbon_signals=fresh,
                                                        energy_routing_enabled=False))
     assert KILL_SWITCH in [f.signal for f in decision.fallbacks]
-    assert not decision.energy_ranking and "carbon" not in decision.weights
+    assert not decision.energy_ranking and "carbon-scorer" not in decision.scorer_names
     assert decision.chosen is not None and decision.chosen.candidate.region.name == "near-dirty"
 
 
@@ -77,16 +87,16 @@ def test_the_ranking_is_complete_for_failover(scheduler, make_snapshot) -> None:
     signals = [carbon(f"Z{i}", 100 + 50 * i) for i in range(5)]
     decision = scheduler.schedule(req(), make_snapshot(regions, carbon_signals=signals))
     assert len(decision.ranked) == 5
-    assert [s.total for s in decision.ranked] == sorted((s.total for s in decision.ranked), reverse=True)
+    assert [s.total for s in decision.ranked] == sorted(s.total for s in decision.ranked)  # lowest cost first
     assert decision.ranked_candidates[0] == decision.chosen.candidate  # type: ignore[union-attr]
 
 
 def test_long_context_goes_to_h200_and_the_matcher_never_empties(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
     mixed = region("m", pools=[pool("h100", "H100-80GB"), pool("h200", "H200-141GB")])
-    decision = scheduler.schedule(req(prompt_tokens=100_000), make_snapshot([mixed]))
+    decision = scheduler.schedule(req(prompt_tokens=100_000, workload_class="batch"), make_snapshot([mixed]))
     assert decision.chosen is not None and decision.chosen.candidate.gpu.name == "H200-141GB"
     only_h100 = region("o", pools=[pool("h100", "H100-80GB")])
-    decision = scheduler.schedule(req(prompt_tokens=40_000), make_snapshot([only_h100]))
+    decision = scheduler.schedule(req(prompt_tokens=40_000, workload_class="batch"), make_snapshot([only_h100]))
     assert decision.chosen is not None and decision.chosen.candidate.gpu.name == "H100-80GB"
 
 
@@ -106,9 +116,35 @@ def test_every_plugin_is_timed_and_the_decision_is_explained(scheduler, make_sna
 
     decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN],
                                                        carbon_signals=[carbon("ND", 700), carbon("FC", 20)]))
-    assert {"model-filter", "residency-filter", "slo-reachable", "carbon-scorer", "latency-scorer"} <= set(
+    assert {"model-filter", "residency-filter", "slo-reachable", "carbon-scorer", "ttft-scorer"} <= set(
         decision.plugin_timings_ns)
     explained = explain_dict(decision)
     assert explained["chosen"]["region"] == "far-clean"
     assert explained["chosen"]["energy"]["energy_j"] > 0
-    assert "far-clean" in explain_table(decision)
+    table = explain_table(decision)
+    assert "far-clean" in table and "carbon gCO2e" in table and "cost USD" in table
+    assert explained["units"]["carbon-scorer"] == "gCO2e" and explained["total_unit"] == "USD"
+    assert explained["candidates"][0]["scores"]["ttft-scorer"] > 0
+
+
+def test_latency_first_runs_no_energy_plugin(scheduler, make_snapshot, shipped) -> None:  # type: ignore[no-untyped-def]
+    # no carbon signal at all: a policy that does not use carbon neither reads nor misses it
+    snapshot = make_snapshot([NEAR_DIRTY, FAR_CLEAN], policy=shipped.policy("latency-first"))
+    decision = scheduler.schedule(req(), snapshot)
+    assert decision.fallbacks == () and decision.energy_ranking
+    assert decision.scorer_names == ("ttft-scorer",)
+    assert "carbon-scorer" not in decision.plugin_timings_ns
+    assert decision.chosen is not None and decision.chosen.candidate.region.name == "near-dirty"
+
+
+def test_nonsense_carbon_values_make_the_scorer_abstain(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    for bad in (float("nan"), -5.0, float("inf")):
+        decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN],
+                                                           carbon_signals=[carbon("ND", 700), carbon("FC", bad)]))
+        assert not decision.energy_ranking, bad
+        assert [f.signal for f in decision.fallbacks] == ["carbon"]
+        assert "not a valid intensity" in decision.fallbacks[0].detail
+    future = carbon("FC", 20, age_s=-3600)
+    decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN],
+                                                       carbon_signals=[carbon("ND", 700), future]))
+    assert not decision.energy_ranking and "future" in decision.fallbacks[0].detail

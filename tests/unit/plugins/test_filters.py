@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from scheduler.framework.latency import request_view
+from scheduler.framework.columns import prepared
+from scheduler.framework.predict import request_view
 from scheduler.plugins.filters.certifications import CertificationFilter
 from scheduler.plugins.filters.context_fits import ContextFitsFilter
 from scheduler.plugins.filters.model_available import ModelAvailableFilter
@@ -39,14 +40,15 @@ def run(plugin, case: Case, make_snapshot) -> tuple[set[str], dict[str, str]]:  
     snapshot = make_snapshot(case.regions, live=case.live)
     base, _ = ModelAvailableFilter().select(case.request, snapshot)
     view = request_view(case.request, snapshot, base)
-    keep = plugin.keep(view)
+    cols = prepared(plugin, snapshot, case.request.model, base)
+    keep = plugin.keep(view, cols)
     mask = np.ones(len(base), dtype=bool) if keep is None else keep
     keys = [snapshot.candidates[i].key for i in base]
     kept = {k for k, m in zip(keys, mask, strict=True) if m}
     reasons = {}
     for position, k in enumerate(keys):
         if not mask[position]:
-            fmt, args = plugin.reason(view, position)
+            fmt, args = plugin.reason(view, cols, position)
             reasons[k] = fmt.format(*args)
     return kept, reasons
 

@@ -1,22 +1,24 @@
-"""Table-driven tests for the scorers and the picker: which candidate each one prefers."""
+"""Table-driven tests for the scorers and the picker: each scorer's physical quantity, which
+candidate has the least of it, and that a candidate's quantity does not depend on who else
+is in the list."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
-from scheduler.framework.latency import request_view
+from scheduler.framework.columns import prepared
 from scheduler.framework.plugin import Abstain
+from scheduler.framework.predict import request_view
 from scheduler.plugins.filters.model_available import ModelAvailableFilter
-from scheduler.plugins.pickers.max_score import MaxScorePicker
+from scheduler.plugins.pickers.lowest_cost import LowestCostPicker
 from scheduler.plugins.scorers.carbon import CarbonScorer
 from scheduler.plugins.scorers.energy import EnergyScorer
-from scheduler.plugins.scorers.latency import LatencyScorer
-from scheduler.plugins.scorers.load import LoadScorer
 from scheduler.plugins.scorers.price import PriceScorer
+from scheduler.plugins.scorers.queue import QueueScorer
+from scheduler.plugins.scorers.ttft import TtftScorer
 from scheduler.types import GeoPoint, PoolLiveState, RegionLiveState, Request
 from tests.literals import NOW, carbon, pool, region
 
@@ -32,62 +34,82 @@ class Case:
     name: str
     scorer: object
     regions: list
-    best: str | None  # None: the scorer abstains
+    least: str | None  # the candidate with the least of the quantity; None: the scorer abstains
     request: Request = field(default_factory=req)
     signals: list = field(default_factory=list)
     live: list = field(default_factory=list)
 
 
-def live(name: str, pool_name: str = "h100", *, queue: int = 0, kv: float = 0.0, age_s: float = 0.0) -> RegionLiveState:
+def live(name: str, pool_name: str = "h100", *, queue: int = 0, running: int = 0, kv: float = 0.0,
+         age_s: float = 0.0) -> RegionLiveState:
     return RegionLiveState(region=name, healthy=True, observed_at=NOW - age_s,
-                           pools={pool_name: PoolLiveState(queue_depth=queue, kv_cache_usage=kv)})
+                           pools={pool_name: PoolLiveState(queue_depth=queue, running=running, kv_cache_usage=kv)})
 
 
 CASES = [
-    Case("carbon: the clean grid wins", CarbonScorer(), [region("dirty", zone="D"), region("clean", zone="C")],
-         best="clean/h100", signals=[carbon("D", 600), carbon("C", 30)]),
+    Case("carbon: the clean grid", CarbonScorer(), [region("dirty", zone="D"), region("clean", zone="C")],
+         least="clean/h100", signals=[carbon("D", 600), carbon("C", 30)]),
     Case("carbon: PUE counts", CarbonScorer(),
-         [region("a", zone="A", pue=2.0), region("b", zone="B", pue=1.05)], best="b/h100",
+         [region("a", zone="A", pue=2.0), region("b", zone="B", pue=1.05)], least="b/h100",
          signals=[carbon("A", 100), carbon("B", 150)]),
     Case("carbon: a stale signal makes it abstain", CarbonScorer(), [region("a", zone="A"), region("b", zone="B")],
-         best=None, signals=[carbon("A", 100), carbon("B", 50, age_s=3 * 3600)]),
+         least=None, signals=[carbon("A", 100), carbon("B", 50, age_s=3 * 3600)]),
     Case("carbon: a missing signal makes it abstain", CarbonScorer(), [region("a", zone="A"), region("b", zone="B")],
-         best=None, signals=[carbon("A", 100)]),
-    Case("energy: H200's bandwidth spends less per token than A100",
-         EnergyScorer(), [region("r", pools=[pool("a100", "A100-80GB"), pool("h200", "H200-141GB")])], best="r/h200"),
-    Case("latency: the nearby region", LatencyScorer(),
-         [region("us", lat=39.0, lon=-77.5), region("jp", lat=35.7, lon=139.7)], best="jp/h100",
+         least=None, signals=[carbon("A", 100)]),
+    Case("energy: H200's bandwidth spends less than A100's", EnergyScorer(),
+         [region("r", pools=[pool("a100", "A100-80GB"), pool("h200", "H200-141GB")])], least="r/h200"),
+    Case("ttft: the nearby region", TtftScorer(),
+         [region("us", lat=39.0, lon=-77.5), region("jp", lat=35.7, lon=139.7)], least="jp/h100",
          request=req(client_location=GeoPoint(35.68, 139.69))),
-    Case("load: the idle pool", LoadScorer(), [region("busy"), region("idle")], best="idle/h100",
-         live=[live("busy", queue=64, kv=0.9), live("idle")]),
-    Case("load: stale live state makes it abstain", LoadScorer(), [region("a"), region("b")], best=None,
+    Case("queue: the idle pool", QueueScorer(), [region("busy"), region("idle")], least="idle/h100",
+         live=[live("busy", queue=64, running=2048, kv=0.97), live("idle")]),
+    Case("queue: stale live state makes it abstain", QueueScorer(), [region("a"), region("b")], least=None,
          live=[live("a"), live("b", age_s=30)]),
     Case("price: the cheap region", PriceScorer(), [region("dear", price=0.4), region("cheap", price=0.05)],
-         best="cheap/h100"),
+         least="cheap/h100"),
 ]
+
+
+def quantities(scorer, regions, request, signals, live_states, make_snapshot):  # type: ignore[no-untyped-def]
+    snapshot = make_snapshot(regions, carbon_signals=signals, live=live_states)
+    base, _ = ModelAvailableFilter().select(request, snapshot)
+    view = request_view(request, snapshot, base)
+    result = scorer.score(view, prepared(scorer, snapshot, request.model, base), slice(None))
+    keys = [snapshot.candidates[i].key for i in base]
+    return result if isinstance(result, Abstain) else dict(zip(keys, np.asarray(result).tolist(), strict=True))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_scorer(case: Case, make_snapshot) -> None:  # type: ignore[no-untyped-def]
-    snapshot = make_snapshot(case.regions, carbon_signals=case.signals, live=case.live)
-    base, _ = ModelAvailableFilter().select(case.request, snapshot)
-    view = request_view(case.request, snapshot, base)
-    result = case.scorer.score(view, slice(None))  # type: ignore[attr-defined]
-    if case.best is None:
+    result = quantities(case.scorer, case.regions, case.request, case.signals, case.live, make_snapshot)
+    if case.least is None:
         assert isinstance(result, Abstain)
         return
     assert not isinstance(result, Abstain)
-    values = np.asarray(result)
-    assert values.min() >= 0.0 and values.max() <= 1.0
-    print(case.name, {snapshot.candidates[i].key: round(float(v), 3) for i, v in zip(base, values, strict=True)})
-    assert snapshot.candidates[base[int(values.argmax())]].key == case.best
+    assert all(v >= 0 and np.isfinite(v) for v in result.values())
+    assert min(result, key=result.__getitem__) == case.least
+    # A quantity, not a rank: each candidate keeps its value when the others leave the list.
+    for key, value in result.items():
+        alone = [r for r in case.regions if any(f"{r.name}/{p.name}" == key for p in r.pools)]
+        single = quantities(case.scorer, alone, case.request, case.signals,
+                            [s for s in case.live if s.region == alone[0].name], make_snapshot)
+        assert not isinstance(single, Abstain)
+        assert single[key] == pytest.approx(value, rel=1e-12)
+
+
+def test_carbon_is_energy_times_intensity_times_pue(make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    snapshot = make_snapshot([region("a", zone="A", pue=1.3)], carbon_signals=[carbon("A", 250)])
+    base, _ = ModelAvailableFilter().select(req(), snapshot)
+    view = request_view(req(), snapshot, base)
+    grams = CarbonScorer().score(view, prepared(CarbonScorer(), snapshot, "llama-3.1-8b", base), slice(None))
+    assert not isinstance(grams, Abstain)
+    assert float(grams[0]) == pytest.approx(float(view.energy_j[0]) * 250 * 1.3 / 3.6e6)
+    assert CarbonScorer.UNIT == "gCO2e" and EnergyScorer.UNIT == "J" and TtftScorer.UNIT == "ms"
 
 
 def test_abstention_reports_the_signal_age(make_snapshot) -> None:  # type: ignore[no-untyped-def]
-    snapshot = make_snapshot([region("a", zone="A"), region("b", zone="B")],
-                             carbon_signals=[carbon("A", 100), carbon("B", 50, age_s=9000)])
-    view = request_view(req(), snapshot, ModelAvailableFilter().select(req(), snapshot)[0])
-    result = CarbonScorer().score(view, slice(None))
+    result = quantities(CarbonScorer(), [region("a", zone="A"), region("b", zone="B")], req(),
+                        [carbon("A", 100), carbon("B", 50, age_s=9000)], [], make_snapshot)
     assert isinstance(result, Abstain)
     assert result.signal == "carbon"
     assert result.age_s == pytest.approx(9000.0)
@@ -95,19 +117,16 @@ def test_abstention_reports_the_signal_age(make_snapshot) -> None:  # type: igno
 
 
 @pytest.mark.parametrize(
-    ("totals", "expected_first"),
-    [([0.2, 0.9, 0.5], 1), ([0.7, 0.1], 0), ([0.3], 0)],
+    ("costs", "expected_first"),
+    [([0.2, 0.9, 0.5], 0), ([0.7, 0.1], 1), ([0.3], 0)],
 )
-def test_picker_orders_by_total(totals: list[float], expected_first: int) -> None:
-    order = MaxScorePicker().pick(np.asarray(totals), random.Random(0))
+def test_picker_orders_by_cost(costs: list[float], expected_first: int) -> None:
+    order = LowestCostPicker().pick(np.asarray(costs), np.arange(len(costs), dtype=np.uint64))
     assert int(order[0]) == expected_first
-    assert sorted(order.tolist()) == list(range(len(totals)))
-    assert [totals[i] for i in order] == sorted(totals, reverse=True)
+    assert [costs[i] for i in order] == sorted(costs)
 
 
-def test_picker_breaks_exact_ties_by_the_seeded_rng() -> None:
-    totals = np.asarray([0.5, 0.5, 0.5, 0.5, 0.1])
-    firsts = {int(MaxScorePicker().pick(totals, random.Random(seed))[0]) for seed in range(40)}
-    assert firsts == {0, 1, 2, 3}  # every tied candidate can win; the loser never does
-    again = [MaxScorePicker().pick(totals, random.Random(3)).tolist() for _ in range(2)]
-    assert again[0] == again[1]  # same seed, same order
+def test_picker_breaks_exact_ties_by_the_tiebreak_key() -> None:
+    costs = np.asarray([0.5, 0.5, 0.5, 0.1])
+    order = LowestCostPicker().pick(costs, np.asarray([30, 10, 20, 99], dtype=np.uint64))
+    assert order.tolist() == [3, 1, 2, 0]

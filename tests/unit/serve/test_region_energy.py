@@ -38,7 +38,7 @@ def test_model_estimate_matches_the_energy_model_for_the_pool_it_stands_for() ->
     usage = Usage(prompt_tokens=500, completion_tokens=64, cached_tokens=256)
     got = energy_object(profile, "llama-3.1-8b", usage, RequestShare(duration_s=1.0, mean_batch=4.0, measured_j=None))
     coefficients = ProfileEnergyModel().coefficients(
-        MODEL_CATALOGUE["llama-3.1-8b"], GPU_CATALOGUE["H200-141GB"], "bf16", 1, 4.0
+        MODEL_CATALOGUE["llama-3.1-8b"], GPU_CATALOGUE["H200-141GB"], "bf16", 1, 4.0, 500 + 64 / 2
     )
     expected = coefficients.estimate(500, 256, 64)
     assert set(got) == KEYS and set(got["phases"]) == PHASES
@@ -46,7 +46,8 @@ def test_model_estimate_matches_the_energy_model_for_the_pool_it_stands_for() ->
     assert got["energy_j"] == pytest.approx(expected.energy_j)
     assert got["energy_j_low"] < got["energy_j"] < got["energy_j_high"]
     assert got["phases"]["prefill_j"] + got["phases"]["decode_j"] == pytest.approx(got["energy_j"])
-    assert got["avoided_j"] == pytest.approx(256 * coefficients.prefill_j_per_token)
+    assert got["avoided_j"] == pytest.approx(coefficients.avoided_j(500, 256))
+    assert got["avoided_j"] > 256 * coefficients.prefill_j_per_token  # the cached tokens' attention too
     assert got["batch_size"] == 4.0
     assert 0 < got["confidence"] < 1
 

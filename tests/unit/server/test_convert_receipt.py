@@ -68,7 +68,7 @@ def test_receipt_from_the_model_when_the_region_measures_nothing() -> None:
     snap = snapshot(carbon_age_s=600)
     receipt = build_receipt(_inputs(snap, None))
     candidate = snap.candidates_by_model["llama-3.1-8b"][0]
-    expected = snap.perf[candidate.index].energy.estimate(120, 100, 30, snap.perf[candidate.index].queue_wait_s)
+    expected = snap.perf[candidate.index].energy.estimate(120, 100, 30)
     assert receipt.measurement_source == "model"
     assert receipt.energy_j == pytest.approx(expected.energy_j)
     assert receipt.prompt_tokens == 120 and receipt.reused_tokens == 100 and receipt.completion_tokens == 30

@@ -1,4 +1,8 @@
-"""``scheduler route --explain`` and ``scheduler bench decide``."""
+"""``scheduler route --explain`` and ``scheduler bench decide``: one decision (or many) from the
+configured fleet and the shipped carbon data, through the same ``Scheduler`` the router runs.
+
+Above the framework, the plugins and the data layer (it uses all three), so none of them
+imports it."""
 
 from __future__ import annotations
 
@@ -12,15 +16,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from scheduler.config.cli import add_config_dirs
-from scheduler.config.loader import ConfigError, load_fleet
+from scheduler.config.args import add_config_dirs
+from scheduler.config.loader import ConfigError
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
 from scheduler.datalayer.offline import csv_carbon_signals
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.explain import explain_dict, explain_table
 from scheduler.framework.scheduler import Scheduler
-from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins import default_scheduler_registry, load_checked_fleet
 from scheduler.types import WORKLOAD_CLASSES, FleetSnapshot, GeoPoint, Request
 
 
@@ -73,7 +77,7 @@ def register(sub: Any) -> None:
     route.add_argument("--workload-class", choices=WORKLOAD_CLASSES, default="interactive")
     route.add_argument("--precision", default=None)
     route.add_argument("--task-class", default=None)
-    route.add_argument("--seed", type=int, default=0, help="seed of the tie-break RNG")
+    route.add_argument("--seed", type=int, default=0, help="seed of the tie-break salt (orders exact ties)")
     route.set_defaults(handler=_route)
 
 
@@ -86,7 +90,7 @@ def register_bench(bench: Any) -> None:
 
 def _route(args: argparse.Namespace) -> int:
     try:
-        fleet = load_fleet(args.regions, args.policies)
+        fleet = load_checked_fleet(args.regions, args.policies)
         policy = fleet.policy(args.policy)
         carbon = csv_carbon_signals(fleet.regions, args.at, args.carbon_dir, args.carbon_age)
     except (ConfigError, CarbonCsvError) as exc:
@@ -169,7 +173,7 @@ def _measure(name: str, regions: tuple[RegionConfig, ...], policy: PolicyConfig,
 def _bench_decide(args: argparse.Namespace) -> int:
     from scheduler.config.synthetic import synthetic_fleet
 
-    fleet = load_fleet()
+    fleet = load_checked_fleet()
     policy = fleet.policy("default")
     rows = [
         _measure("default", fleet.regions, policy, args.requests, args.seed),

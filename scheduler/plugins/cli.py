@@ -1,19 +1,18 @@
-"""``scheduler config validate`` and ``scheduler config schema``."""
+"""``scheduler config validate`` and ``scheduler config schema``.
+
+Here, beside the registry, because validating a policy means checking its plugins, their
+parameters and its rates against the registered plugins."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError, json_schemas, load_fleet
-
-
-def add_config_dirs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--regions", type=Path, default=EMBEDDED_REGIONS, help="folder of region YAML files")
-    parser.add_argument("--policies", type=Path, default=EMBEDDED_POLICIES, help="folder of policy YAML files")
+from scheduler.config.args import add_config_dirs
+from scheduler.config.loader import ConfigError, json_schemas
+from scheduler.plugins import default_scheduler_registry, load_checked_fleet
 
 
 def register(sub: Any) -> None:
@@ -28,7 +27,7 @@ def register(sub: Any) -> None:
 
 def _validate(args: argparse.Namespace) -> int:
     try:
-        fleet = load_fleet(args.regions, args.policies)
+        fleet = load_checked_fleet(args.regions, args.policies)
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
@@ -44,5 +43,5 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    print(json.dumps(json_schemas(), indent=2))
+    print(json.dumps({**json_schemas(), "plugins": default_scheduler_registry().describe()}, indent=2))
     return 0

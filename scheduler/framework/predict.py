@@ -1,0 +1,46 @@
+"""Per-request predictions over the candidates that serve the model, as columns.
+
+Every prediction is linear in the request features (scheduler.framework.columns):
+
+    features = (1, U, U x (C - U / 2), C + N / 2, N, N x (C + N / 2))
+               U uncached prompt tokens, C prompt tokens, N output tokens (max_tokens)
+    energy_j = the step model's EnergyCoefficients at the pool's expected batch
+               (scheduler.energy.step.predict, via the data layer's CandidatePerf)
+    ttft_s   = rtt_s + queue_wait_s + prefill_s (LatencyCoefficients)
+    tpot_s   = decode step time at the mid-output context
+
+so one matrix product (candidates x 3 x 6 by 6) gives them all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scheduler.framework.columns import IndexArray, frame
+from scheduler.framework.network import rtt_s
+from scheduler.framework.plugin import RequestView
+from scheduler.types import FleetSnapshot, Request
+
+
+def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray) -> RequestView:
+    cols = frame(snapshot, request.model, base)
+    prompt = float(request.prompt_tokens)
+    uncached = max(0.0, prompt - min(float(request.cached_tokens), prompt))
+    out = float(request.max_tokens)
+    mid_context = prompt + out * 0.5
+    features = np.array((1.0, uncached, uncached * (prompt - uncached * 0.5), mid_context, out, out * mid_context))
+    predicted = cols.prediction @ features  # candidate x (energy_j, ttft_s without RTT, tpot_s)
+    rtt = rtt_s(snapshot, cols, request.client_location)
+    ttft = predicted[:, 1] if rtt is None else predicted[:, 1] + rtt
+    return RequestView(
+        request=request,
+        snapshot=snapshot,
+        base=base,
+        rtt_s=np.zeros(len(base)) if rtt is None else rtt,
+        queue_wait_s=cols.queue_wait_s,
+        ttft_s=ttft,
+        tpot_s=predicted[:, 2],
+        energy_j=predicted[:, 0],
+        live=cols.live,
+        key_hash=cols.key_hash,
+    )
