@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from scheduler.plugins import load_checked_fleet
 from scheduler.config.schema import RegionConfig
+from scheduler.plugins import load_checked_fleet
 from scheduler.serve import DEFAULT_LOCAL_REGIONS
 from scheduler.serve.app import EngineOptions, build_region_app, local_pool
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from scheduler.config.cli import add_config_dirs
+from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
 from scheduler.config.schema import parse_duration
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
@@ -72,6 +72,16 @@ def _share(value: str) -> float:
     return share
 
 
+def _non_negative(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
+    return number
+
+
 def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float | None) -> None:
     add_config_dirs(parser)
     parser.add_argument("--trace", default="conv", help="conv, code (the shipped Azure 2023 traces) or a CSV path")
@@ -99,6 +109,9 @@ def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float
     parser.add_argument("--prefix-share", type=_share, default=0.3, help="share of requests with a shared prefix")
     parser.add_argument("--capacity-scale", type=float, default=1.0,
                         help="multiply every pool's GPU count (size the fleet to the simulated rate)")
+    parser.add_argument("--truth-error", type=_non_negative, default=0.1, metavar="SIGMA",
+                        help="lognormal sigma of each pool's true step costs around the rated ones the scheduler "
+                             "predicts with, per coefficient group (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1, help="policies simulated in parallel processes")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -135,6 +148,7 @@ def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> Sc
             for region, offset, duration in args.region_outage
         ),
         capacity_scale=args.capacity_scale,
+        truth_error=args.truth_error,
         twelve_regions=twelve_regions,
         seed=args.seed,
         progress=not args.no_progress,
@@ -158,6 +172,21 @@ def register_bench(bench: Any) -> None:
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE", help="write a cProfile dump to FILE")
     add_scenario_args(parser, hours=8760.0, rate=None)
     parser.set_defaults(handler=_bench)
+
+    vs_real = bench.add_parser(
+        "sim-vs-real",
+        help="replay a small trace through a local vLLM CPU engine and through the simulator with step costs "
+             "measured on it; print TTFT and completion p50/p99 side by side",
+    )
+    vs_real.add_argument("--trace", default="conv", help="conv, code or a CSV path")
+    vs_real.add_argument("--requests", type=int, default=150, help="consecutive trace requests to replay")
+    vs_real.add_argument("--rate", type=float, default=6.0, help="mean arrivals per second of the replay")
+    vs_real.add_argument("--token-scale", type=float, default=0.25,
+                         help="multiply the trace's token counts (the tiny model's context is 2048)")
+    vs_real.add_argument("--seed", type=int, default=0)
+    vs_real.add_argument("--quick", action="store_true", help="a small calibration sweep (for tests)")
+    vs_real.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    vs_real.set_defaults(handler=_sim_vs_real)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -183,6 +212,23 @@ def _simulate(args: argparse.Namespace) -> int:
         carbon = CarbonReplay.from_dir(spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year)
         for path in write_plots(args.plots, results, regions, carbon):
             print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _sim_vs_real(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from scheduler.sim.vs_real import QUICK_SWEEP, Sweep, compare, trace_requests
+
+    try:
+        # Checked before the engine starts (20 s): a bad trace or count fails at once.
+        trace_requests(args.trace, args.requests, args.rate, args.token_scale, 2048, args.seed)
+        comparison = asyncio.run(compare(args.trace, args.requests, args.rate, args.token_scale, args.seed,
+                                         QUICK_SWEEP if args.quick else Sweep()))
+    except (TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(comparison.to_json() if args.json else comparison.table())
     return 0
 
 

@@ -5,6 +5,10 @@ older) each region that is up publishes its pools' live state (``observed_at`` =
 region that is down publishes nothing, so its last state ages past the policy's
 ``max_age.region_state``. Carbon signals are what the replayed provider had published.
 Then ``SnapshotBuilder`` builds the snapshot, exactly as in the router.
+
+A snapshot is kept while a rebuild would decide the same (``snapshot``): its ``now`` then lags
+the clock, and so do the ages a decision records from it; the engine adds the lag back
+(``scheduler.sim.engine``).
 """
 
 from __future__ import annotations

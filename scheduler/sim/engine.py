@@ -1,14 +1,26 @@
-"""The event loop: arrivals from the workload, completions and scripted outages from a heap.
+"""The event loop: arrivals from the workload; replica step boundaries and scripted outages from a heap.
 
 For each arrival: refresh the snapshot if it is older than ``refresh_s`` (the router's
 cadence), ask ``Scheduler.schedule(request, snapshot)``, and send the request down the
-ranked list: the first pool that is up takes it (starting it or queueing it); a pool that is
-down is skipped (failover before the first token). When a region goes down, the requests
-queued in it fail over the same way; those already running finish (simplification).
+ranked list: the first pool that is up takes it and hands it to one of its replicas
+(``scheduler.sim.pools``); a pool that is down is skipped (failover before the first token).
+When a region goes down, the requests waiting in it fail over the same way; those already
+admitted finish (simplification). A replica's next step boundary is an event; one an arrival
+made obsolete (a decode run cut short to admit it) is skipped by its version. An arrival and
+a step boundary at the same instant: the arrival comes first (it joins that step).
 
-The simulator measures each request itself: TTFT and energy from the pool physics
-(``scheduler.sim.pools``), grams from the true grid intensity of the hour it ran in times
-the region's PUE, and compliance from the request's own rules and the region it ran in.
+The simulator measures each request itself, on the pool's true step costs
+(``scheduler.sim.truth``): TTFT = RTT + first-token time - arrival, queue wait = admission -
+arrival, energy by the attribution rule of ``scheduler.sim.replica``, grams = energy x the
+true grid intensity of the hour it was admitted in x the region's PUE, compliance from the
+request's own rules and the region it ran in. Beside them it records what the scheduler
+predicted (``scheduler.sim.predicted``) and the true age of every fallback's signal:
+
+    age = the age the decision recorded + (request time - snapshot time)
+
+(a snapshot is reused while a rebuild would decide the same, ``scheduler.sim.datalayer``).
+Fleet idle energy: idle_w x (R x span - busy time) per pool, span from the first arrival to
+the last event.
 """
 
 from __future__ import annotations
@@ -31,11 +43,15 @@ from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.filters.slo_reachable import ttft_budget_s
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.datalayer import SimDataLayer
-from scheduler.sim.pools import VLLM_MAX_NUM_SEQS, BatchPerfTable, Job, PoolSim
-from scheduler.sim.report import PolicyResult, summarize
+from scheduler.sim.pools import Job, PoolSim
+from scheduler.sim.predicted import Predictions
+from scheduler.sim.replica import Replica, Seq
+from scheduler.sim.report import FallbackAges, PolicyResult, summarize
+from scheduler.sim.truth import truth_costs
 from scheduler.sim.workload import RequestFactory, Workload
+from scheduler.types import FleetSnapshot
 
-_DONE, _DOWN, _UP = 0, 1, 2
+_STEP, _DOWN, _UP = 0, 1, 2
 J_PER_KWH = 3.6e6
 PROGRESS_EVERY = 5000
 
@@ -53,7 +69,8 @@ class RegionOutage:
 class Scenario:
     refresh_s: float = 1.0
     region_outages: tuple[RegionOutage, ...] = ()
-    max_seqs: int = VLLM_MAX_NUM_SEQS
+    # Lognormal sigma of the truth model's per-pool errors (0: pools run at the rated costs).
+    truth_error: float = 0.0
 
 
 class Simulation:
@@ -80,17 +97,64 @@ class Simulation:
         for outage in scenario.region_outages:
             if outage.region not in known:
                 raise ValueError(f"region outage names unknown region {outage.region!r} (known: {sorted(known)})")
+        if scenario.truth_error < 0:
+            raise ValueError(f"truth error must be >= 0, got {scenario.truth_error}")
 
     def run(self, progress: bool = True) -> PolicyResult:
         started_wall = time.perf_counter()
         w = self.workload
         n = len(w)
         builder = SnapshotBuilder(self.regions, self.policy)
-        table = BatchPerfTable(SnapshotBuilder(self.regions, self.policy))
+        predictions = Predictions()
         scheduler = self.scheduler or Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(self.seed))
         factory = RequestFactory(w)
+        region_names = [r.name for r in self.regions]
+        region_index = {name: i for i, name in enumerate(region_names)}
 
-        # One simulated pool per (region, pool) serving the workload's model.
+        # Per-request outcomes (-1 / NaN: never ran); lists, as the loop writes one item at a time.
+        ran_in = [-1] * n
+        ttft = [math.nan] * n
+        queue_wait = [math.nan] * n
+        latency = [math.nan] * n
+        budget = [0.0] * n
+        energy = [0.0] * n
+        grams = [0.0] * n
+        predicted_j = [math.nan] * n
+        predicted_ttft = [math.nan] * n
+        start_hour = w.arrival_s[0] if n else 0.0
+        hours = int((w.arrival_s[-1] - start_hour) // 3600) + 1 if n else 1
+        hourly = [[0] * len(region_names) for _ in range(hours)]
+        intensity = self.carbon.intensity
+        counters: Counter[str] = Counter()
+        fallback_ages = FallbackAges()
+        unschedulable_by: Counter[str] = Counter()
+        sched_ns = 0
+        snapshot_ns = 0
+
+        def done(seq: Seq) -> None:
+            assert isinstance(seq, Job) and seq.pool is not None
+            row = seq.row
+            request = seq.request
+            region = seq.pool.candidate.region
+            r = region_index[region.name]
+            ran_in[row] = r
+            ttft[row] = seq.rtt_s + seq.first_token - seq.arrived
+            queue_wait[row] = seq.admitted - seq.arrived
+            latency[row] = seq.rtt_s + seq.done - seq.arrived
+            energy[row] = seq.energy_j
+            grams[row] = seq.energy_j / J_PER_KWH * intensity(region.grid_zone, seq.admitted) * region.pue
+            predicted_j[row] = seq.predicted_j
+            predicted_ttft[row] = seq.predicted_ttft_s
+            hourly[int((seq.arrived - start_hour) // 3600)][r] += 1
+            if request.allowed_jurisdictions and region.jurisdiction not in request.allowed_jurisdictions:
+                counters["violations"] += 1
+            if request.required_certifications and not request.required_certifications.issubset(region.certifications):
+                counters["violations"] += 1
+            if seq.cached:
+                counters["prefix_hits"] += 1
+                counters["reused_tokens"] += seq.cached
+
+        # One simulated pool per (region, pool) serving the workload's model, at its true costs.
         pool_of: dict[int, PoolSim] = {}
         by_pool: dict[tuple[str, str], PoolSim] = {}
         for c in builder.candidates:
@@ -98,89 +162,62 @@ class Simulation:
                 continue
             key = (c.region.name, c.pool.name)
             if key not in by_pool:
-                by_pool[key] = PoolSim(c, self.scenario.max_seqs)
+                d = c.deployment
+                rated = builder.energy_model.rated_costs(c.model, c.gpu, d.precision, d.tensor_parallel).costs
+                costs = truth_costs(rated, self.scenario.truth_error, self.seed, f"{key[0]}/{key[1]}")
+                by_pool[key] = PoolSim(c, costs, done, self.seed)
             pool_of[c.index] = by_pool[key]
         region_pools: dict[str, list[PoolSim]] = {}
         for (region, _), pool in by_pool.items():
             region_pools.setdefault(region, []).append(pool)
         data = SimDataLayer(builder, self.carbon, region_pools, self.scenario.refresh_s)
 
-        region_names = [r.name for r in self.regions]
-        region_index = {name: i for i, name in enumerate(region_names)}
-        pool_region = {id(p): region_index[p.candidate.region.name] for p in by_pool.values()}
-
-        # Per-request outcomes (-1 / NaN: never ran); lists, as the loop writes one item at a time.
-        ran_in = [-1] * n
-        ttft = [math.nan] * n
-        budget = [0.0] * n
-        energy = [0.0] * n
-        grams = [0.0] * n
-        start_hour = w.arrival_s[0] if n else 0.0
-        hours = int((w.arrival_s[-1] - start_hour) // 3600) + 1 if n else 1
-        hourly = [[0] * len(region_names) for _ in range(hours)]
-        intensity = self.carbon.intensity
-        counters: Counter[str] = Counter()
-        fallbacks: Counter[str] = Counter()
-        unschedulable_by: Counter[str] = Counter()
-        sched_ns = 0
-        snapshot_ns = 0
-
         heap: list[tuple[float, int, int, object, int]] = []
-        seq = 0
+        seq_no = 0
         for outage in self.scenario.region_outages:
-            heapq.heappush(heap, (outage.start, seq, _DOWN, outage.region, 0))
-            heapq.heappush(heap, (outage.end, seq + 1, _UP, outage.region, 0))
-            seq += 2
+            heapq.heappush(heap, (outage.start, seq_no, _DOWN, outage.region, 0))
+            heapq.heappush(heap, (outage.end, seq_no + 1, _UP, outage.region, 0))
+            seq_no += 2
+        last_event = start_hour
 
-        def begin(pool: PoolSim, job: Job, now: float) -> None:
-            nonlocal seq
-            started = pool.start(job, now, table)
-            row = job.row
-            request = job.request
-            region = pool.candidate.region
-            r = pool_region[id(pool)]
-            ran_in[row] = r
-            ttft[row] = started.ttft_s
-            energy[row] = started.energy_j
-            grams[row] = started.energy_j / J_PER_KWH * intensity(region.grid_zone, now) * region.pue
-            hourly[int((job.arrived - start_hour) // 3600)][r] += 1
-            if request.allowed_jurisdictions and region.jurisdiction not in request.allowed_jurisdictions:
-                counters["violations"] += 1
-            if request.required_certifications and not request.required_certifications.issubset(region.certifications):
-                counters["violations"] += 1
-            if started.cached_tokens:
-                counters["prefix_hits"] += 1
-                counters["reused_tokens"] += started.cached_tokens
-            heapq.heappush(heap, (started.done_at, seq, _DONE, pool, started.kv_tokens))
-            seq += 1
-
-        def dispatch(job: Job, now: float) -> None:
+        def dispatch(job: Job, now: float, snap: FleetSnapshot) -> None:
+            nonlocal seq_no
             decision = job.decision
             fleet, survivors, order = decision.fleet, decision.survivor_index, decision.order
             first = job.rank
             for k in range(first, len(order)):
-                pool = pool_of[fleet[survivors[order[k]]].index]
+                candidate = fleet[survivors[order[k]]]
+                pool = pool_of[candidate.index]
                 if pool.down:
                     continue
                 job.rank = k
-                counters["failovers"] += k - first
+                job.pool = pool
+                if k > first:
+                    counters["failovers"] += k - first
                 request = job.request
-                if not pool.queue and pool.has_room(request.prompt_tokens + request.max_tokens):
-                    job.enqueued = now
-                    begin(pool, job, now)
-                else:
+                job.predicted_j, job.predicted_ttft_s = predictions.energy_and_ttft(snap, request, candidate)
+                job.rtt_s = predictions.rtt_s(request.client_location, candidate)
+                replica = pool.choose()
+                if replica.waiting or not replica.can_admit(job):
                     counters["queued"] += 1
-                    pool.enqueue(job, now)
+                then = replica.arrive(job, now)
+                if then is not None:
+                    heapq.heappush(heap, (then, seq_no, _STEP, replica, replica.version))
+                    seq_no += 1
                 return
             counters["failed"] += 1
 
         def handle(event: tuple[float, int, int, object, int]) -> None:
-            now, _, kind, subject, kv_tokens = event
-            if kind == _DONE:
-                assert isinstance(subject, PoolSim)
-                subject.finish(kv_tokens)
-                while (job := subject.next_startable()) is not None:
-                    begin(subject, job, now)
+            nonlocal seq_no, last_event
+            now, _, kind, subject, version = event
+            if kind == _STEP:
+                assert isinstance(subject, Replica)
+                if version == subject.version:
+                    last_event = now
+                    then = subject.boundary(now)
+                    if then is not None:
+                        heapq.heappush(heap, (then, seq_no, _STEP, subject, subject.version))
+                        seq_no += 1
                 return
             region = str(subject)
             down = kind == _DOWN
@@ -188,10 +225,12 @@ class Simulation:
                 pool.down = down
             if down:
                 data.down.add(region)
+                snap = data.snapshot(now)
                 for pool in region_pools.get(region, ()):
-                    for job in pool.drain():
-                        job.rank += 1
-                        dispatch(job, now)
+                    for seq in pool.drain():
+                        assert isinstance(seq, Job)
+                        seq.rank += 1
+                        dispatch(seq, now, snap)
             else:
                 data.down.discard(region)
 
@@ -202,7 +241,8 @@ class Simulation:
         i = 0
         while i < n:
             t = arrival[i]
-            while heap and heap[0][0] <= t:
+            # Step boundaries at t come after the arrival (it joins that step); outages at t before.
+            while heap and (heap[0][0] < t or (heap[0][0] == t and heap[0][2] != _STEP)):
                 handle(heapq.heappop(heap))
             mark = clock()
             snap = data.snapshot(t)
@@ -210,13 +250,13 @@ class Simulation:
             budget[i] = ttft_budget_s(request, snap)
             mid = clock()
             decision = scheduler.schedule(request, snap)
-            done = clock()
+            done_ns = clock()
             snapshot_ns += mid - mark
-            sched_ns += done - mid
-            for fallback in decision.fallbacks:
-                fallbacks[fallback.signal] += 1
+            sched_ns += done_ns - mid
+            if decision.fallbacks:
+                fallback_ages.record(decision.fallbacks, t - snap.now)
             if decision.schedulable:
-                dispatch(Job(i, request, t, prefix_tokens[i], decision), t)
+                dispatch(Job(i, request, t, prefix_tokens[i], decision), t, snap)
             else:
                 counters["unschedulable"] += 1
                 if decision.rejected:
@@ -229,19 +269,34 @@ class Simulation:
         bar.update(n - bar.n)
         bar.close()
 
+        span = max(last_event, arrival[-1] if n else start_hour) - start_hour
+        utilisation: dict[str, float] = {}
+        idle_j = 0.0
+        for (region, pool_name), pool in by_pool.items():
+            replica_s = len(pool.replicas) * span
+            busy = pool.busy_s
+            utilisation[f"{region}/{pool_name}"] = busy / replica_s if replica_s > 0 else 0.0
+            idle_j += pool.costs.idle_w * max(0.0, replica_s - busy)
+
         return summarize(
             policy=self.policy.name,
             regions=region_names,
             ran_in=np.asarray(ran_in, dtype=np.int64),
             ttft_s=np.asarray(ttft),
+            queue_wait_s=np.asarray(queue_wait),
+            latency_s=np.asarray(latency),
             budget_s=np.asarray(budget),
             energy_j=np.asarray(energy),
             grams=np.asarray(grams),
+            predicted_j=np.asarray(predicted_j),
+            predicted_ttft_s=np.asarray(predicted_ttft),
             hourly=np.asarray(hourly, dtype=np.int64).reshape(hours, len(region_names)),
             start=start_hour,
             counters=counters,
-            fallbacks=fallbacks,
+            fallback_ages=fallback_ages,
             unschedulable_by=unschedulable_by,
+            utilisation=utilisation,
+            idle_j=idle_j,
             timings_s={
                 "total": time.perf_counter() - started_wall,
                 "schedule": sched_ns / 1e9,

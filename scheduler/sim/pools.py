@@ -1,197 +1,104 @@
-"""Simulated pools: a FIFO queue in front of continuous batching, and a prefix cache.
+"""Simulated pools: R vLLM replicas behind a power-of-two-choices router.
 
-A pool of R replicas (``count // tensor_parallel``) runs at most R x ``max_seqs`` sequences
-whose KV cache fits in R x the replica's free HBM; the rest wait in FIFO order. A request that
-starts at time t on a pool then running b sequences per replica (b counted with it) takes
+A pool serving the simulated model has R = count // tensor_parallel replicas, each an
+iteration-level vLLM replica (``scheduler.sim.replica``) running at the pool's true step
+costs (``scheduler.sim.truth``). A request sent to the pool goes to one replica, chosen as
+Ray Serve's default request router does: two distinct replicas drawn at random (a seeded RNG
+per pool), the one with fewer requests waiting + running wins (the first drawn on a tie).
 
-    prefill = uncached x prefill_s_per_token + uncached x (C - uncached/2) x prefill_s_per_attention_pair
-    decode  = N x (decode_step_s + decode_step_s_per_context(b) x (C + N/2))
-    TTFT    = RTT + queue wait + prefill;   done at t + prefill + decode
-    energy  = E_fixed + N x E_step at batch b + idle floor x queue wait    (scheduler.energy.model)
+What the pool publishes (its replicas summed, as vLLM's metrics are summed over a pool):
 
-with the coefficients of ``SnapshotBuilder`` at batch b (``BatchPerfTable``), so the physics
-the simulator runs is the model the scheduler predicts with, evaluated at the true batch,
-the true queue wait and the true prefix-cache hit. The batch is fixed when the request starts
-(a fluid approximation: per-step batch changes and prefill/decode interference are ignored).
+    queue_depth    = sum of waiting requests
+    running        = sum of running sequences (prefilling or decoding)
+    kv_cache_usage = sum of KV tokens held / (R x KV capacity per replica)
+    prefix_cache_hit_rate = hits / lookups of the replicas' prefix caches since the start
+
+Tokens held are counted at each replica's last scheduling event: a decode run in progress
+adds its tokens when it ends.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+import random
+from collections.abc import Callable
 
-from scheduler.datalayer.snapshot import GPU_MEMORY_UTILIZATION, SnapshotBuilder
-from scheduler.types import Candidate, CandidatePerf, Decision, GeoPoint, PoolLiveState, Request
+from scheduler.energy.step import StepCosts
+from scheduler.sim.replica import Replica, Seq, Totals
+from scheduler.types import Candidate, Decision, PoolLiveState, Request
 
-# vLLM's default max_num_seqs: sequences one replica batches at most.
-VLLM_MAX_NUM_SEQS = 256
-# Prefix-cache entries (distinct shared prefixes) each replica keeps before evicting the LRU one.
-PREFIX_ENTRIES_PER_REPLICA = 8
+
+class Job(Seq):
+    """A request on its way through the fleet, and what the scheduler predicted for it."""
+
+    __slots__ = ("decision", "pool", "predicted_j", "predicted_ttft_s", "rank", "request", "row", "rtt_s")
+
+    def __init__(self, row: int, request: Request, arrived: float, prefix_tokens: int, decision: Decision) -> None:
+        super().__init__(arrived, request.prompt_tokens, request.max_tokens, request.prefix_key, prefix_tokens)
+        self.row = row
+        self.request = request
+        # Dispatch walks the decision's ranking; failover moves down it.
+        self.decision = decision
+        self.rank = 0
+        self.pool: PoolSim | None = None
+        self.predicted_j = 0.0
+        self.predicted_ttft_s = 0.0
+        self.rtt_s = 0.0
 
 
 def replicas_of(candidate: Candidate) -> int:
     return max(1, candidate.pool.count // candidate.deployment.tensor_parallel)
 
 
-def kv_tokens_per_replica(candidate: Candidate) -> int:
-    """KV-cache tokens one replica holds across all its sequences."""
-    d = candidate.deployment
-    usable = candidate.gpu.hbm_bytes * GPU_MEMORY_UTILIZATION * d.tensor_parallel
-    free = usable - candidate.model.weight_bytes(d.precision)
-    return max(0, int(free / candidate.model.kv_bytes_per_token_at(d.precision)))
-
-
-class BatchPerfTable:
-    """Every candidate's ``CandidatePerf`` at an integer per-replica batch, from the same
-    ``SnapshotBuilder`` the scheduler's snapshots come from (built once per batch size)."""
-
-    def __init__(self, builder: SnapshotBuilder) -> None:
-        self._builder = builder
-        self._by_batch: dict[int, tuple[CandidatePerf, ...]] = {}
-        self._geometry = self._builder.build(0.0, {}, {}).arrays
-
-    def rtt_s(self, client: GeoPoint | None, candidate: Candidate) -> float:
-        """Round trip from the client to the candidate's region, as the scheduler predicts it."""
-        row = self._geometry.rtt_s(client)
-        return 0.0 if row is None else float(row[candidate.index])
-
-    def at(self, batch: int) -> tuple[CandidatePerf, ...]:
-        perf = self._by_batch.get(batch)
-        if perf is None:
-            perf = tuple(
-                self._builder.perf_of(c, PoolLiveState(running=batch * replicas_of(c))) for c in self._builder.candidates
-            )
-            self._by_batch[batch] = perf
-        return perf
-
-
-@dataclass(slots=True)
-class Job:
-    """A request on its way through the fleet."""
-
-    row: int
-    request: Request
-    arrived: float
-    # Length of the request's shared prefix (served from cache on a hit).
-    prefix_tokens: int
-    # The scheduler's decision: dispatch walks its ranking (failover moves down the list).
-    decision: Decision
-    # Position in the ranking of the pool it was sent to.
-    rank: int = 0
-    enqueued: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    """What the simulator measured when a request started on a pool."""
-
-    ttft_s: float
-    done_at: float
-    energy_j: float
-    cached_tokens: int
-    queue_wait_s: float
-    kv_tokens: int
-
-
 class PoolSim:
-    __slots__ = (
-        "_cache", "_cache_entries", "_hits", "_live", "_lookups", "candidate", "down", "kv_capacity",
-        "kv_used", "queue", "replicas", "running", "seq_capacity",
-    )
+    __slots__ = ("_live", "_rng", "candidate", "costs", "down", "replicas", "totals")
 
-    def __init__(self, candidate: Candidate, max_seqs: int = VLLM_MAX_NUM_SEQS) -> None:
+    def __init__(self, candidate: Candidate, costs: StepCosts, on_done: Callable[[Seq], None], seed: int = 0) -> None:
+        """``costs``: the true step costs of one replica of this pool."""
         self.candidate = candidate
-        self.replicas = replicas_of(candidate)
-        self.seq_capacity = self.replicas * max_seqs
-        self.kv_capacity = self.replicas * kv_tokens_per_replica(candidate)
-        self.running = 0
-        self.kv_used = 0
-        self.queue: deque[Job] = deque()
+        self.costs = costs
+        self.totals = Totals()
+        self.replicas = tuple(Replica(costs, on_done, self.totals) for _ in range(replicas_of(candidate)))
         self.down = False
-        self._cache: OrderedDict[str, None] = OrderedDict()
-        self._cache_entries = self.replicas * PREFIX_ENTRIES_PER_REPLICA
-        self._hits = 0
-        self._lookups = 0
-        self._live: PoolLiveState | None = None
+        self._rng = random.Random(f"{seed}:{candidate.region.name}/{candidate.pool.name}")
+        self._live = PoolLiveState()
 
-    def has_room(self, kv_tokens: int) -> bool:
-        return self.running < self.seq_capacity and self.kv_used + kv_tokens <= self.kv_capacity
+    def choose(self) -> Replica:
+        """Power of two choices on waiting + running."""
+        replicas = self.replicas
+        n = len(replicas)
+        if n == 1:
+            return replicas[0]
+        draw = self._rng.random
+        i = int(draw() * n)
+        j = int(draw() * (n - 1))
+        first, second = replicas[i], replicas[j + (j >= i)]
+        return second if second.load < first.load else first
 
-    def enqueue(self, job: Job, now: float) -> None:
-        job.enqueued = now
-        self.queue.append(job)
-        self._live = None
-
-    def next_startable(self) -> Job | None:
-        """The head of the queue if it fits now (FIFO: nothing overtakes it)."""
-        if not self.queue:
-            return None
-        head = self.queue[0].request
-        if not self.has_room(head.prompt_tokens + head.max_tokens):
-            return None
-        self._live = None
-        return self.queue.popleft()
-
-    def drain(self) -> list[Job]:
-        """Take every queued job (the region went down before they started)."""
-        jobs = list(self.queue)
-        self.queue.clear()
-        self._live = None
-        return jobs
-
-    def start(self, job: Job, now: float, table: BatchPerfTable) -> Started:
-        request = job.request
-        kv_tokens = request.prompt_tokens + request.max_tokens
-        self.running += 1
-        self.kv_used += kv_tokens
-        self._live = None
-        cached = self._prefix_hit(request.prefix_key, job.prefix_tokens)
-        batch = -(-self.running // self.replicas)
-        perf = table.at(batch)[self.candidate.index]
-        prompt, out = request.prompt_tokens, request.max_tokens
-        uncached = prompt - cached
-        prefill = uncached * perf.prefill_s_per_token + uncached * (prompt - uncached * 0.5) * perf.prefill_s_per_attention_pair
-        step = perf.decode_step_s + perf.decode_step_s_per_context * (prompt + out * 0.5)
-        wait = now - job.enqueued
-        return Started(
-            ttft_s=table.rtt_s(request.client_location, self.candidate) + (now - job.arrived) + prefill,
-            done_at=now + prefill + out * step,
-            energy_j=perf.energy.joules(prompt, cached, out, wait),
-            cached_tokens=cached,
-            queue_wait_s=wait,
-            kv_tokens=kv_tokens,
-        )
-
-    def finish(self, kv_tokens: int) -> None:
-        self.running -= 1
-        self.kv_used -= kv_tokens
-        self._live = None
-
-    def _prefix_hit(self, key: str | None, tokens: int) -> int:
-        """Tokens served from the prefix cache (the caller's shared prefix if resident)."""
-        if key is None:
-            return 0
-        self._lookups += 1
-        cache = self._cache
-        if key in cache:
-            cache.move_to_end(key)
-            self._hits += 1
-            return tokens
-        cache[key] = None
-        if len(cache) > self._cache_entries:
-            cache.popitem(last=False)
-        return 0
+    def drain(self) -> list[Seq]:
+        """Take every waiting request (the region went down before they were admitted)."""
+        taken: list[Seq] = []
+        for replica in self.replicas:
+            taken.extend(replica.waiting)
+            replica.waiting.clear()
+        if taken:
+            self.totals.waiting -= len(taken)
+            self.totals.changed = True
+        return taken
 
     def live(self) -> PoolLiveState:
         """What the pool would publish now (the same object while nothing changed)."""
-        live = self._live
-        if live is None:
-            hit_rate = round(self._hits / self._lookups, 2) if self._lookups else 0.0
-            live = PoolLiveState(
-                queue_depth=len(self.queue),
-                running=self.running,
-                kv_cache_usage=round(self.kv_used / self.kv_capacity, 3) if self.kv_capacity else 1.0,
-                prefix_cache_hit_rate=hit_rate,
+        totals = self.totals
+        if totals.changed:
+            totals.changed = False
+            capacity = len(self.replicas) * self.costs.kv_capacity_tokens
+            self._live = PoolLiveState(
+                queue_depth=totals.waiting,
+                running=totals.running,
+                kv_cache_usage=round(totals.kv_held / capacity, 3) if capacity else 1.0,
+                prefix_cache_hit_rate=round(totals.hits / totals.lookups, 2) if totals.lookups else 0.0,
             )
-            self._live = live
-        return live
+        return self._live
+
+    @property
+    def busy_s(self) -> float:
+        return sum(r.busy_s for r in self.replicas)

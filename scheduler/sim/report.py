@@ -2,19 +2,79 @@
 
 Shares are over all requests of the workload: a request that was unschedulable (no region
 passed the hard filters) or failed (every ranked region was down) counts as missing its SLO.
-J/request and gCO2e/request are over the requests that ran; J is GPU energy (the energy
-model), grams include the region's PUE and the true grid intensity of the hour it ran in.
+J/request and gCO2e/request are over the requests that ran; J is the GPU energy the simulator
+attributed to the request on its pool's true step costs, grams include the region's PUE and
+the true grid intensity of the hour it ran in. Fleet idle energy (idle replicas' floor power)
+is reported apart, attributed to no request.
+
+Prediction error per request that ran, of energy and of TTFT:
+
+    error = (predicted - measured) / measured
+    reported: mean (signed), mean of |error|, 90th percentile of |error|, in %
+
+Fallback ages are the signals' true ages at the request's time (``scheduler.sim.engine``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from scheduler.types import Fallback
+
+
+class FallbackAges:
+    """Count, mean and max true age [s] of the signal behind each fallback, per signal."""
+
+    def __init__(self) -> None:
+        self.count: Counter[str] = Counter()
+        self._aged: Counter[str] = Counter()
+        self._sum: dict[str, float] = {}
+        self._max: dict[str, float] = {}
+
+    def record(self, fallbacks: Sequence[Fallback], shift_s: float) -> None:
+        """``shift_s``: how much older the snapshot's signals are now than at its build."""
+        for fallback in fallbacks:
+            signal = fallback.signal
+            self.count[signal] += 1
+            if fallback.age_s is None or not math.isfinite(fallback.age_s):
+                continue
+            age = fallback.age_s + shift_s
+            self._aged[signal] += 1
+            self._sum[signal] = self._sum.get(signal, 0.0) + age
+            self._max[signal] = max(self._max.get(signal, age), age)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """signal -> count, mean_s and max_s (ages over the fallbacks whose signal was ever seen)."""
+        out: dict[str, dict[str, float]] = {}
+        for signal in sorted(self.count):
+            aged = self._aged[signal]
+            out[signal] = {
+                "count": self.count[signal],
+                "mean_s": self._sum[signal] / aged if aged else math.nan,
+                "max_s": self._max[signal] if aged else math.nan,
+            }
+        return out
+
+
+def relative_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    """Mean signed, mean absolute and 90th-percentile absolute % error of predicted vs measured."""
+    ok = np.isfinite(predicted) & np.isfinite(measured) & (measured > 0)
+    if not ok.any():
+        return {"mean_pct": math.nan, "mean_abs_pct": math.nan, "p90_abs_pct": math.nan}
+    error = (predicted[ok] - measured[ok]) / measured[ok] * 100.0
+    magnitude = np.abs(error)
+    return {
+        "mean_pct": float(error.mean()),
+        "mean_abs_pct": float(magnitude.mean()),
+        "p90_abs_pct": float(np.percentile(magnitude, 90)),
+    }
 
 
 @dataclass(frozen=True)
@@ -28,6 +88,11 @@ class PolicyResult:
     gco2e_per_request: float
     ttft_p50_ms: float
     ttft_p99_ms: float
+    queue_wait_p50_ms: float
+    queue_wait_p99_ms: float
+    # Arrival to last token, RTT included.
+    latency_p50_ms: float
+    latency_p99_ms: float
     slo_attainment: float
     violations: int
     region_share: Mapping[str, float]
@@ -37,6 +102,14 @@ class PolicyResult:
     prefix_hit_share: float
     unschedulable_by: Mapping[str, int]
     timings_s: Mapping[str, float]
+    # "region/pool" -> busy share of its replicas' time (steps running), over the run
+    utilisation: Mapping[str, float] = field(default_factory=dict)
+    # Energy of idle replicas [J] (floor power), attributed to no request.
+    idle_j: float = 0.0
+    energy_error: Mapping[str, float] = field(default_factory=dict)
+    ttft_error: Mapping[str, float] = field(default_factory=dict)
+    # signal -> count, mean_s, max_s: true ages of the signals behind the fallbacks
+    fallback_age_s: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # Plot inputs (left out of JSON): hour start (epoch s) and requests per hour per region.
     start: float = 0.0
     hourly: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64), repr=False)
@@ -47,7 +120,16 @@ class PolicyResult:
         out["fallbacks"] = dict(self.fallbacks)
         out["unschedulable_by"] = dict(self.unschedulable_by)
         out["timings_s"] = {k: round(v, 3) for k, v in self.timings_s.items()}
+        out["utilisation"] = dict(self.utilisation)
+        out["energy_error"] = _finite(self.energy_error)
+        out["ttft_error"] = _finite(self.ttft_error)
+        out["fallback_age_s"] = {k: _finite(v) for k, v in self.fallback_age_s.items()}
         return out
+
+
+def _finite(values: Mapping[str, float]) -> dict[str, float | None]:
+    """NaN (no data) as None: JSON has no NaN."""
+    return {k: v if math.isfinite(v) else None for k, v in values.items()}
 
 
 def summarize(
@@ -56,14 +138,20 @@ def summarize(
     regions: Sequence[str],
     ran_in: np.ndarray,
     ttft_s: np.ndarray,
+    queue_wait_s: np.ndarray,
+    latency_s: np.ndarray,
     budget_s: np.ndarray,
     energy_j: np.ndarray,
     grams: np.ndarray,
+    predicted_j: np.ndarray,
+    predicted_ttft_s: np.ndarray,
     hourly: np.ndarray,
     start: float,
     counters: Counter[str],
-    fallbacks: Counter[str],
+    fallback_ages: FallbackAges,
     unschedulable_by: Counter[str],
+    utilisation: Mapping[str, float],
+    idle_j: float,
     timings_s: Mapping[str, float],
 ) -> PolicyResult:
     n = len(ran_in)
@@ -71,7 +159,10 @@ def summarize(
     n_ran = int(ran.sum())
     met = int((ttft_s[ran] <= budget_s[ran]).sum())
     per_region = np.bincount(ran_in[ran], minlength=len(regions))
-    ran_ttft_ms = ttft_s[ran] * 1e3
+
+    def percentile_ms(values: np.ndarray, q: float) -> float:
+        return float(np.percentile(values[ran], q)) * 1e3 if n_ran else 0.0
+
     return PolicyResult(
         policy=policy,
         requests=n,
@@ -80,17 +171,26 @@ def summarize(
         failed=counters["failed"],
         j_per_request=float(energy_j[ran].mean()) if n_ran else 0.0,
         gco2e_per_request=float(grams[ran].mean()) if n_ran else 0.0,
-        ttft_p50_ms=float(np.percentile(ran_ttft_ms, 50)) if n_ran else 0.0,
-        ttft_p99_ms=float(np.percentile(ran_ttft_ms, 99)) if n_ran else 0.0,
+        ttft_p50_ms=percentile_ms(ttft_s, 50),
+        ttft_p99_ms=percentile_ms(ttft_s, 99),
+        queue_wait_p50_ms=percentile_ms(queue_wait_s, 50),
+        queue_wait_p99_ms=percentile_ms(queue_wait_s, 99),
+        latency_p50_ms=percentile_ms(latency_s, 50),
+        latency_p99_ms=percentile_ms(latency_s, 99),
         slo_attainment=met / n if n else 0.0,
         violations=counters["violations"],
         region_share={name: float(per_region[i] / n_ran) if n_ran else 0.0 for i, name in enumerate(regions)},
-        fallbacks=dict(sorted(fallbacks.items())),
+        fallbacks=dict(sorted(fallback_ages.count.items())),
         failovers=counters["failovers"],
         queued=counters["queued"],
         prefix_hit_share=counters["prefix_hits"] / n_ran if n_ran else 0.0,
         unschedulable_by=dict(sorted(unschedulable_by.items())),
         timings_s=dict(timings_s),
+        utilisation=dict(utilisation),
+        idle_j=idle_j,
+        energy_error=relative_errors(predicted_j[ran], energy_j[ran]),
+        ttft_error=relative_errors(predicted_ttft_s[ran], ttft_s[ran]),
+        fallback_age_s=fallback_ages.summary(),
         start=start,
         hourly=hourly,
     )
@@ -115,6 +215,29 @@ def format_table(results: Sequence[PolicyResult], baseline: str | None = None) -
             f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p99_ms:>8.0f}ms{r.slo_attainment * 100:>8.2f}%"
             f"{r.violations:>7}{r.unschedulable:>9}{sum(r.fallbacks.values()):>11}{r.failovers:>10}"
         )
+    lines.append("")
+    header = (
+        f"{'policy':<16}{'queue p50':>11}{'queue p99':>11}{'done p50':>10}{'done p99':>10}{'idle kWh':>10}"
+        f"{'E err':>8}{'|E err|':>9}{'p90':>7}{'TTFT err':>10}{'|err|':>8}{'p90':>7}"
+    )
+    lines += [header, "-" * len(header)]
+    for r in results:
+        e = [r.energy_error.get(k, math.nan) for k in ("mean_pct", "mean_abs_pct", "p90_abs_pct")]
+        t = [r.ttft_error.get(k, math.nan) for k in ("mean_pct", "mean_abs_pct", "p90_abs_pct")]
+        lines.append(
+            f"{r.policy:<16}{r.queue_wait_p50_ms:>9.0f}ms{r.queue_wait_p99_ms:>9.0f}ms{r.latency_p50_ms / 1e3:>9.1f}s"
+            f"{r.latency_p99_ms / 1e3:>9.1f}s{r.idle_j / 3.6e6:>10.0f}"
+            f"{e[0]:>+7.0f}%{e[1]:>8.0f}%{e[2]:>6.0f}%{t[0]:>+9.0f}%{t[1]:>7.0f}%{t[2]:>6.0f}%"
+        )
+    for r in results:
+        busy = sorted(((share, pool) for pool, share in r.utilisation.items() if share >= 0.001), reverse=True)
+        if busy:
+            lines.append(f"{r.policy:<16}busy: " + ", ".join(f"{pool} {share * 100:.1f}%" for share, pool in busy))
+        for signal, ages in r.fallback_age_s.items():
+            lines.append(
+                f"{r.policy:<16}fallback {signal}: {ages['count']:,.0f}, age mean {ages['mean_s'] / 3600:.1f} h, "
+                f"max {ages['max_s'] / 3600:.1f} h"
+            )
     regions = list(results[0].region_share) if results else []
     lines.append("")
     lines.append(f"{'region share':<16}" + "".join(f"{name:>14}" for name in regions))

@@ -35,6 +35,8 @@ class ScenarioSpec:
     carbon_outages: tuple[ProviderOutage, ...] = ()
     region_outages: tuple[RegionOutage, ...] = ()
     capacity_scale: float = 1.0
+    # Lognormal sigma of each pool's true step costs around the rated ones (scheduler.sim.truth).
+    truth_error: float = 0.0
     # Add the four generated regions (the 12-region benchmark fleet).
     twelve_regions: bool = False
     refresh_s: float = 1.0
@@ -62,6 +64,7 @@ class ScenarioSpec:
             "carbon_outages": [o.__dict__ for o in self.carbon_outages],
             "region_outages": [o.__dict__ for o in self.region_outages],
             "capacity_scale": self.capacity_scale,
+            "truth_error": self.truth_error,
             "residency_share": w.residency_share,
             "batch_share": w.batch_share,
             "deferrable_share": w.deferrable_share,
@@ -77,7 +80,7 @@ def run_policy(spec: ScenarioSpec, policy: str) -> PolicyResult:
     carbon = CarbonReplay.from_dir(
         spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year, spec.carbon_delay_s, spec.carbon_outages
     )
-    scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages)
+    scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages, truth_error=spec.truth_error)
     return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed).run(spec.progress)
 
 

@@ -88,14 +88,15 @@ BAD_POLICY_EDITS = [
      "matchers[0].parameters.threshold_tokens", "'32768'"),
     ("parameters: {threshold_tokens: 32768, min_hbm_gb: 141}", "parameters: {threshold: 32768}",
      "matchers[0].parameters.threshold", "long-context-matcher has no parameter by this name"),
-    ("    - {type: price-scorer, rate: 1}\n# A region", "    - {type: carbon-scorer, rate: 1000 USD/tCO2e}\n# A region",
-     "fallback.scorers[1].type", "'carbon-scorer' is an energy-layer scorer; the fallback objective ranks without"),
+    ("    - {type: ttft-scorer, rate: 1 USD/h}\n# A region", "    - {type: carbon-scorer, rate: 1000 USD/tCO2e}\n# A region",
+     "fallback.scorers[0].type", "'carbon-scorer' is an energy-layer scorer; the fallback objective ranks without"),
     ("  - {type: price-scorer, rate: 1}    ", "  - {type: ttft-scorer, rate: 1 USD/h}",
      "scorers[2].type", "'ttft-scorer' is listed twice in scorers"),
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "path", "fragment"), BAD_POLICY_EDITS, ids=[e[2] + ":" + e[3][:30] for e in BAD_POLICY_EDITS])
+@pytest.mark.parametrize(("old", "new", "path", "fragment"), BAD_POLICY_EDITS,
+                         ids=[e[2] + ":" + e[3][:30] for e in BAD_POLICY_EDITS])
 def test_policy_plugin_errors_name_file_field_and_value(config_dirs, old, new, path, fragment) -> None:  # type: ignore[no-untyped-def]
     regions, policies = config_dirs
     target = policies / "default.yaml"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from scheduler.config.loader import default_region, validate
+from scheduler.config.loader import default_region, load_fleet, validate
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.framework.scheduler import Scheduler
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
@@ -43,22 +43,14 @@ def region(name: str, zone: str, where: tuple[float, float], jurisdiction: str =
     return validate(RegionConfig, default_region(raw), f"<test region {name}>")
 
 
-def policy(name: str = "carbon-first", weights: dict[str, float] | None = None, ttft_ms: float = 2000.0,
-           ttft_ms_per_1k: float = 100.0) -> PolicyConfig:
-    raw = {
-        "name": name,
-        "weights": weights or {"energy": 0.15, "carbon": 0.75, "latency": 0.05, "load": 0.05},
-        "max_age": {"carbon": "2h", "region_state": "5s", "price": "1d"},
-        "fallback": {"weights": {"latency": 0.7, "load": 0.3}},
-        "unknown_region_state": {"stale": "unhealthy", "missing": "assume-healthy"},
-        "long_context": {"threshold_tokens": 32768, "min_hbm_gb": 141},
-        "slo": {
-            "interactive": {"ttft_ms": ttft_ms, "ttft_ms_per_1k_prompt_tokens": ttft_ms_per_1k, "tpot_ms": 100},
-            "batch": {"ttft_ms": 30000, "ttft_ms_per_1k_prompt_tokens": 300, "tpot_ms": 500},
-            "deferrable": {"ttft_ms": 3600000, "ttft_ms_per_1k_prompt_tokens": 0, "tpot_ms": 2000},
-        },
-    }
-    return validate(PolicyConfig, raw, "<test policy>")
+def policy(ttft_ms: float = 2000.0, ttft_ms_per_1k: float = 100.0) -> PolicyConfig:
+    """The shipped carbon-first policy (carbon far above every other term; fallback: TTFT only;
+    carbon max age 2 h, region state 5 s; a stale region is down) with its interactive TTFT
+    SLO set to ``ttft_ms`` + ``ttft_ms_per_1k`` per 1k prompt tokens."""
+    shipped = load_fleet().policy("carbon-first")
+    interactive = shipped.slo.interactive.model_copy(
+        update={"ttft_ms": ttft_ms, "ttft_ms_per_1k_prompt_tokens": ttft_ms_per_1k})
+    return shipped.model_copy(update={"slo": shipped.slo.model_copy(update={"interactive": interactive})})
 
 
 def europe_only(city: tuple[float, float] = PARIS) -> tuple[Continent, ...]:
@@ -82,12 +74,16 @@ def make_files(tmp_path: Path) -> Files:
             when = (START + timedelta(hours=h)).strftime("%Y-%m-%d %H:%M:%S")
             rows.append(f"{when},X,{zone},{zone},{value},{value},50,50,test,false,")
         (carbon_dir / f"{zone}_2023_hourly.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    trace = tmp_path / "trace.csv"
+    return Files(carbon_dir, write_trace(tmp_path / "trace.csv", prompt_tokens=100, output_tokens=50))
+
+
+def write_trace(path: Path, prompt_tokens: int, output_tokens: int) -> Path:
+    """A trace of identical requests, one a second for a minute."""
     lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     for s in range(60):
-        lines.append(f"2023-11-16 18:{s // 60:02d}:{s % 60:02d}.0000000,100,50")
-    trace.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return Files(carbon_dir, trace)
+        lines.append(f"2023-11-16 18:{s // 60:02d}:{s % 60:02d}.0000000,{prompt_tokens},{output_tokens}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def simulate(
@@ -104,17 +100,20 @@ def simulate(
     carbon_delay_s: float = 0.0,
     seed: int = 0,
     scheduler: Scheduler | None = None,
+    truth_error: float = 0.0,
+    prefix_share: float = 0.0,
 ) -> tuple[PolicyResult, Workload]:
     workload = build_workload(
         load_trace(str(files.trace)),
         WorkloadConfig(
             start=START.timestamp(), hours=hours, rate=rate, continents=continents or europe_only(),
-            residency_share=residency_share, prefix_share=0.0,
+            residency_share=residency_share, prefix_share=prefix_share,
         ),
         seed,
     )
     carbon = CarbonReplay.from_dir(
         files.carbon_dir, [r.grid_zone for r in regions], 2023, carbon_delay_s, carbon_outages
     )
-    sim = Simulation(regions, pol, workload, carbon, Scenario(region_outages=region_outages), seed, scheduler)
+    scenario = Scenario(region_outages=region_outages, truth_error=truth_error)
+    sim = Simulation(regions, pol, workload, carbon, scenario, seed, scheduler)
     return sim.run(progress=False), workload

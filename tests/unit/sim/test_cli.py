@@ -38,3 +38,13 @@ def test_simulate_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str]) 
 def test_simulate_rejects_a_bad_outage_window() -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--region-outage", "eu-north@soon", "--no-progress"])
+
+
+def test_sim_vs_real_rejects_a_bad_request_count_before_starting_an_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "sim-vs-real", "--requests", "0"]) == 1
+    assert "--requests must be between 1 and" in capsys.readouterr().err
+
+
+def test_simulate_rejects_a_negative_truth_error() -> None:
+    with pytest.raises(SystemExit):
+        main(["simulate", "--truth-error", "-0.1", "--no-progress"])

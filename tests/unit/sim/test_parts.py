@@ -1,4 +1,5 @@
-"""The simulator's parts: carbon replay, workload generation, pool physics."""
+"""The simulator's parts: carbon replay and workload generation (replicas, pools and the truth
+model: test_replica.py, test_pools.py)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,12 @@ from collections import Counter
 
 import pytest
 
-from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
-from scheduler.sim.pools import BatchPerfTable, Job, PoolSim
 from scheduler.sim.workload import DEFAULT_CONTINENTS, RequestFactory, WorkloadConfig, build_workload, load_trace
-from scheduler.types import Decision, Request
-from tests.unit.sim.kit import PARIS, START, Files, policy, region
+from tests.unit.sim.kit import START, Files
 
 T0 = START.timestamp()
 HOUR = 3600.0
-# Pool tests start jobs directly; no ranking is walked.
-NOT_DISPATCHED = Decision(
-    request_id="", decided_at=0.0, policy="", fleet=(), survivor_index=(), order=(), totals=(), scorer_names=(),
-    scores=(),
-    eager_rejections=(), lazy_rejections=(), fallbacks=(), weights={}, energy_ranking=False,
-)
 
 
 @pytest.mark.parametrize(
@@ -102,56 +94,3 @@ def test_workload_classes_and_prefix_keys_follow_their_shares() -> None:
     with_prefix = [i for i in range(n) if workload.prefix_group[i] >= 0]
     assert len(with_prefix) / n == pytest.approx(0.5, abs=0.03)
     assert all(0 < workload.prefix_tokens[i] < workload.prompt_tokens[i] for i in with_prefix)
-
-
-def _pool(gpus: int = 1) -> tuple[PoolSim, BatchPerfTable]:
-    regions = (region("near", "DIRTY", PARIS, gpus=gpus),)
-    builder = SnapshotBuilder(regions, policy())
-    return PoolSim(builder.candidates[0], max_seqs=2), BatchPerfTable(builder)
-
-
-def _job(row: int, prefix: str | None = None, prefix_tokens: int = 0, arrived: float = 0.0) -> Job:
-    request = Request(f"r{row}", "llama-3.1-8b", prompt_tokens=1000, max_tokens=100, prefix_key=prefix)
-    return Job(row, request, arrived, prefix_tokens, decision=NOT_DISPATCHED)
-
-
-def test_pool_start_at_batch_one_matches_the_hand_computation() -> None:
-    pool, table = _pool()
-    started = pool.start(_job(0), now=0.0, table=table)
-    # H100: 989 TFLOP/s x 0.5 MFU; 3,350 GB/s x 0.7; llama-3.1-8b: 8.03e9 params, 32 layers,
-    # hidden 4096, KV 2 x 32 x 8 x 128 x 2 bytes per token.
-    flops = 989e12 * 0.5
-    bandwidth = 3350e9 * 0.7
-    prefill = 1000 * 2 * 8.03e9 / flops + 1000 * (1000 - 500) * 4 * 32 * 4096 / flops
-    step = 8.03e9 * 2 / bandwidth + 1 * (2 * 32 * 8 * 128 * 2) / bandwidth * (1000 + 50)
-    assert started.ttft_s == pytest.approx(prefill, rel=1e-9)
-    assert started.done_at == pytest.approx(prefill + 100 * step, rel=1e-9)
-    assert started.cached_tokens == 0 and started.queue_wait_s == 0.0
-
-
-def test_pool_queues_when_full_and_admits_in_fifo_order() -> None:
-    pool, table = _pool()
-    for row in range(2):
-        assert pool.has_room(1100)
-        pool.start(_job(row), now=0.0, table=table)
-    assert not pool.has_room(1100)  # max_seqs=2 on the one replica
-    pool.enqueue(_job(2), now=0.0)
-    pool.enqueue(_job(3), now=0.0)
-    assert pool.live().queue_depth == 2 and pool.live().running == 2
-    assert pool.next_startable() is None
-    pool.finish(1100)
-    head = pool.next_startable()
-    assert head is not None and head.row == 2
-    started = pool.start(head, now=4.0, table=table)
-    assert started.queue_wait_s == 4.0
-    assert started.ttft_s > 4.0
-
-
-def test_second_request_with_the_same_prefix_hits_the_cache() -> None:
-    pool, table = _pool(gpus=2)
-    first = pool.start(_job(0, "prefix-1", 600), now=0.0, table=table)
-    second = pool.start(_job(1, "prefix-1", 600), now=0.0, table=table)
-    other = pool.start(_job(2, "prefix-2", 600), now=0.0, table=table)
-    assert (first.cached_tokens, second.cached_tokens, other.cached_tokens) == (0, 600, 0)
-    assert second.energy_j < first.energy_j
-    assert pool.live().prefix_cache_hit_rate == pytest.approx(0.33)

@@ -8,20 +8,23 @@ scores 0.75 more on carbon and at most 0.05 less on latency: it wins whenever it
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from scheduler.config.schema import RegionConfig
+from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.registry import Registry
 from scheduler.framework.scheduler import Scheduler
 from scheduler.plugins import register_all
 from scheduler.plugins.filters import residency
 from scheduler.sim.carbon_feed import ProviderOutage
 from scheduler.sim.engine import RegionOutage
-from tests.unit.sim.kit import NEW_YORK, OSLO, PARIS, START, Files, policy, region, simulate
+from tests.unit.sim.kit import NEW_YORK, OSLO, PARIS, START, Files, policy, region, simulate, write_trace
 
 T0 = START.timestamp()
 HOUR = 3600.0
@@ -44,10 +47,17 @@ def test_one_clean_region_within_slo_takes_all_carbon_ranked_traffic(files: File
 
 
 def test_clean_region_outside_the_ttft_slo_takes_none(files: Files) -> None:
-    # TTFT = RTT + prefill of 100 tokens (~3.3 ms on an H100). RTT Paris->Paris is 2 ms,
-    # Paris->Oslo 2 x 1,340 km x 1.4 / 200,000 km/s + 2 ms = ~21 ms. A 12 ms SLO leaves only "near".
-    tight = policy(ttft_ms=12.0, ttft_ms_per_1k=0.0)
-    result, _ = simulate(files, near_and_clean(), tight, hours=0.25, rate=2.0)
+    # On an idle replica TTFT = RTT + one prefill step of 100 tokens. RTT Paris->Paris is
+    # 2 ms, Paris->Oslo 2 x 1,340 km x 1.4 / 200,000 km/s + 2 ms = ~21 ms: an SLO halfway
+    # between the near region's TTFT and the far one's RTT leaves only "near".
+    regions = near_and_clean()
+    builder = SnapshotBuilder(regions, policy())
+    near = builder.candidates[0]
+    costs = builder.energy_model.rated_costs(near.model, near.gpu, "bf16", 1).costs
+    near_ttft = 0.002 + costs.step_time(100, 0, 100 * 101 // 2)
+    assert near_ttft < 0.015
+    tight = policy(ttft_ms=(near_ttft + 0.021) / 2 * 1e3, ttft_ms_per_1k=0.0)
+    result, _ = simulate(files, regions, tight, hours=0.25, rate=2.0, truth_error=0.0)
     assert result.region_share == {"near": 1.0, "clean": 0.0}
     assert result.slo_attainment == 1.0
     assert result.unschedulable == 0
@@ -130,3 +140,52 @@ def test_same_seed_same_results_and_another_seed_differs(files: Files) -> None:
     first = run(7)
     assert run(7) == first
     assert run(8) != first
+
+
+@pytest.mark.parametrize(("gpus", "saturated"), [(3, True), (8, False)])
+def test_queues_form_from_compute(files: Files, tmp_path: Path, gpus: int, saturated: bool) -> None:
+    # The case: 100 requests/s of ~1,150 prompt tokens (115k prefill tokens/s). Three
+    # H100 replicas prefill ~80k tokens/s at the rated step costs: they fall behind and the
+    # queue grows for the whole minute; eight keep up (busy nearly all the time, but at a
+    # batch that absorbs the load). Sequence and KV limits never bind here.
+    long_prompts = dataclasses.replace(files, trace=write_trace(tmp_path / "long.csv", 1150, 50))
+    only = (region("only", "CLEAN", OSLO, gpus=gpus),)
+    result, workload = simulate(long_prompts, only, policy(ttft_ms=1e7), hours=1 / 60, rate=100.0)
+    assert result.ran == len(workload) == 6000
+    busy = result.utilisation["only/h100"]
+    assert result.idle_j > 0
+    if saturated:
+        assert busy > 0.97
+        assert result.queue_wait_p50_ms > 3000 and result.queue_wait_p99_ms > 8000
+        assert result.queued > len(workload) / 2
+    else:
+        assert busy > 0.5
+        assert result.queue_wait_p99_ms < 500
+
+
+def test_fallback_ages_grow_with_the_clock_while_a_snapshot_is_reused(files: Files) -> None:
+    # The carbon provider is quiet from 01:00 to 30:00. With requests every 50 s and nothing
+    # else changing, the simulator keeps one snapshot from ~03:00 (the signal went stale) for
+    # a day; the ages recorded must still be each request's true age: up to 29 h, not ~2 h.
+    outage = ProviderOutage(None, T0 + HOUR, T0 + 30 * HOUR)
+    result, workload = simulate(files, near_and_clean(), policy(), hours=31.0, rate=0.02, carbon_outages=(outage,))
+    ages = result.fallback_age_s["carbon"]
+    stale = [t for t in workload.arrival_s if T0 + 3 * HOUR < t < T0 + 30 * HOUR]
+    assert len(stale) <= ages["count"] <= len(stale) + 1
+    assert 28.9 * HOUR < ages["max_s"] <= 29 * HOUR
+    assert ages["mean_s"] == pytest.approx(15.5 * HOUR, rel=0.02)
+    assert result.fallbacks["carbon"] == ages["count"]
+
+
+def test_prediction_error_shows_the_truth_models_error(files: Files) -> None:
+    # One request every 5 s on an idle region: what the scheduler predicts is the same in both
+    # runs; the measured energy moves with the pool's true costs.
+    exact, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2, truth_error=0.0)
+    perturbed, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2, truth_error=0.5)
+    assert exact.j_per_request != pytest.approx(perturbed.j_per_request, rel=0.05)
+    shift = perturbed.energy_error["mean_pct"] - exact.energy_error["mean_pct"]
+    predicted_exact = exact.j_per_request * (1 + exact.energy_error["mean_pct"] / 100)
+    predicted_perturbed = perturbed.j_per_request * (1 + perturbed.energy_error["mean_pct"] / 100)
+    assert abs(shift) > 5
+    # Identical requests on an idle pool: one prediction, so predicted = measured x (1 + error).
+    assert predicted_perturbed == pytest.approx(predicted_exact, rel=1e-6)

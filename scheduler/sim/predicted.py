@@ -1,0 +1,48 @@
+"""What the scheduler predicted for a request on the pool it ran on, and the RTT it assumed.
+
+An adapter over the decision function's inputs, the one place the simulator reads them: the
+candidate's ``CandidatePerf`` in the snapshot the decision used (the step model's
+coefficients at the pool's published batch, ``scheduler.energy.step.predict``) and the
+framework's network model (``scheduler.framework.network``):
+
+    energy_j = perf.energy.joules(P, cached, N)
+    ttft_s   = RTT + perf.queue_wait_s + prefill_s + U x prefill_s_per_token + pairs x prefill_s_per_pair
+    U = P - cached, pairs = U (P - U / 2)          (P prompt, N output tokens; cached as the request says)
+    RTT      = 2 x great-circle km x 1.4 / 200,000 km/s + 2 ms
+
+The simulator records these beside what it measured, for the report's prediction errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scheduler.framework.network import rtt_row
+from scheduler.types import Candidate, FleetSnapshot, GeoPoint, Request
+
+
+class Predictions:
+    def __init__(self) -> None:
+        self._rtt: dict[tuple[float, float, str], float] = {}
+
+    def rtt_s(self, client: GeoPoint | None, candidate: Candidate) -> float:
+        if client is None:
+            return 0.0
+        where = candidate.region.location
+        key = (client.lat, client.lon, candidate.region.name)
+        rtt = self._rtt.get(key)
+        if rtt is None:
+            rtt = float(rtt_row(np.radians([where.lat]), np.radians([where.lon]), client)[0])
+            self._rtt[key] = rtt
+        return rtt
+
+    def energy_and_ttft(self, snapshot: FleetSnapshot, request: Request, candidate: Candidate) -> tuple[float, float]:
+        """Predicted joules and TTFT [s] of ``request`` on ``candidate`` in ``snapshot``."""
+        perf = snapshot.perf[candidate.index]
+        prompt = request.prompt_tokens
+        cached = min(request.cached_tokens, prompt)
+        uncached = prompt - cached
+        t = perf.latency
+        prefill_s = t.prefill_s + uncached * t.prefill_s_per_token + uncached * (prompt - uncached * 0.5) * t.prefill_s_per_pair
+        energy_j = perf.energy.joules(prompt, cached, request.max_tokens)
+        return energy_j, self.rtt_s(request.client_location, candidate) + perf.queue_wait_s + prefill_s

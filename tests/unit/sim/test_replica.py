@@ -1,0 +1,141 @@
+"""The iteration-level replica: small cases worked out by hand, and the fast replica (closed-form
+decode runs) against the step-by-step reference on random workloads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.energy.step import StepCosts
+from scheduler.sim.reference import reference_replay
+from scheduler.sim.replica import Seq, replay
+
+# Round numbers: a step costs 10 ms + 1 ms a token + 0.1 ms a KV token read + 0.01 ms a pair,
+# and 10 J + 1 J a token + 0.1 J a KV token + 0.01 J a pair.
+COSTS = StepCosts(t_step=0.01, t_token=0.001, t_kv=1e-4, t_pair=1e-5, e_step=10.0, e_token=1.0, e_kv=0.1,
+                  e_pair=0.01, idle_w=50.0, max_num_seqs=2, max_batched_tokens=8, kv_capacity_tokens=100)
+
+
+def seqs(*specs: tuple[float, int, int]) -> list[Seq]:
+    return [Seq(arrived, prompt, output) for arrived, prompt, output in specs]
+
+
+def test_one_request_alone_prefills_in_one_step_then_decodes_one_token_a_step() -> None:
+    (a,) = run = seqs((0.0, 4, 3))
+    replica = replay(COSTS, run)
+    prefill = COSTS.step_time(4, 0, 10)  # 4 tokens, pairs 4 x 5 / 2
+    assert prefill == pytest.approx(0.0141)
+    decode = COSTS.step_time(1, 5, 5) + COSTS.step_time(1, 6, 6)  # contexts prompt + 1, prompt + 2
+    assert a.admitted == 0.0
+    assert a.first_token == pytest.approx(prefill)
+    assert a.done == pytest.approx(prefill + decode)
+    # Alone, it pays every step in full: 14.1 + 11.55 + 11.66 J.
+    assert a.energy_j == pytest.approx(37.31)
+    assert replica.busy_s == pytest.approx(a.done)
+
+
+def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks() -> None:
+    (a,) = run = seqs((0.0, 12, 1))
+    replay(COSTS, run)
+    first = COSTS.step_time(8, 0, 36)
+    second = COSTS.step_time(4, 8, 4 * 8 + 10)  # reads the 8 tokens before it
+    assert a.first_token == a.done == pytest.approx(first + second)
+
+
+def test_sequences_in_one_step_split_its_fixed_energy() -> None:
+    a, b = run = seqs((0.0, 4, 2), (0.0, 2, 2))
+    replica = replay(COSTS, run)
+    # Step 1 prefills both (6 tokens), step 2 decodes both (contexts 5 and 3).
+    assert a.first_token == b.first_token == pytest.approx(COSTS.step_time(6, 0, 13))
+    assert a.done == b.done == pytest.approx(COSTS.step_time(6, 0, 13) + COSTS.step_time(2, 8, 8))
+    assert a.energy_j == pytest.approx(5 + 4 + 0.1 + 5 + 1 + 0.5 + 0.05)
+    assert b.energy_j == pytest.approx(5 + 2 + 0.03 + 5 + 1 + 0.3 + 0.03)
+    assert a.energy_j + b.energy_j == pytest.approx(replica.energy_j)
+
+
+def test_past_max_num_seqs_a_request_waits_for_a_running_one_to_finish() -> None:
+    a, b, c = run = seqs((0.0, 2, 3), (0.0, 2, 3), (0.0, 2, 3))
+    replay(COSTS, run)
+    both_done = COSTS.step_time(4, 0, 6) + COSTS.step_time(2, 6, 6) + COSTS.step_time(2, 8, 8)
+    assert a.done == b.done == pytest.approx(both_done)
+    assert c.admitted == pytest.approx(both_done)
+    assert c.first_token == pytest.approx(both_done + COSTS.step_time(2, 0, 3))
+
+
+def test_kv_is_reserved_for_prompt_and_output_and_nothing_overtakes_the_queue_head() -> None:
+    costs = StepCosts(**{**COSTS.as_dict(), "max_num_seqs": 4, "max_batched_tokens": 8, "kv_capacity_tokens": 100})
+    a, b, c = run = seqs((0.0, 50, 40), (0.001, 5, 6), (0.002, 1, 1))
+    replay(costs, run)
+    # a reserves 90 tokens; b's 11 do not fit beside it, and c (2 tokens, would fit) waits behind b.
+    assert b.admitted == pytest.approx(a.done)
+    assert c.admitted == pytest.approx(a.done)
+
+
+def test_a_prefix_cache_hit_skips_the_cached_tokens_prefill() -> None:
+    first, second = run = [Seq(0.0, 4, 1, "system", 3), Seq(1.0, 4, 1, "system", 3)]
+    replay(COSTS, run)
+    assert (first.cached, second.cached) == (0, 3)
+    # One token computed, reading the 3 cached ones: 10 + 1 + 0.3 + 0.04 ms.
+    assert second.first_token - second.admitted == pytest.approx(0.01134)
+
+
+def test_an_arrival_during_a_decode_run_joins_at_the_next_step_boundary() -> None:
+    run = seqs((0.0, 2, 10), (0.05, 2, 1))
+    replay(COSTS, run)
+    b = run[1]
+    boundaries = [COSTS.step_time(2, 0, 3)]
+    for k in range(1, 9):
+        boundaries.append(boundaries[-1] + COSTS.step_time(1, 2 + k, 2 + k))
+    assert b.admitted == pytest.approx(min(t for t in boundaries if t >= 0.05))
+
+
+def test_a_request_larger_than_the_whole_cache_runs_alone() -> None:
+    costs = StepCosts(**{**COSTS.as_dict(), "max_num_seqs": 4, "kv_capacity_tokens": 10})
+    a, b = run = seqs((0.0, 20, 2), (0.0, 1, 1))
+    replay(costs, run)
+    assert a.done > 0 and b.admitted == pytest.approx(a.done)
+
+
+def test_the_token_budget_may_not_be_below_max_num_seqs() -> None:
+    with pytest.raises(ValueError, match="max_batched_tokens"):
+        replay(StepCosts(**{**COSTS.as_dict(), "max_num_seqs": 16, "max_batched_tokens": 8}), [])
+
+
+# Random small workloads: arrivals on a grid of 1.3 ms plus an irrational offset (so that no
+# arrival falls exactly on a step boundary, where float rounding could order them either way).
+requests = st.lists(
+    st.tuples(st.integers(0, 400), st.integers(1, 120), st.integers(1, 40), st.sampled_from([None, "a", "b", "c"]),
+              st.integers(1, 100)),
+    min_size=1, max_size=30,
+)
+costs = st.builds(
+    lambda t, e, seqs, budget, kv: StepCosts(
+        t_step=t[0], t_token=t[1], t_kv=t[2], t_pair=t[3], e_step=e[0], e_token=e[1], e_kv=e[2], e_pair=e[3],
+        idle_w=10.0, max_num_seqs=seqs, max_batched_tokens=seqs + budget, kv_capacity_tokens=kv),
+    st.tuples(st.floats(1e-3, 2e-2), st.floats(0, 1e-3), st.floats(0, 1e-4), st.floats(0, 1e-5)),
+    st.tuples(st.floats(0.1, 10), st.floats(0, 1), st.floats(0, 0.1), st.floats(0, 0.01)),
+    st.integers(1, 5), st.integers(0, 60), st.integers(20, 400),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests, costs, st.integers(1, 3))
+def test_the_fast_replica_matches_the_step_by_step_reference(
+    spec: list[tuple[int, int, int, str | None, int]], step_costs: StepCosts, prefix_entries: int
+) -> None:
+    def build() -> list[Seq]:
+        return [Seq(at * 0.0013 + math.sqrt(2) * 1e-7, prompt, output, key, prefix if key else 0)
+                for at, prompt, output, key, prefix in spec]
+
+    fast, slow = build(), build()
+    replica = replay(step_costs, fast, prefix_entries)
+    busy = reference_replay(step_costs, slow, prefix_entries)
+    for i, (f, s) in enumerate(zip(fast, slow, strict=True)):
+        for name in ("cached", "admitted", "first_token", "done", "energy_j"):
+            assert getattr(f, name) == pytest.approx(getattr(s, name), rel=1e-9, abs=1e-9), (i, name)
+    assert replica.busy_s == pytest.approx(busy, rel=1e-9)
+    assert sum(f.energy_j for f in fast) == pytest.approx(replica.energy_j, rel=1e-9)
+    assert (replica.running, replica.kv_held, replica.kv_reserved, replica.context_sum) == (0, 0, 0, 0)
