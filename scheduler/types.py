@@ -82,12 +82,18 @@ class Signal:
 
 @dataclass(frozen=True, slots=True)
 class PoolLiveState:
+    """What a pool publishes (its replicas summed). The rates are measured over the interval
+    since the pool's previous publication."""
+
     queue_depth: int = 0
     running: int = 0
     kv_cache_usage: float = 0.0
     prefix_cache_hit_rate: float = 0.0
     gpu_power_w: float | None = None
     measured_j_per_token: float | None = None
+    # Requests that arrived per second, and their prompt tokens per second.
+    arrival_rate: float = 0.0
+    prompt_tokens_rate: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +162,12 @@ class FleetSnapshot:
     carbon: Mapping[str, Signal] = field(default_factory=dict)
     live: Mapping[str, RegionLiveState] = field(default_factory=dict)
     energy_routing_enabled: bool = True
+    # Per candidate: queue wait the router's own dispatches add that the live state does not
+    # show yet (scheduler.datalayer.pending); None: none pending.
+    pending_wait_s: npt.NDArray[np.float64] | None = field(default=None, compare=False)
+    # Identifies the inputs of live-lifetime columns (now, carbon, live, policy, kill switch):
+    # snapshots that differ only in pending dispatches share it, and so share those columns.
+    live_key: object = field(default_factory=object, compare=False, repr=False)
     # Columns the framework and plugins derive from snapshots, shared with the other snapshots
     # of the same builder (a cache, not an input: every entry is checked against the snapshot
     # parts it was computed from).
@@ -163,6 +175,15 @@ class FleetSnapshot:
 
     def age(self, observed_at: float) -> float:
         return self.now - observed_at
+
+    def with_pending(self, pending_wait_s: npt.NDArray[np.float64] | None) -> FleetSnapshot:
+        """This snapshot with other pending dispatches (everything else, its ``live_key`` and
+        the columns derived from it, shared). A shallow copy: the router makes one per
+        dispatch, where ``dataclasses.replace`` would rebuild every field."""
+        copy = object.__new__(FleetSnapshot)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__["pending_wait_s"] = pending_wait_s
+        return copy
 
     @cached_property
     def candidates_by_model(self) -> Mapping[str, tuple[Candidate, ...]]:

@@ -1,6 +1,7 @@
 """Physical units of scorer quantities, and the exchange rates policies put on them.
 
-A scorer reports a quantity in one unit (``J``, ``gCO2e``, ``ms``, ``USD``). A policy prices
+A scorer reports a quantity in one unit (``J``, ``gCO2e``, ``ms``, ``USD``, ``miss``: an
+expected SLO miss). A policy prices
 each quantity with a rate written as ``'<amount> USD/<unit>'``, where the unit may be any
 unit of the same dimension: ``'200 USD/tCO2e'`` prices a carbon scorer's grams,
 ``'0.5 USD/h'`` a latency scorer's milliseconds, ``'0.12 USD/kWh'`` an energy scorer's
@@ -9,7 +10,7 @@ converted once, when the policy is checked, to USD per the scorer's own unit:
 
     usd_per_scorer_unit = amount / unit.scale x scorer_unit.scale
 
-where ``scale`` is the unit's size in its dimension's base unit (g, J, s, USD).
+where ``scale`` is the unit's size in its dimension's base unit (g, J, s, USD, miss).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ UNITS: Mapping[str, Unit] = MappingProxyType({
         Unit("min", "time", 60.0),
         Unit("h", "time", 3600.0),
         Unit("USD", "money", 1.0),
+        # An expected SLO miss: a count of events (0.01 = a 1 % chance for this request).
+        Unit("miss", "SLO misses", 1.0),
     )
 })
 CURRENCY = "USD"
@@ -53,6 +56,7 @@ EXAMPLE_RATE: Mapping[str, str] = MappingProxyType({
     "energy": "'0.12 USD/kWh'",
     "time": "'0.5 USD/h'",
     "money": "1 (a multiplier)",
+    "SLO misses": "'0.002 USD/miss'",
 })
 
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*USD\s*(?:/\s*([A-Za-z0-9]+))?\s*$")

@@ -3,7 +3,9 @@
 Every ``interval_s`` it reads, in one ``mget``, each configured region's live state, the
 carbon-intensity signal of each region's ``carbon.zone`` and the flags (kill switch), and
 builds a new immutable snapshot with ``now = clock()``. The request path only calls
-``current()``, which does no I/O. When the store is down (or a record is malformed) the last
+``current()``, which does no I/O, and ``record_dispatch`` after each decision: the work this
+router sent since a region last published counts in later decisions (no herding between two
+refreshes; scheduler.datalayer.pending). When the store is down (or a record is malformed) the last
 good inputs are kept and the snapshot is still rebuilt with the new ``now``, so their age
 grows and the policy's max-age limits make them stale in the open (never silently fresh).
 """
@@ -19,10 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from scheduler.datalayer.pending import PendingDispatches
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.state import codec, keys
 from scheduler.state.store import StateStore, StateUnavailable
-from scheduler.types import FleetSnapshot, RegionLiveState, Signal
+from scheduler.types import Candidate, FleetSnapshot, RegionLiveState, Request, Signal
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,7 @@ class SnapshotRefresher:
     _energy_routing: bool = field(default=True, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _bad_records: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    pending: PendingDispatches = field(default_factory=PendingDispatches, init=False, repr=False)
 
     def __post_init__(self) -> None:
         regions = self.builder.regions
@@ -80,8 +84,14 @@ class SnapshotRefresher:
         self._snapshot = self._build()
 
     def current(self) -> FleetSnapshot:
-        """The latest snapshot (no I/O: safe on the request path)."""
-        return self._snapshot
+        """The latest snapshot with this router's pending dispatches (no I/O: safe on the
+        request path)."""
+        return self.pending.apply(self._snapshot)
+
+    def record_dispatch(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request) -> None:
+        """This router sent ``request`` to ``candidate``: later decisions count its work
+        until the region's live state shows it (scheduler.datalayer.pending)."""
+        self.pending.record(snapshot, candidate, request, self.clock())
 
     @property
     def energy_routing(self) -> bool:
@@ -101,6 +111,7 @@ class SnapshotRefresher:
             self.status.last_error = str(exc)
         else:
             self._apply_regions(dict(zip(self._region_keys, values[: len(region_keys)], strict=True)))
+            self.pending.settle(self._live, self.clock())
             self._apply_signals(dict(zip(signal_keys, values[len(region_keys) : -1], strict=True)))
             self._apply_flags(values[-1])
             self.status.last_success_at = self.status.last_attempt_at

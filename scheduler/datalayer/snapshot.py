@@ -27,11 +27,19 @@ class PerfAssumptions:
     # Concurrent sequences per replica, and their mean context, when a pool's state is unknown.
     nominal_batch: float = 16.0
     nominal_context: float = 1024.0
-    # The prompt length a queued request is assumed to have (the router does not see the
-    # queue's prompts): each one ahead costs a prefill of this many tokens.
+    # The prompt length a queued request is assumed to have when the pool publishes no
+    # arrival rates (the router does not see the queue's prompts).
     queued_prompt_tokens: float = 1024.0
+    # E[P^2] / E[P]^2 of the prompt lengths (the second moment of prefill service times; the
+    # Azure conversation and code traces both have 1.9).
+    prompt_spread: float = 2.0
+    # Prefill utilisation beyond which the stationary queue is taken at this value (the
+    # backlog term takes over: a queue past saturation grows with time, not with rho).
+    max_utilisation: float = 0.95
     # KV usage above which a replica admits a new sequence only when one finishes.
     kv_full: float = 0.95
+    # Output tokens of a running sequence (its remaining half decides when a slot frees).
+    output_tokens: float = 256.0
 
 
 def replicas_of(candidate: Candidate) -> int:
@@ -146,12 +154,22 @@ class SnapshotBuilder:
         """The candidate's predictors with its pool in ``pool_state`` (None: unknown or stale;
         the nominal batch and context and no queue are assumed).
 
-        Per replica (the pool's totals / replicas), with r running and q waiting sequences:
+        Per replica (the pool's totals / R replicas), with r running and q waiting sequences,
+        requests arriving at lambda = arrival_rate / R with mean prompt P = prompt_tokens_rate
+        / arrival_rate:
             batch        = r + 1 (this request joins), at most max_num_seqs
             others' context = KV usage x KV capacity / r      (scheduler.energy.step.mean_context)
-            queue wait   = q x prefill time of ``queued_prompt_tokens`` at that batch
-                           + (the replica is full: at max_num_seqs or KV usage >= kv_full)
-                             one decode lifetime / r (the time until one running sequence ends)
+            queue wait   = max(stationary, backlog) + tau / 2 + slot wait
+              stationary = lambda E[S^2] / (2 (1 - rho))     the M/G/1 (Pollaczek-Khinchine) wait
+                           of the prefill server, S = P x s, s = prefill seconds per token at
+                           this batch, E[S^2] = prompt_spread x (P s)^2, rho = lambda P s
+                           (capped at max_utilisation)
+              backlog    = q x prefill time of a P-token prompt   (the requests already waiting)
+              tau / 2    = the rest of the step in progress when the request arrives (none
+                           when nothing runs: an idle replica starts a step for it)
+              slot wait  = (the replica is full: max_num_seqs or KV usage >= kv_full)
+                           output_tokens / 2 x tpot / r (until the first of the r running
+                           sequences, each half-way through its output, ends)
         """
         assumptions = self.perf
         rated = self.rated[c.index]
@@ -165,11 +183,16 @@ class SnapshotBuilder:
         batch = min(running + 1.0, float(costs.max_num_seqs))
         others = mean_context(pool_state.kv_cache_usage, costs.kv_capacity_tokens, running)
         energy, latency = predict(rated, batch, others)
-        prompt = assumptions.queued_prompt_tokens
-        prefill_s = latency.prefill_s + prompt * latency.prefill_s_per_token + prompt * prompt / 2 * latency.prefill_s_per_pair
-        wait = waiting * prefill_s
+        arrivals = max(0.0, pool_state.arrival_rate) / replicas
+        prompt = (pool_state.prompt_tokens_rate / pool_state.arrival_rate if pool_state.arrival_rate > 0
+                  else assumptions.queued_prompt_tokens)
+        per_token = latency.prefill_s_per_token + prompt / 2 * latency.prefill_s_per_pair
+        service = prompt * per_token
+        rho = min(arrivals * service, assumptions.max_utilisation)
+        stationary = arrivals * assumptions.prompt_spread * service * service / (2.0 * (1.0 - rho))
+        backlog = waiting * (latency.prefill_s + service)
+        wait = max(stationary, backlog) + (latency.prefill_s / 2.0 if pool_state.running > 0 else 0.0)
         if running >= costs.max_num_seqs or pool_state.kv_cache_usage >= assumptions.kv_full:
             tpot = latency.tpot_s + others * latency.tpot_s_per_context_token
-            # A running sequence is on average halfway through; others' context stands for its length.
-            wait += tpot * max(others, 1.0) / 2.0 / max(running, 1.0)
+            wait += assumptions.output_tokens / 2.0 * tpot / max(running, 1.0)
         return CandidatePerf(energy, latency, batch, wait, live=True)

@@ -25,13 +25,16 @@ per step (the budget left after the other B - 1 decodes), gives the predictor
 (``predict``), linear in the request features of ``scheduler.framework`` (uncached tokens U,
 attention pairs of the prefill, output tokens N, mid-output context C + N / 2):
 
-    E = U (e_token + e_step / (B M')) + pairs (e_pair + e_kv / M') + e_step / (2 B)
-        + N (e_step / B + e_token) + N (C + N / 2) (e_kv + e_pair)
+    prefill: 1 + U / M' steps (at least one; ceil(U / M') bounded linearly from above)
+    E = U (e_token + e_step / (B M')) + pairs (e_pair + e_kv / M') + e_step / B
+        + (N - 1) (e_step / B + e_token) + (N - 1) (C + N / 2) (e_kv + e_pair)
     the steps others run meanwhile: tau = t_step + (B - 1) (t_token + C_others (t_kv + t_pair))
-    prefill_s = (U / M' + 1/2) tau + U t_token + pairs (t_pair + t_kv / M')
+    prefill_s = (1 + U / M') tau + U t_token + pairs (t_pair + t_kv / M')
     tpot_s    = tau + t_token + (C + N / 2) (t_kv + t_pair)
 
-where C_others is the mean context of the other running sequences. The simulator runs the
+where C_others is the mean context of the other running sequences. The first output token
+comes from the step that ends the prefill, so N output tokens take N - 1 decode steps, at
+contexts C + 1 ... C + N - 1 (mean C + N / 2). The simulator runs the
 same ``StepCosts`` step by step (``scheduler.sim``), so what the router predicts and what the
 simulator plays out differ only by the batch the request really met, the queue it really
 waited in and the truth model's error.
@@ -119,8 +122,9 @@ class EnergyCoefficients:
     """A request's predicted energy on one replica at one expected batch, linear in its features:
 
     E = uncached x prefill_j_per_token + pairs x prefill_j_per_pair + start_j
-        + N x (step_j + step_j_per_context_token x (prompt + N / 2))
-    with pairs = uncached x (prompt - uncached / 2) (causal attention of the uncached tokens).
+        + (N - 1) x (step_j + step_j_per_context_token x (prompt + N / 2))
+    with pairs = uncached x (prompt - uncached / 2) (causal attention of the uncached tokens):
+    the prefill, whose last step gives the first token, then N - 1 decode steps.
     """
 
     prefill_j_per_token: float
@@ -138,7 +142,8 @@ class EnergyCoefficients:
         return uncached * self.prefill_j_per_token + pairs * self.prefill_j_per_pair + self.start_j
 
     def decode_joules(self, prompt_tokens: int, output_tokens: int) -> float:
-        return output_tokens * (self.step_j + self.step_j_per_context_token * (prompt_tokens + output_tokens * 0.5))
+        steps = output_tokens - 1 if output_tokens > 1 else 0
+        return steps * (self.step_j + self.step_j_per_context_token * (prompt_tokens + output_tokens * 0.5))
 
     def joules(self, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> float:
         return self.prefill_joules(prompt_tokens, cached_tokens) + self.decode_joules(prompt_tokens, output_tokens)
@@ -196,14 +201,14 @@ def predict(
     energy = EnergyCoefficients(
         prefill_j_per_token=c.e_token + c.e_step / (b * budget),
         prefill_j_per_pair=c.e_pair + c.e_kv / budget,
-        start_j=c.e_step / (2.0 * b),
+        start_j=c.e_step / b,
         step_j=c.e_step / b + c.e_token,
         step_j_per_context_token=c.e_kv + c.e_pair,
         rel_error=rated.rel_error,
         provenance=rated.provenance,
     )
     latency = LatencyCoefficients(
-        prefill_s=0.5 * tau,
+        prefill_s=tau,
         prefill_s_per_token=tau / budget + c.t_token,
         prefill_s_per_pair=c.t_pair + c.t_kv / budget,
         tpot_s=tau + c.t_token,

@@ -9,7 +9,8 @@ The framework's columns (``Frame``) are the candidate index by model, each candi
 region, location and tie-break key (static: once per candidate tuple) and the prediction
 matrix from each candidate's ``CandidatePerf`` (once per perf tuple, which the snapshot
 builder reuses while no pool's live state changes). A plugin's columns come from its
-``prepare`` and live as long as its ``LIFETIME`` says. All of them are kept in the
+``prepare`` and live as long as its ``LIFETIME`` says (``live``: as long as the snapshot's
+``live_key``, which the snapshots that differ only in pending dispatches share). All of them are kept in the
 snapshot's ``column_cache`` (shared by the snapshots of one builder), each entry with the
 snapshot part it was computed from, and restricted once per model to that model's
 candidates: every request for a model starts from them.
@@ -91,8 +92,9 @@ def _perf(perf: tuple[CandidatePerf, ...]) -> dict[str, Any]:
     for p in perf:
         e, t = p.energy, p.latency
         rows.append((
-            # EnergyCoefficients.joules
-            (e.start_j, e.prefill_j_per_token, e.prefill_j_per_pair, 0.0, e.step_j, e.step_j_per_context_token),
+            # EnergyCoefficients.joules: ... + (N - 1) (step_j + step_j_per_context_token x mid)
+            (e.start_j - e.step_j, e.prefill_j_per_token, e.prefill_j_per_pair, -e.step_j_per_context_token, e.step_j,
+             e.step_j_per_context_token),
             # queue wait + LatencyCoefficients prefill
             (p.queue_wait_s + t.prefill_s, t.prefill_s_per_token, t.prefill_s_per_pair, 0.0, 0.0, 0.0),
             # LatencyCoefficients tpot
@@ -144,7 +146,8 @@ def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
         **{name: column[index] for name, column in static.items()},
         **{name: column[index] for name, column in perf.items()},
     )
-    cache[key] = (snapshot.candidates, snapshot.perf, result)
+    if len(index):  # a model nobody serves (any name a client sends) is not worth a cache entry
+        cache[key] = (snapshot.candidates, snapshot.perf, result)
     return result
 
 
@@ -154,7 +157,7 @@ def _anchor(plugin: Prepares, snapshot: FleetSnapshot) -> object:
         return snapshot.candidates
     if lifetime == "perf":
         return snapshot.perf
-    return snapshot
+    return snapshot.live_key
 
 
 def prepared(plugin: Prepares, snapshot: FleetSnapshot, model: str, index: IndexArray) -> Any:
@@ -177,7 +180,8 @@ def prepared(plugin: Prepares, snapshot: FleetSnapshot, model: str, index: Index
         columns = plugin.prepare(snapshot)
         cache[full_key] = (plugin, anchor, columns)
     restricted = restrict(columns, index, len(snapshot.candidates))
-    cache[key] = (plugin, anchor, restricted)
+    if len(index):  # as in ``frame``: no entry per unserved model name
+        cache[key] = (plugin, anchor, restricted)
     return restricted
 
 

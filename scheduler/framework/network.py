@@ -32,6 +32,8 @@ def rtt_s(snapshot: FleetSnapshot, frame: Frame, client: GeoPoint | None) -> Flo
     """Round trip from ``client`` to each of the frame's candidates (None: no location)."""
     if client is None:
         return None
+    if not len(frame.index):
+        return np.zeros(0)
     row: FloatArray = memo(snapshot, ("rtt", frame.model, client.lat, client.lon), snapshot.candidates,
                            lambda: rtt_row(frame.lat_rad, frame.lon_rad, client))
     return row

@@ -7,6 +7,8 @@ Every prediction is linear in the request features (scheduler.framework.columns)
     energy_j = the step model's EnergyCoefficients at the pool's expected batch
                (scheduler.energy.step.predict, via the data layer's CandidatePerf)
     ttft_s   = rtt_s + queue_wait_s + prefill_s (LatencyCoefficients)
+    queue_wait_s = the pool's predicted wait (data layer, from live state)
+                   + the wait the router's own pending dispatches add (snapshot.pending_wait_s)
     tpot_s   = decode step time at the mid-output context
 
 so one matrix product (candidates x 3 x 6 by 6) gives them all.
@@ -32,12 +34,18 @@ def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray) ->
     predicted = cols.prediction @ features  # candidate x (energy_j, ttft_s without RTT, tpot_s)
     rtt = rtt_s(snapshot, cols, request.client_location)
     ttft = predicted[:, 1] if rtt is None else predicted[:, 1] + rtt
+    queue_wait = cols.queue_wait_s
+    pending = snapshot.pending_wait_s
+    if pending is not None:
+        extra = pending[base]
+        queue_wait = queue_wait + extra
+        ttft = ttft + extra
     return RequestView(
         request=request,
         snapshot=snapshot,
         base=base,
         rtt_s=np.zeros(len(base)) if rtt is None else rtt,
-        queue_wait_s=cols.queue_wait_s,
+        queue_wait_s=queue_wait,
         ttft_s=ttft,
         tpot_s=predicted[:, 2],
         energy_j=predicted[:, 0],

@@ -77,6 +77,17 @@ class _Ranking:
 
 
 @dataclass(frozen=True)
+class _Labels:
+    # the objective's terms (kept so their id stays theirs while memoized)
+    terms: tuple[Term, ...]
+    names: tuple[str, ...]
+    units: tuple[str, ...]
+    rate_values: tuple[float, ...]
+    written: tuple[str, ...]
+    rates: FloatArray
+
+
+@dataclass(frozen=True)
 class _Compiled:
     """A policy's plan with what every decision under it reuses."""
 
@@ -102,6 +113,7 @@ class Scheduler:
         self._salt = self.rng.getrandbits(32)
         # id(policy) -> its compiled plan; the policy is kept in it so its id stays its own.
         self._compiled: dict[int, _Compiled] = {}
+        self._label_memo: dict[tuple[int, int, int], _Labels] = {}
 
     @classmethod
     def from_registry(cls, registry: Registry, rng: random.Random | None = None) -> Scheduler:
@@ -137,15 +149,16 @@ class Scheduler:
 
     def _columns(self, compiled: _Compiled, snapshot: FleetSnapshot, model: str, base: IndexArray) -> tuple[Any, ...]:
         """Every plugin's columns for the model's candidates (``compiled.prepares`` order),
-        looked up once per snapshot and model."""
+        looked up once per snapshot inputs (``live_key``: a new build has a new one) and model."""
         cache = snapshot.column_cache
         key = ("plan-columns", id(compiled), model)
         entry = cache.get(key)
-        if isinstance(entry, tuple) and entry[0] is compiled and entry[1] is snapshot:
+        if isinstance(entry, tuple) and entry[0] is compiled and entry[1] is snapshot.live_key:
             columns: tuple[Any, ...] = entry[2]
             return columns
         columns = tuple(prepared(plugin, snapshot, model, base) for plugin in compiled.prepares)
-        cache[key] = (compiled, snapshot, columns)
+        if len(base):  # no entry per unserved model name (any name a client sends)
+            cache[key] = (compiled, snapshot.live_key, columns)
         return columns
 
     def schedule(self, request: Request, snapshot: FleetSnapshot) -> Decision:
@@ -245,7 +258,8 @@ class Scheduler:
         objective ranks instead). A scorer that gives a non-finite quantity abstains."""
         answered: list[Term] = []
         rows: list[FloatArray] = []
-        for term, cols in zip(terms, columns, strict=False):
+        mask = 0
+        for bit, (term, cols) in enumerate(zip(terms, columns, strict=False)):
             scorer = term.scorer
             start = self.timer()
             result = scorer.score(view, cols, positions)
@@ -257,9 +271,10 @@ class Scheduler:
                 continue
             answered.append(term)
             rows.append(result)
+            mask |= 1 << bit
+        labels = self._labels(terms, mask, answered, klass)
         quantities = np.array(rows, dtype=np.float64).reshape(len(rows), count)
-        rates = [term.rates[klass] for term in answered]
-        totals: FloatArray = np.array(rates) @ quantities if rows else np.zeros(count)
+        totals: FloatArray = labels.rates @ quantities if rows else np.zeros(count)
         if not math.isfinite(float(np.add.reduce(totals))):
             # Rare: drop the scorers that gave a non-finite quantity (recorded as fallbacks).
             row_finite: BoolArray = np.all(np.isfinite(quantities), axis=1)
@@ -271,18 +286,31 @@ class Scheduler:
                                               f"{scorer.TYPE} gave a non-finite {scorer.QUANTITY}"))
                     if primary and scorer.ENERGY_LAYER:
                         return None
-            answered = [term for term, ok in zip(answered, finite, strict=True) if ok]
+            kept = [term for term, ok in zip(answered, finite, strict=True) if ok]
+            kept_mask = sum(1 << terms.index(term) for term in kept)
+            labels = self._labels(terms, kept_mask, kept, klass)
             quantities = quantities[np.asarray(finite, dtype=bool)]
-            rates = [term.rates[klass] for term in answered]
-            totals = np.array(rates) @ quantities if answered else np.zeros(count)
-        return _Ranking(
-            names=tuple(term.scorer.TYPE for term in answered),
-            units=tuple(term.scorer.UNIT for term in answered),
-            rates=tuple(rates),
-            written=tuple(term.written[klass] for term in answered),
-            quantities=quantities,
-            totals=totals,
-        )
+            totals = labels.rates @ quantities if kept else np.zeros(count)
+        return _Ranking(labels.names, labels.units, labels.rate_values, labels.written, quantities, totals)
+
+    def _labels(self, terms: tuple[Term, ...], mask: int, answered: list[Term], klass: int) -> _Labels:
+        """Names, units and rates of the answered terms (memoized: the same few per objective)."""
+        key = (id(terms), mask, klass)
+        labels = self._label_memo.get(key)
+        if labels is None or labels.terms is not terms:
+            rates = tuple(term.rates[klass] for term in answered)
+            labels = _Labels(
+                terms=terms,
+                names=tuple(term.scorer.TYPE for term in answered),
+                units=tuple(term.scorer.UNIT for term in answered),
+                rate_values=rates,
+                written=tuple(term.written[klass] for term in answered),
+                rates=np.asarray(rates, dtype=np.float64),
+            )
+            if len(self._label_memo) >= 1024:
+                self._label_memo.clear()
+            self._label_memo[key] = labels
+        return labels
 
     def _tiebreak(self, request: Request, view: RequestView, positions: Positions) -> HashArray:
         """A per-candidate key mixing the candidate's key hash with the request id's: exact

@@ -17,7 +17,7 @@ from scheduler.plugins.filters import (
 )
 from scheduler.plugins.matchers import long_context
 from scheduler.plugins.pickers import lowest_cost
-from scheduler.plugins.scorers import carbon, energy, price, queue, ttft
+from scheduler.plugins.scorers import carbon, energy, price, queue, slo_risk, ttft
 
 
 def register_all(registry: Registry) -> Registry:
@@ -35,6 +35,7 @@ def register_all(registry: Registry) -> Registry:
     registry.scorer(price.TYPE, price.PriceScorer)
     registry.scorer(ttft.TYPE, ttft.TtftScorer)
     registry.scorer(queue.TYPE, queue.QueueScorer)
+    registry.scorer(slo_risk.TYPE, slo_risk.SloRiskScorer)
     registry.picker(lowest_cost.TYPE, lowest_cost.LowestCostPicker)
     return registry
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -40,6 +41,9 @@ from scheduler.state import codec
 from scheduler.types import PoolLiveState, RegionLiveState
 
 log = logging.getLogger(__name__)
+
+# Time constant of the published arrival rates' moving average.
+RATE_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ class RegionGateway:
         self._power_w: float | None = None
         self._measured_j_total = 0.0
         self._last_rate: tuple[float, float] | None = None  # (measured J, generated tokens)
+        self._last_arrivals: tuple[float, int, float] | None = None  # (monotonic s, requests, prompt tokens)
+        self._rates = (0.0, 0.0)  # published arrival rates: requests/s, prompt tokens/s
         self._tasks: list[asyncio.Task[None]] = []
         if self._meter.available:
             self._tasks.append(asyncio.create_task(self._meter_loop()))
@@ -218,6 +224,7 @@ class RegionGateway:
             stats, healthy = {}, False
         in_flight = self._in_flight.count
         running = min(int(stats.get("running", 0)), in_flight)
+        arrival_rate, prompt_rate = self._arrival_rates(stats.get("prompt_tokens_total"))
         pool = PoolLiveState(
             queue_depth=in_flight - running,
             running=running,
@@ -225,10 +232,28 @@ class RegionGateway:
             prefix_cache_hit_rate=float(stats.get("prefix_cache_hit_rate", 0.0)),
             gpu_power_w=self._power_w,
             measured_j_per_token=self._j_per_token(stats.get("generation_tokens_total")),
+            arrival_rate=arrival_rate,
+            prompt_tokens_rate=prompt_rate,
         )
         return RegionLiveState(
             region=settings.region.name, healthy=healthy, observed_at=time.time(), pools={settings.pool: pool}
         )
+
+    def _arrival_rates(self, prompt_total: float | None) -> tuple[float, float]:
+        """Requests started and prompt tokens the engine prefilled per second, averaged
+        exponentially over ``RATE_WINDOW_S`` (one publication interval alone is too noisy)."""
+        now, started = time.monotonic(), self._in_flight.started_total
+        previous = self._last_arrivals
+        self._last_arrivals = (now, started, prompt_total or 0.0)
+        if previous is None or now <= previous[0]:
+            return self._rates
+        window = now - previous[0]
+        prompt_rate = max(0.0, (prompt_total or 0.0) - previous[2]) / window if prompt_total is not None else 0.0
+        weight = 1.0 - math.exp(-window / RATE_WINDOW_S)
+        arrivals, prompts = self._rates
+        self._rates = (arrivals + weight * ((started - previous[1]) / window - arrivals),
+                       prompts + weight * (prompt_rate - prompts))
+        return self._rates
 
     def _j_per_token(self, generated_total: float | None) -> float | None:
         """Measured J per generated token since the previous publication (None unmeasured)."""

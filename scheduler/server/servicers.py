@@ -62,6 +62,8 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
         self.deps.metrics.decision(decision)
         if not decision.schedulable:
             raise unschedulable(decision)
+        # Route answers send the client there too (direct mode): both count as dispatched.
+        self.deps.refresher.record_dispatch(snapshot, decision.ranked_candidates[0], incoming.request)
         return snapshot, incoming, decision
 
     async def Route(self, request: messages_pb2.GenerateRequest, context: Context) -> router_pb2.RouteResponse:

@@ -9,6 +9,10 @@ Then ``SnapshotBuilder`` builds the snapshot, exactly as in the router.
 A snapshot is kept while a rebuild would decide the same (``snapshot``): its ``now`` then lags
 the clock, and so do the ages a decision records from it; the engine adds the lag back
 (``scheduler.sim.engine``).
+
+As in the router, the dispatches made since the last publication are counted
+(``scheduler.datalayer.pending``): the engine records each, a publication settles those it
+shows, and every snapshot handed out carries the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from scheduler.datalayer.pending import PendingDispatches
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.pools import PoolSim
@@ -46,6 +51,7 @@ class SimDataLayer:
         self._valid_until = 0.0
         # region -> the last time it published (its state may be unchanged since the build)
         self._last_publish: dict[str, float] = {}
+        self.pending = PendingDispatches()
 
     def snapshot(self, now: float) -> FleetSnapshot:
         """The snapshot a router would hold at ``now`` (rebuilt when older than refresh_s).
@@ -56,15 +62,16 @@ class SimDataLayer:
         that saves a rebuild per request)."""
         snap = self._snapshot
         if snap is not None and now - snap.now < self.refresh_s:
-            return snap
+            return self.pending.apply(snap)
         carbon = self.carbon.published(now)
-        live = {region: tuple(pool.live() for pool in pools) for region, pools in self._pools.items()
+        live = {region: tuple(pool.live(now) for pool in pools) for region, pools in self._pools.items()
                 if region not in self.down}
         for region in live:
             self._last_publish[region] = now
+        self.pending.settle_regions(dict.fromkeys(live, now), now)
         inputs = (carbon, frozenset(self.down), live)
         if snap is not None and now <= self._valid_until and self._same(inputs):
-            return snap
+            return self.pending.apply(snap)
         published = self.published
         for region in self.down:
             # It kept publishing (unchanged) until it went down.
@@ -79,7 +86,7 @@ class SimDataLayer:
         snap = self.builder.build(now, carbon, published)
         self._snapshot, self._inputs = snap, inputs
         self._valid_until = self._exact_until(snap)
-        return snap
+        return self.pending.apply(snap)
 
     def _same(self, inputs: tuple[object, ...]) -> bool:
         return bool(self._inputs) and inputs[0] is self._inputs[0] and inputs[1:] == self._inputs[1:]

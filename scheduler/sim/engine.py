@@ -197,6 +197,8 @@ class Simulation:
                 request = job.request
                 job.predicted_j, job.predicted_ttft_s = predictions.energy_and_ttft(snap, request, candidate)
                 job.rtt_s = predictions.rtt_s(request.client_location, candidate)
+                data.pending.record(snap, candidate, request, now)
+                pool.sent(request.prompt_tokens)
                 replica = pool.choose()
                 if replica.waiting or not replica.can_admit(job):
                     counters["queued"] += 1

@@ -12,6 +12,9 @@ What the pool publishes (its replicas summed, as vLLM's metrics are summed over 
     running        = sum of running sequences (prefilling or decoding)
     kv_cache_usage = sum of KV tokens held / (R x KV capacity per replica)
     prefix_cache_hit_rate = hits / lookups of the replicas' prefix caches since the start
+    arrival_rate, prompt_tokens_rate = requests and their prompt tokens sent to the pool per
+                   second, averaged exponentially over ``RATE_WINDOW_S`` (one publication
+                   interval alone is too noisy: 10 requests a second vary by a third)
 
 Tokens held are counted at each replica's last scheduling event: a decode run in progress
 adds its tokens when it ends.
@@ -19,12 +22,16 @@ adds its tokens when it ends.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
 from scheduler.energy.step import StepCosts
 from scheduler.sim.replica import Replica, Seq, Totals
 from scheduler.types import Candidate, Decision, PoolLiveState, Request
+
+# Time constant of the published arrival rates' moving average.
+RATE_WINDOW_S = 10.0
 
 
 class Job(Seq):
@@ -50,7 +57,8 @@ def replicas_of(candidate: Candidate) -> int:
 
 
 class PoolSim:
-    __slots__ = ("_live", "_rng", "candidate", "costs", "down", "replicas", "totals")
+    __slots__ = ("_arrivals", "_live", "_prompt_tokens", "_rng", "_window_start", "candidate", "costs", "down",
+                 "replicas", "totals")
 
     def __init__(self, candidate: Candidate, costs: StepCosts, on_done: Callable[[Seq], None], seed: int = 0) -> None:
         """``costs``: the true step costs of one replica of this pool."""
@@ -61,6 +69,15 @@ class PoolSim:
         self.down = False
         self._rng = random.Random(f"{seed}:{candidate.region.name}/{candidate.pool.name}")
         self._live = PoolLiveState()
+        # Requests and prompt tokens sent since the last publication, which began the window.
+        self._arrivals = 0
+        self._prompt_tokens = 0
+        self._window_start: float | None = None
+
+    def sent(self, prompt_tokens: int) -> None:
+        """A request was sent to the pool (counted for the published arrival rates)."""
+        self._arrivals += 1
+        self._prompt_tokens += prompt_tokens
 
     def choose(self) -> Replica:
         """Power of two choices on waiting + running."""
@@ -85,10 +102,20 @@ class PoolSim:
             self.totals.changed = True
         return taken
 
-    def live(self) -> PoolLiveState:
-        """What the pool would publish now (the same object while nothing changed)."""
+    def live(self, now: float) -> PoolLiveState:
+        """What the pool publishes at ``now`` (the same object while nothing changed); the
+        rates cover the interval since the previous call."""
+        window = None if self._window_start is None else now - self._window_start
+        self._window_start = now
+        arrival_rate, prompt_rate = self._live.arrival_rate, self._live.prompt_tokens_rate
+        if window is not None and window > 0:
+            weight = 1.0 - math.exp(-window / RATE_WINDOW_S)
+            arrival_rate = round(arrival_rate + weight * (self._arrivals / window - arrival_rate), 3)
+            prompt_rate = round(prompt_rate + weight * (self._prompt_tokens / window - prompt_rate), 1)
+        self._arrivals = self._prompt_tokens = 0
         totals = self.totals
-        if totals.changed:
+        live = self._live
+        if totals.changed or (arrival_rate, prompt_rate) != (live.arrival_rate, live.prompt_tokens_rate):
             totals.changed = False
             capacity = len(self.replicas) * self.costs.kv_capacity_tokens
             self._live = PoolLiveState(
@@ -96,6 +123,8 @@ class PoolSim:
                 running=totals.running,
                 kv_cache_usage=round(totals.kv_held / capacity, 3) if capacity else 1.0,
                 prefix_cache_hit_rate=round(totals.hits / totals.lookups, 2) if totals.lookups else 0.0,
+                arrival_rate=arrival_rate,
+                prompt_tokens_rate=prompt_rate,
             )
         return self._live
 

@@ -1,7 +1,7 @@
 """Energy scorer: predicted joules for this request on each candidate pool.
 
-E [J] = U (e_token + e_step / (B M')) + pairs (e_pair + e_kv / M') + e_step / (2 B)
-        + N (e_step / B + e_token) + N (C + N / 2) (e_kv + e_pair)
+E [J] = U (e_token + e_step / (B M')) + pairs (e_pair + e_kv / M') + e_step / B
+        + (N - 1) (e_step / B + e_token) + (N - 1) (C + N / 2) (e_kv + e_pair)
 (scheduler.energy.step: the pool's step model at its expected batch B, evaluated by the
 framework for U uncached of C prompt tokens and N output tokens)
 Reads: view.energy_j. Never abstains: the prediction comes from configured hardware and the

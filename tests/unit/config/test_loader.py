@@ -72,18 +72,22 @@ def test_policy_errors_are_reported_with_region_errors(config_dirs) -> None:  # 
 
 
 BAD_POLICY_EDITS = [
-    ("{type: carbon-scorer, rate: 1000 USD/tCO2e}", "{type: karbon-scorer, rate: 1000 USD/tCO2e}",
+    ("{type: carbon-scorer, rate: 3000 USD/tCO2e}", "{type: karbon-scorer, rate: 1000 USD/tCO2e}",
      "scorers[0].type", "'karbon-scorer' is not a registered scorer (known: energy-scorer, carbon-scorer"),
-    ("{type: carbon-scorer, rate: 1000 USD/tCO2e}", "{type: carbon-scorer, rate: 1000 USD/h}",
+    ("{type: carbon-scorer, rate: 3000 USD/tCO2e}", "{type: carbon-scorer, rate: 1000 USD/h}",
      "scorers[0].rate", "carbon-scorer reports gCO2e: a rate per h (time) cannot price a quantity in gCO2e (mass of CO2e); "
      "expected a rate like '200 USD/tCO2e'"),
-    ("{type: carbon-scorer, rate: 1000 USD/tCO2e}", "{type: carbon-scorer, rate: 1000 EUR/tCO2e}",
+    ("{type: carbon-scorer, rate: 3000 USD/tCO2e}", "{type: carbon-scorer, rate: 1000 EUR/tCO2e}",
      "scorers[0].rate", "expected a rate like '200 USD/tCO2e' or '0.5 USD/h', got '1000 EUR/tCO2e'"),
-    ("{type: carbon-scorer, rate: 1000 USD/tCO2e}", "{type: carbon-scorer, rate: '1000 USD/tons'}",
+    ("{type: carbon-scorer, rate: 3000 USD/tCO2e}", "{type: carbon-scorer, rate: '1000 USD/tons'}",
      "scorers[0].rate", "unknown unit 'tons'"),
-    ("rate: {interactive: 1 USD/h, batch: 0.05 USD/h, deferrable: 0}\nmatchers",
-     "rate: {interactive: 1 USD/h, batch: 0.05 USD/h}\nmatchers",
+    ("rate: {interactive: 0.02 USD/h, batch: 0.01 USD/h, deferrable: 0}\n",
+     "rate: {interactive: 0.02 USD/h, batch: 0.01 USD/h}\n",
      "scorers[2].rate", "deferrable: no rate given"),
+    ("parameters: {ttft_log_sigma: 0.25, queue_cv: 1.0}", "parameters: {ttft_log_sigma: -1, queue_cv: 1.0}",
+     "scorers[3].parameters.ttft_log_sigma", "greater than 0"),
+    ("rate: {interactive: 0.0003 USD/miss,", "rate: {interactive: 0.0003 USD/ms,",
+     "scorers[3].rate", "slo-risk-scorer reports miss: a rate per ms (time) cannot price a quantity in miss"),
     ("parameters: {threshold_tokens: 32768, min_hbm_gb: 141}", "parameters: {threshold_tokens: '32768', min_hbm_gb: 141}",
      "matchers[0].parameters.threshold_tokens", "'32768'"),
     ("parameters: {threshold_tokens: 32768, min_hbm_gb: 141}", "parameters: {threshold: 32768}",

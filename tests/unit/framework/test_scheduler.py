@@ -34,11 +34,11 @@ def test_fresh_carbon_ranks_the_clean_region_first(scheduler, make_snapshot) -> 
     energy_j = decision.energy.energy_j  # type: ignore[union-attr]
     assert chosen.quantities["carbon-scorer"] == pytest.approx(energy_j * 20 * 1.2 / 3.6e6)
     rate = dict(zip(decision.scorer_names, decision.rates, strict=True))["carbon-scorer"]
-    assert rate == pytest.approx(1000 / 1e6)  # default prices carbon at 1000 USD/tCO2e: USD per gram
+    assert rate == pytest.approx(3000 / 1e6)  # default prices carbon at 3000 USD/tCO2e: USD per gram
     assert chosen.costs["carbon-scorer"] == pytest.approx(rate * chosen.quantities["carbon-scorer"])
     assert chosen.total == pytest.approx(sum(chosen.costs.values()))
     assert dict(zip(decision.scorer_names, decision.units, strict=True)) == {
-        "carbon-scorer": "gCO2e", "price-scorer": "USD", "ttft-scorer": "ms"}
+        "carbon-scorer": "gCO2e", "price-scorer": "USD", "ttft-scorer": "ms", "slo-risk-scorer": "miss"}
 
 
 def test_stale_carbon_falls_back_to_the_performance_order(scheduler, make_snapshot, shipped) -> None:  # type: ignore[no-untyped-def]
@@ -148,3 +148,15 @@ def test_nonsense_carbon_values_make_the_scorer_abstain(scheduler, make_snapshot
     decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN],
                                                        carbon_signals=[carbon("ND", 700), future]))
     assert not decision.energy_ranking and "future" in decision.fallbacks[0].detail
+
+
+def test_unserved_model_names_do_not_grow_the_caches(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    snapshot = make_snapshot([NEAR_DIRTY, FAR_CLEAN], carbon_signals=[carbon("ND", 700), carbon("FC", 20)])
+    scheduler.schedule(req(), snapshot)
+    size = len(snapshot.column_cache)
+    for i in range(200):
+        decision = scheduler.schedule(req(model=f"no-such-model-{i}"), snapshot)
+        assert not decision.schedulable
+    assert len(snapshot.column_cache) <= size + 200  # one bounded memo entry per name at most
+    assert not any(isinstance(k, tuple) and k[0] in ("frame", "plugin", "plan-columns") and "no-such" in str(k)
+                   for k in snapshot.column_cache)

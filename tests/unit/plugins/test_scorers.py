@@ -18,6 +18,7 @@ from scheduler.plugins.scorers.carbon import CarbonScorer
 from scheduler.plugins.scorers.energy import EnergyScorer
 from scheduler.plugins.scorers.price import PriceScorer
 from scheduler.plugins.scorers.queue import QueueScorer
+from scheduler.plugins.scorers.slo_risk import SloRiskScorer, normal_sf
 from scheduler.plugins.scorers.ttft import TtftScorer
 from scheduler.types import GeoPoint, PoolLiveState, RegionLiveState, Request
 from tests.literals import NOW, carbon, pool, region
@@ -67,6 +68,9 @@ CASES = [
          live=[live("a"), live("b", age_s=30)]),
     Case("price: the cheap region", PriceScorer(), [region("dear", price=0.4), region("cheap", price=0.05)],
          least="cheap/h100"),
+    Case("slo risk: the region far inside the budget", SloRiskScorer(),
+         [region("us", lat=39.0, lon=-77.5), region("jp", lat=35.7, lon=139.7)], least="jp/h100",
+         request=req(client_location=GeoPoint(35.68, 139.69), ttft_slo_ms=250)),
 ]
 
 
@@ -130,3 +134,17 @@ def test_picker_breaks_exact_ties_by_the_tiebreak_key() -> None:
     costs = np.asarray([0.5, 0.5, 0.5, 0.1])
     order = LowestCostPicker().pick(costs, np.asarray([30, 10, 20, 99], dtype=np.uint64))
     assert order.tolist() == [3, 1, 2, 0]
+
+
+def test_slo_risk_is_the_chance_of_a_miss(make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    snapshot = make_snapshot([region("a")])
+    base, _ = ModelAvailableFilter().select(req(), snapshot)
+    ttft_ms = float(request_view(req(), snapshot, base).ttft_s[0]) * 1000
+    for budget_ms, expected in ((ttft_ms, 0.5), (ttft_ms * np.exp(0.3), 1 - 0.8413447), (ttft_ms * np.exp(-0.6), 0.9772499)):
+        request = req(ttft_slo_ms=budget_ms)
+        # no live state: no queue, so the spread is the physics' alone
+        risk = SloRiskScorer(ttft_log_sigma=0.3).score(request_view(request, snapshot, base), None, slice(None))
+        assert not isinstance(risk, Abstain)
+        assert float(risk[0]) == pytest.approx(expected, abs=1e-6)
+    z = np.linspace(-8, 8, 161)
+    assert np.all(np.diff(normal_sf(z)) < 0) and normal_sf(np.array([0.0]))[0] == pytest.approx(0.5)

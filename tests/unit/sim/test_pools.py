@@ -54,15 +54,28 @@ def test_live_state_sums_the_replicas() -> None:
     first, second = p.replicas
     for replica in (first, second, second):
         replica.arrive(Seq(0.0, 4, 4), 0.0)
-    assert (p.live().queue_depth, p.live().running) == (3, 0)
+    assert (p.live(0.0).queue_depth, p.live(0.0).running) == (3, 0)
     # Admission at the step boundary: 2 run (max_num_seqs 2 per replica, both fit).
     first.boundary(0.0)
     second.boundary(0.0)
-    live = p.live()
+    live = p.live(0.0)
     assert (live.queue_depth, live.running) == (0, 3)
     assert live.kv_cache_usage == 0.0  # nothing in the cache until the prefill step ends
     taken = p.drain()
-    assert taken == [] and p.live() is live  # unchanged: the same object
+    assert taken == [] and p.live(0.0) is live  # unchanged: the same object
+
+
+def test_live_state_publishes_smoothed_arrival_rates() -> None:
+    p = pool(2)
+    p.live(0.0)  # the first publication opens the window
+    for second in range(1, 61):  # 4 requests of 400 tokens every second for a minute
+        for _ in range(4):
+            p.sent(400)
+        live = p.live(float(second))
+    assert live.arrival_rate == pytest.approx(4.0, rel=0.01)
+    assert live.prompt_tokens_rate == pytest.approx(1600.0, rel=0.01)
+    first = p.live(61.0).arrival_rate  # nothing sent in the last second: the average decays
+    assert 3.0 < first < 4.0
 
 
 def test_drain_takes_the_waiting_requests_only() -> None:
@@ -73,7 +86,7 @@ def test_drain_takes_the_waiting_requests_only() -> None:
         replica.arrive(seq, 0.0)
     replica.boundary(0.0)  # admits two
     assert p.drain() == waiting[2:]
-    assert p.live().queue_depth == 0 and p.live().running == 2
+    assert p.live(0.0).queue_depth == 0 and p.live(0.0).running == 2
 
 
 def test_truth_without_error_is_the_rated_costs() -> None:

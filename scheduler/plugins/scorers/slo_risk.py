@@ -1,0 +1,61 @@
+"""SLO-risk scorer: the chance this request misses its TTFT SLO on each candidate.
+
+P(miss) [miss] = P(TTFT > budget) = 1 - Phi(ln(budget / ttft) / sigma)
+sigma  = sqrt(ttft_log_sigma^2 + (queue_cv x queue wait / ttft)^2)
+ttft   = the predicted time to first token (scheduler.framework.predict: RTT + queue wait,
+         the router's pending dispatches included, + prefill)
+budget = the request's TTFT SLO (scheduler.plugins.filters.slo_reachable.ttft_budget_s)
+The prediction's error is taken as lognormal: ``ttft_log_sigma`` for the parts that are
+physics (RTT, prefill: the simulator reports the measured spread, `scheduler simulate` ->
+TTFT err), widened by the queue wait's share of the TTFT, the part that depends on arrivals
+not yet seen (a queue's wait has a coefficient of variation near ``queue_cv`` = 1, as an M/M/1
+queue's does). The SLO filter has already removed the candidates predicted past the budget
+(P > 0.5); this prices how close the others are to it, so that a policy can concentrate load
+on a clean pool until its queue makes the SLO uncertain, and spill before it is missed.
+Reads: view.ttft_s, view.queue_wait_s, the request's TTFT budget. Parameters:
+ttft_log_sigma, queue_cv.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
+
+import numpy as np
+from pydantic import Field
+
+from scheduler.framework.columns import FloatArray
+from scheduler.framework.plugin import Abstain, NoColumns, Positions, RequestView
+from scheduler.plugins.filters.slo_reachable import ttft_budget_s
+
+TYPE = "slo-risk-scorer"
+
+
+def normal_sf(z: FloatArray) -> FloatArray:
+    """1 - Phi(z), the standard normal's upper tail (Abramowitz and Stegun 7.1.26 for erfc;
+    absolute error below 1.5e-7)."""
+    x = np.abs(z) / np.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erfc = poly * np.exp(-x * x)
+    tail: FloatArray = np.where(z >= 0, 0.5 * erfc, 1.0 - 0.5 * erfc)
+    return tail
+
+
+@dataclass(frozen=True)
+class SloRiskScorer(NoColumns):
+    TYPE: ClassVar[str] = TYPE
+    UNIT: ClassVar[str] = "miss"
+    QUANTITY: ClassVar[str] = "slo risk"
+    ENERGY_LAYER: ClassVar[bool] = False
+    # Lognormal spread of the TTFT prediction's error without queueing, and the queue wait's
+    # coefficient of variation.
+    ttft_log_sigma: Annotated[float, Field(gt=0, le=3)] = 0.25
+    queue_cv: Annotated[float, Field(ge=0, le=5)] = 1.0
+
+    def score(self, view: RequestView, cols: None, positions: Positions) -> FloatArray | Abstain:
+        budget = ttft_budget_s(view.request, view.snapshot)
+        ttft = np.maximum(view.ttft_s[positions], 1e-6)
+        queue_share = view.queue_wait_s[positions] / ttft
+        sigma = np.sqrt(self.ttft_log_sigma * self.ttft_log_sigma + (self.queue_cv * queue_share) ** 2)
+        return normal_sf(np.log(budget / ttft) / sigma)
