@@ -32,6 +32,47 @@ log = logging.getLogger(__name__)
 # One region per continent: each costs ~3 GB on this CPU build, so not all eight.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 RAY_OBJECT_STORE_BYTES = 256 * 2**20
+# ray.shutdown() returns before its workers are gone; one stuck in an engine's shutdown can
+# outlive it by minutes. Processes Ray started get this long to exit, then SIGTERM, SIGKILL.
+RAY_EXIT_GRACE_S = 20.0
+
+
+def _live_children() -> set[int]:
+    """This process's descendants that are not zombies."""
+    import psutil
+
+    alive = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def _reap(pids: set[int], grace_s: float) -> None:
+    """Wait ``grace_s`` for ``pids`` (processes this stack started) to exit, then end them."""
+    import psutil
+
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for signal_name, send in (("SIGTERM", psutil.Process.terminate), ("SIGKILL", psutil.Process.kill)):
+        if not alive:
+            return
+        for process in alive:
+            try:
+                log.warning("Ray left pid %d (%s) running; sending %s", process.pid,
+                            " ".join(process.cmdline()[:3]), signal_name)
+                send(process)
+            except psutil.NoSuchProcess:
+                continue
+        _, alive = psutil.wait_procs(alive, timeout=5.0)
 
 
 def free_port(preferred: int | None = None) -> int:
@@ -113,6 +154,8 @@ class LocalStack:
     dashboard_url: str | None = field(default=None, init=False)
     router: Any = field(default=None, init=False)
     _ray_started: bool = field(default=False, init=False)
+    # Our descendants before ray.init: anything new at stop is Ray's to clean up.
+    _before_ray: set[int] = field(default_factory=set, init=False)
 
     @property
     def router_target(self) -> str:
@@ -167,9 +210,14 @@ class LocalStack:
         import ray
         from ray import serve
 
+        self._before_ray = _live_children()
+
         # Local only: the dashboard's REST API without tokens (Ray 2.60 turns auth on).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Serve kills an HTTP proxy not ready in 5 s, and serve.start() then fails: a busy
+        # 2-core machine takes longer to import it. Workers inherit this from the driver.
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
         context = ray.init(
             # Logical CPUs: one placement bundle per engine plus the ingresses (num_cpus=0).
             num_cpus=max(os.cpu_count() or 2, regions + 1),
@@ -252,3 +300,4 @@ class LocalStack:
         finally:
             ray.shutdown()
             self._ray_started = False
+            _reap(_live_children() - self._before_ray, grace_s=RAY_EXIT_GRACE_S)

@@ -175,8 +175,8 @@ def register_bench(bench: Any) -> None:
 
     vs_real = bench.add_parser(
         "sim-vs-real",
-        help="replay a small trace through a local vLLM CPU engine and through the simulator with step costs "
-             "measured on it; print TTFT and completion p50/p99 side by side",
+        help="replay a small trace through a local vLLM CPU region and through the simulator with step costs "
+             "measured on the same engine settings; print TTFT and completion p50/p99 side by side",
     )
     vs_real.add_argument("--trace", default="conv", help="conv, code or a CSV path")
     vs_real.add_argument("--requests", type=int, default=150, help="consecutive trace requests to replay")
@@ -184,6 +184,13 @@ def register_bench(bench: Any) -> None:
     vs_real.add_argument("--token-scale", type=float, default=0.25,
                          help="multiply the trace's token counts (the tiny model's context is 2048)")
     vs_real.add_argument("--seed", type=int, default=0)
+    vs_real.add_argument("--through", choices=("region", "engine"), default="region",
+                         help="replay through a local region (Ray Serve + vLLM, over HTTP; default) or on the "
+                              "in-process engine the step costs are calibrated on")
+    vs_real.add_argument("--endpoint", help="with --through region: a running region's URL (e.g. "
+                                            "http://127.0.0.1:8000/us-east) instead of starting one")
+    vs_real.add_argument("--model", help="the model the region is asked for (default: llama-3.1-8b, which the "
+                                         "local regions' replicas stand for)")
     vs_real.add_argument("--quick", action="store_true", help="a small calibration sweep (for tests)")
     vs_real.add_argument("--json", action="store_true", help="print the comparison as JSON")
     vs_real.set_defaults(handler=_sim_vs_real)
@@ -217,15 +224,24 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _sim_vs_real(args: argparse.Namespace) -> int:
     import asyncio
+    import contextlib
+
+    import httpx
 
     from scheduler.sim.vs_real import QUICK_SWEEP, Sweep, compare, trace_requests
 
+    if args.through == "engine" and (args.endpoint or args.model):
+        print("error: --endpoint and --model apply to --through region", file=sys.stderr)
+        return 1
     try:
         # Checked before the engine starts (20 s): a bad trace or count fails at once.
         trace_requests(args.trace, args.requests, args.rate, args.token_scale, 2048, args.seed)
-        comparison = asyncio.run(compare(args.trace, args.requests, args.rate, args.token_scale, args.seed,
-                                         QUICK_SWEEP if args.quick else Sweep()))
-    except (TraceError, ValueError) as exc:
+        # Ray prints its actors' shutdown notices to stdout: this command's stdout is its table or JSON.
+        with contextlib.redirect_stdout(sys.stderr):
+            comparison = asyncio.run(compare(args.trace, args.requests, args.rate, args.token_scale, args.seed,
+                                             QUICK_SWEEP if args.quick else Sweep(), args.through, args.endpoint,
+                                             args.model))
+    except (TraceError, ValueError, RuntimeError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(comparison.to_json() if args.json else comparison.table())

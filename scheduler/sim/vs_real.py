@@ -1,12 +1,16 @@
-"""``scheduler bench sim-vs-real``: the same small trace through a real vLLM CPU engine and
-through the simulator's replica, with step costs measured on that engine.
+"""``scheduler bench sim-vs-real``: the same small trace through a real local vLLM CPU region
+and through the simulator's replica, with step costs measured on the same engine settings.
 
-1. Engine: vLLM's ``AsyncLLM`` in this process, with the engine settings of a local region
-   (``scheduler.serve.app.EngineOptions``: the tiny model, max_model_len 2048, 32 sequences,
-   eager mode, prefix caching, 64 MiB of KV cache). Not a Ray Serve region: the simulator
-   models the engine, while a region adds its gateway, Ray Serve's proxy and HTTP (the RTT
-   term of the fleet simulator, 0 here); in-process the engine starts in ~20 s and ~3 GB
-   instead of ~50 s and ~7 GB, and prompts go in as token ids, so token counts are exact.
+1. Engines: the calibration runs on vLLM's ``AsyncLLM`` in this process, with the engine
+   settings of a local region (``scheduler.serve.app.EngineOptions``: the tiny model,
+   max_model_len 2048, 32 sequences, eager mode, prefix caching, 64 MiB of KV cache): only
+   there does vLLM report its own first-token time (its request stats), which separates a
+   prefill's step time from the path around it, and prompts go in as token ids, so token counts
+   are exact. The replay (``--through region``, the default) then goes to a local region as the
+   router reaches one: a Ray Serve application (``RegionGateway`` + the vLLM replica) started
+   here (``--endpoint URL``: one already running, e.g. from ``scheduler up``), over HTTP,
+   ``POST /v1/completions`` with the prompt as token ids; ``--through engine`` replays on the
+   in-process engine instead (no Ray: ~25 s and ~3 GB instead of ~75 s and ~7 GB more).
 2. Calibration (synthetic requests, token ids from their own seed; none is in the replay):
    - prefill: one request at a time, prompt P, one output token; vLLM's request stats give the
      time from its engine core taking the request in to the first token, one prefill step:
@@ -24,7 +28,10 @@ through the simulator's replica, with step costs measured on that engine.
    "front end", the engine's latency outside its steps (the request reaching the engine core,
    the first token coming back to this process), is the median over the prefills of TTFT at
    the client - TTFT in the engine: a constant the simulator adds like the fleet simulator's
-   RTT. Energy is not measured on a CPU: the e_ coefficients are 0. The
+   RTT; through a region, it is measured again there: the median over the same prefill sweep,
+   sent through the region, of TTFT at the client - the fitted prefill time (HTTP, Serve's
+   proxy, the gateway and the replica's handle are in it). Energy is not measured on a CPU:
+   the e_ coefficients are 0. The
    engine's own limits (max_num_seqs, max_num_batched_tokens, KV blocks x block size)
    complete the ``StepCosts``. Outputs are not detokenized (the engine's work is compared,
    not the tokenizer's, which would take CPU from the engine on a small host).
@@ -36,23 +43,26 @@ through the simulator's replica, with step costs measured on that engine.
    (``scheduler.sim.replica.replay``) gets the same requests, front end after the same
    submit times, on the calibrated costs.
 4. Report: TTFT (submit to first token) and completion (submit to last token) p50/p99 of
-   both, side by side, TTFT also without the front end (vLLM's own first-token time minus the
-   time its engine core took the request in; in the simulator, minus the arrival at the
-   replica), and the fitted costs with their fit error.
+   both, side by side, TTFT also without the front end on the in-process engine (vLLM's own
+   first-token time minus the time its engine core took the request in; in the simulator,
+   minus the arrival at the replica; a region's HTTP stream does not carry it), and the
+   fitted costs with their fit error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import random
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal, Protocol
 
+import httpx
 import numpy as np
 
 from scheduler.energy.step import StepCosts
@@ -61,6 +71,9 @@ from scheduler.sim.workload import load_trace
 
 # Token ids drawn for synthetic prompts: above the tokenizer's special tokens.
 FIRST_TOKEN_ID = 10
+THROUGH = {"region": "a local region (Ray Serve + vLLM, HTTP)", "engine": "the in-process engine"}
+# The model a local region is asked for (its replica runs the tiny model under this name).
+REGION_MODEL = "llama-3.1-8b"
 
 
 @dataclass(frozen=True)
@@ -246,6 +259,79 @@ class Engine:
         return [rng.randrange(FIRST_TOKEN_ID, self.vocab) for _ in range(n)]
 
 
+class Target(Protocol):
+    """What the replay runs on: the in-process engine or a region over HTTP."""
+
+    def tokens(self, rng: random.Random, n: int) -> list[int]: ...
+
+    async def generate(self, token_ids: list[int], output: int) -> Stream: ...
+
+
+@dataclass
+class RegionClient:
+    """A local region's OpenAI API (``<endpoint>/v1/completions``), as the router calls it."""
+
+    endpoint: str
+    model: str
+    vocab: int
+    max_model_len: int
+    http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=120.0))
+
+    def tokens(self, rng: random.Random, n: int) -> list[int]:
+        return [rng.randrange(FIRST_TOKEN_ID, self.vocab) for _ in range(n)]
+
+    async def generate(self, token_ids: list[int], output: int) -> Stream:
+        """Submit now and read the whole stream; one chunk per streamed choice."""
+        body = {"model": self.model, "prompt": token_ids, "max_tokens": output, "min_tokens": output,
+                "ignore_eos": True, "temperature": 0.0, "stream": True}
+        chunks = [(time.perf_counter(), 0)]
+        async with self.http.stream("POST", f"{self.endpoint}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode(errors="replace")[:300]
+                raise RuntimeError(f"region {self.endpoint} answered {response.status_code}: {detail}")
+            async for line in response.aiter_lines():
+                # Token chunks carry a choice; the final usage chunk has "choices":[].
+                if line.startswith("data:") and '"choices":[{' in line:
+                    chunks.append((time.perf_counter(), len(chunks)))
+        if len(chunks) < 2:
+            raise RuntimeError(f"region {self.endpoint} streamed no tokens")
+        return Stream(chunks, math.nan)
+
+    async def frontend_s(self, fit: Fit, sweep: Sweep, seed: int) -> float:
+        """Median of (TTFT at the client - fitted prefill time) over the prefill sweep."""
+        rng = random.Random(f"frontend:{seed}")
+        await self.generate(self.tokens(rng, 32), 4)  # warm-up, not measured
+        costs, gaps = fit.costs, []
+        for p in sweep.prefill_tokens:
+            p = min(p, self.max_model_len - 2)
+            for _ in range(sweep.repeats):
+                stream = await self.generate(self.tokens(rng, p), 1)
+                step = costs.t_step + costs.t_token * p + costs.t_pair * p * (p + 1) / 2
+                gaps.append(stream.chunks[1][0] - stream.chunks[0][0] - step)
+        return max(0.0, float(np.median(gaps)))
+
+
+@contextlib.asynccontextmanager
+async def local_region(endpoint: str | None, model: str, engine: Engine) -> AsyncIterator[RegionClient]:
+    """``endpoint``'s region, or one local region (Ray Serve + vLLM CPU) started and stopped here."""
+    from scheduler.serve import DEFAULT_LOCAL_REGIONS
+    from scheduler.serve.stack import LocalStack, StackOptions
+
+    stack = None
+    if endpoint is None:
+        stack = LocalStack(StackOptions(only=DEFAULT_LOCAL_REGIONS[:1], state_url="memory", dashboard=False,
+                                        http_port=0, carbon=False))
+        await stack.start()
+        endpoint = stack.endpoint(DEFAULT_LOCAL_REGIONS[0])
+    client = RegionClient(endpoint.rstrip("/"), model, engine.vocab, engine.max_model_len)
+    try:
+        yield client
+    finally:
+        await client.http.aclose()
+        if stack is not None:
+            await stack.stop()
+
+
 async def calibrate(engine: Engine, sweep: Sweep, seed: int) -> Fit:
     rng = random.Random(f"calibration:{seed}")
     await engine.generate(engine.tokens(rng, 32), 4)  # warm-up, not measured
@@ -275,7 +361,7 @@ async def calibrate(engine: Engine, sweep: Sweep, seed: int) -> Fit:
     return fit_step_costs(prefill, decode, engine.limits)
 
 
-async def replay_real(engine: Engine, requests: Sequence[tuple[float, int, int]], seed: int) -> list[Replayed]:
+async def replay_real(engine: Target, requests: Sequence[tuple[float, int, int]], seed: int) -> list[Replayed]:
     rng = random.Random(f"replay:{seed}")
     prompts = [engine.tokens(rng, prompt) for _, prompt, _ in requests]
     start = time.perf_counter() + 0.05
@@ -341,7 +427,8 @@ class Comparison:
         s, c = self.scenario, self.fit.costs
         lines = [
             f"sim vs real: {s['requests']} requests of {s['trace']} (tokens x {s['token_scale']}), "
-            f"{s['rate']} req/s, the tiny model on vLLM CPU ({c.max_num_seqs} sequences, "
+            f"{s['rate']} req/s, through {THROUGH[s['through']]}, "
+            f"the tiny model on vLLM CPU ({c.max_num_seqs} sequences, "
             f"{c.max_batched_tokens} tokens a step, {c.kv_capacity_tokens} KV tokens); "
             f"the simulated replica is busy {s['sim_busy_share'] * 100:.0f} % of the time",
             f"step costs fitted on {self.fit.observations['prefill']} prefills and "
@@ -356,11 +443,15 @@ class Comparison:
                            ("in_engine_ttft_p50_ms", "in-engine TTFT p50"), ("in_engine_ttft_p99_ms", "in-engine TTFT p99"),
                            ("done_p50_ms", "done p50"), ("done_p99_ms", "done p99")):
             real, sim = self.real[key], self.sim[key]
+            if not math.isfinite(real):
+                continue  # in-engine figures: a region's HTTP stream does not carry them
             lines.append(f"{label:<20}{real:>8.1f}ms{sim:>8.1f}ms{sim / real if real else math.nan:>10.2f}")
         return "\n".join(lines)
 
 
-async def compare(trace: str, requests: int, rate: float, token_scale: float, seed: int, sweep: Sweep) -> Comparison:
+async def compare(trace: str, requests: int, rate: float, token_scale: float, seed: int, sweep: Sweep,
+                  through: Literal["region", "engine"] = "region", endpoint: str | None = None,
+                  model: str | None = None) -> Comparison:
     began = time.perf_counter()
     engine = Engine()
     try:
@@ -368,13 +459,23 @@ async def compare(trace: str, requests: int, rate: float, token_scale: float, se
         work = trace_requests(trace, requests, rate, token_scale, engine.max_model_len, seed)
         fit = await calibrate(engine, sweep, seed)
         calibrated = time.perf_counter()
-        real = await replay_real(engine, work, seed)
-        replayed = time.perf_counter()
+        if through == "engine":
+            real = await replay_real(engine, work, seed)
     finally:
         engine.close()
+    region_start = 0.0
+    if through == "region":
+        # One engine at a time: the calibration engine is gone before the region's starts.
+        async with local_region(endpoint, model or REGION_MODEL, engine) as region:
+            region_start = time.perf_counter() - calibrated
+            fit = replace(fit, frontend_s=await region.frontend_s(fit, sweep, seed))
+            calibrated = time.perf_counter()
+            real = await replay_real(region, work, seed)
+    replayed = time.perf_counter()
     sim, busy = replay_sim(fit, real)
     scenario = {"trace": trace, "requests": requests, "rate": rate, "token_scale": token_scale, "seed": seed,
-                "prompt_tokens_mean": float(np.mean([r.prompt for r in real])),
+                "through": through, "prompt_tokens_mean": float(np.mean([r.prompt for r in real])),
                 "output_tokens_mean": float(np.mean([r.output for r in real])), "sim_busy_share": busy}
-    seconds = {"engine_start": started - began, "calibration": calibrated - started, "replay": replayed - calibrated}
+    seconds = {"engine_start": started - began, "calibration": calibrated - started - region_start,
+               "region_start": region_start, "replay": replayed - calibrated}
     return Comparison(scenario, fit, summary(real), summary(sim), seconds)

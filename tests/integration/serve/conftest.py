@@ -48,6 +48,16 @@ def _wait_for_no_new_children(before: set[int], timeout_s: float) -> set[int]:
         time.sleep(0.5)
 
 
+def _describe(pids: set[int]) -> list[str]:
+    described = []
+    for pid in sorted(pids):
+        try:
+            described.append(f"{pid} {' '.join(psutil.Process(pid).cmdline()[:4])}")
+        except psutil.NoSuchProcess:
+            described.append(f"{pid} (gone)")
+    return described
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def stack() -> AsyncIterator[LocalStack]:
     for name, value in OFFLINE_ENV.items():
@@ -63,4 +73,4 @@ async def stack() -> AsyncIterator[LocalStack]:
     finally:
         await local.stop()
         leftovers = _wait_for_no_new_children(before, 30.0)
-        assert not leftovers, f"processes left behind by Ray: {sorted(leftovers)}"
+        assert not leftovers, f"processes left behind by Ray: {_describe(leftovers)}"

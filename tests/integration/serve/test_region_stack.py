@@ -13,6 +13,7 @@ import pytest
 
 from scheduler.client import AsyncSchedulerClient, UnschedulableError
 from scheduler.serve.stack import LocalStack
+from scheduler.sim.vs_real import QUICK_SWEEP, compare
 from scheduler.state import codec, keys
 from scheduler.state.factory import open_store
 from scheduler.types import Request
@@ -84,6 +85,22 @@ async def test_direct_region_call_answers_openai_format(stack: LocalStack) -> No
     assert lines[-1] == "data: [DONE]"
     assert '"energy"' in lines[-2] and '"choices":[]' in lines[-2]
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.timeout(300)
+async def test_sim_vs_real_replays_the_trace_through_the_region_over_http(stack: LocalStack) -> None:
+    """``scheduler bench sim-vs-real --endpoint``: calibrated on an in-process engine, replayed
+    through this region's HTTP API (the quick sweep, six requests); the figures are in
+    docs/simulation.md, this checks the plumbing."""
+    report = await compare("conv", 6, 4.0, 0.25, 0, QUICK_SWEEP, "region", stack.endpoint(REGION))
+    assert report.scenario["through"] == "region" and report.scenario["requests"] == 6
+    # The region's path (HTTP, proxy, gateway) is measured there, not carried over from the engine.
+    assert report.fit.frontend_s > 0
+    for figures in (report.real, report.sim):
+        assert 0 < figures["ttft_p50_ms"] <= figures["ttft_p99_ms"] < 5000
+        assert figures["ttft_p50_ms"] < figures["done_p50_ms"] <= figures["done_p99_ms"]
+    assert report.sim["ttft_p50_ms"] == pytest.approx(report.real["ttft_p50_ms"], rel=3.0)
+    assert "through a local region" in report.table() and "in-engine" not in report.table()
 
 
 @pytest.mark.timeout(60)

@@ -22,12 +22,14 @@ def test_sim_vs_real_replays_the_same_requests_through_vllm_and_the_simulator(
 ) -> None:
     for name, value in OFFLINE_ENV.items():
         os.environ.setdefault(name, value)
-    code = main(["bench", "sim-vs-real", "--requests", "6", "--rate", "4", "--quick", "--json"])
+    # On the in-process engine: this file runs without Ray (the region path is in
+    # tests/integration/serve, on the session's region).
+    code = main(["bench", "sim-vs-real", "--through", "engine", "--requests", "6", "--rate", "4", "--quick", "--json"])
     out = capsys.readouterr().out
     assert code == 0
     # vLLM may log to stdout when another test imported it first: the JSON is the rest.
     report = json.loads(out[out.index('{\n  "scenario"'):])
-    assert report["scenario"]["requests"] == 6
+    assert report["scenario"]["requests"] == 6 and report["scenario"]["through"] == "engine"
     costs = report["step_costs"]
     assert costs["max_num_seqs"] == 32 and costs["max_batched_tokens"] > 0 and costs["kv_capacity_tokens"] > 0
     assert costs["t_step"] > 0 and all(costs[k] >= 0 for k in ("t_token", "t_kv", "t_pair"))

@@ -48,3 +48,8 @@ def test_sim_vs_real_rejects_a_bad_request_count_before_starting_an_engine(capsy
 def test_simulate_rejects_a_negative_truth_error() -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--truth-error", "-0.1", "--no-progress"])
+
+
+def test_sim_vs_real_rejects_region_options_on_the_engine_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "sim-vs-real", "--through", "engine", "--endpoint", "http://127.0.0.1:1/x"]) == 1
+    assert "--endpoint and --model apply to --through region" in capsys.readouterr().err
