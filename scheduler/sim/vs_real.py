@@ -76,6 +76,10 @@ THROUGH = {"region": "a local region (Ray Serve + vLLM, HTTP)", "engine": "the i
 REGION_MODEL = "llama-3.1-8b"
 
 
+def random_token_ids(rng: random.Random, vocab: int, n: int) -> list[int]:
+    return [rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(n)]
+
+
 @dataclass(frozen=True)
 class Sweep:
     """The calibration requests: prefill lengths (each ``repeats`` times) and decode batches."""
@@ -256,7 +260,7 @@ class Engine:
         return Stream(chunks, in_engine)
 
     def tokens(self, rng: random.Random, n: int) -> list[int]:
-        return [rng.randrange(FIRST_TOKEN_ID, self.vocab) for _ in range(n)]
+        return random_token_ids(rng, self.vocab, n)
 
 
 class Target(Protocol):
@@ -278,7 +282,7 @@ class RegionClient:
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=120.0))
 
     def tokens(self, rng: random.Random, n: int) -> list[int]:
-        return [rng.randrange(FIRST_TOKEN_ID, self.vocab) for _ in range(n)]
+        return random_token_ids(rng, self.vocab, n)
 
     async def generate(self, token_ids: list[int], output: int) -> Stream:
         """Submit now and read the whole stream; one chunk per streamed choice."""
