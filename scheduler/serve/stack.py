@@ -37,7 +37,7 @@ RAY_OBJECT_STORE_BYTES = 256 * 2**20
 RAY_EXIT_GRACE_S = 20.0
 
 
-def _live_children() -> set[int]:
+def live_children() -> set[int]:
     """This process's descendants that are not zombies."""
     import psutil
 
@@ -210,7 +210,7 @@ class LocalStack:
         import ray
         from ray import serve
 
-        self._before_ray = _live_children()
+        self._before_ray = live_children()
 
         # Local only: the dashboard's REST API without tokens (Ray 2.60 turns auth on).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -300,4 +300,4 @@ class LocalStack:
         finally:
             ray.shutdown()
             self._ray_started = False
-            _reap(_live_children() - self._before_ray, grace_s=RAY_EXIT_GRACE_S)
+            _reap(live_children() - self._before_ray, grace_s=RAY_EXIT_GRACE_S)

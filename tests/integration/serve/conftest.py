@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import psutil
 import pytest_asyncio
 
-from scheduler.serve.stack import LocalStack, StackOptions
+from scheduler.serve.stack import LocalStack, StackOptions, live_children
 
 REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_REGIONS", "redis://127.0.0.1:6379/4")
 REGION = "eu-north"
@@ -27,22 +27,11 @@ OFFLINE_ENV = {
 }
 
 
-def _children() -> set[int]:
-    alive = set()
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if process.status() != psutil.STATUS_ZOMBIE:
-                alive.add(process.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return alive
-
-
 def _wait_for_no_new_children(before: set[int], timeout_s: float) -> set[int]:
     """Processes started since ``before`` (other fixtures' processes are theirs) still alive."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = _children() - before
+        left = live_children() - before
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
@@ -66,7 +55,7 @@ async def stack() -> AsyncIterator[LocalStack]:
         only=(REGION,), state_url=REDIS_URL, namespace=f"test-serve-{uuid.uuid4().hex[:8]}",
         dashboard=False, http_port=0, carbon=True,
     ))
-    before = _children()
+    before = live_children()
     try:
         await local.start()
         yield local
