@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from scheduler.datalayer.snapshot import replicas_of
 from scheduler.types import Candidate, FleetSnapshot, RegionLiveState, Request
 
 FloatArray = npt.NDArray[np.float64]
@@ -57,7 +58,7 @@ class PendingDispatches:
 
     def record(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request, at: float) -> None:
         """``request`` was sent to ``candidate`` at ``at`` (the router's clock)."""
-        replicas = max(1, candidate.pool.count // candidate.deployment.tensor_parallel)
+        replicas = replicas_of(candidate)
         key = (candidate.region.name, candidate.pool.name)
         wait = prefill_s(snapshot, candidate, request) / replicas
         self._by_pool.setdefault(key, []).append((at, wait))

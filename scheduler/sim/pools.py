@@ -26,6 +26,7 @@ import math
 import random
 from collections.abc import Callable
 
+from scheduler.datalayer.snapshot import replicas_of
 from scheduler.energy.step import StepCosts
 from scheduler.sim.replica import Replica, Seq, Totals
 from scheduler.types import Candidate, Decision, PoolLiveState, Request
@@ -51,9 +52,6 @@ class Job(Seq):
         self.predicted_ttft_s = 0.0
         self.rtt_s = 0.0
 
-
-def replicas_of(candidate: Candidate) -> int:
-    return max(1, candidate.pool.count // candidate.deployment.tensor_parallel)
 
 
 class PoolSim:

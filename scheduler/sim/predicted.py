@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from scheduler.datalayer.pending import prefill_s
 from scheduler.framework.network import rtt_row
 from scheduler.types import Candidate, FleetSnapshot, GeoPoint, Request
 
@@ -40,9 +41,6 @@ class Predictions:
         """Predicted joules and TTFT [s] of ``request`` on ``candidate`` in ``snapshot``."""
         perf = snapshot.perf[candidate.index]
         prompt = request.prompt_tokens
-        cached = min(request.cached_tokens, prompt)
-        uncached = prompt - cached
-        t = perf.latency
-        prefill_s = t.prefill_s + uncached * t.prefill_s_per_token + uncached * (prompt - uncached * 0.5) * t.prefill_s_per_pair
-        energy_j = perf.energy.joules(prompt, cached, request.max_tokens)
-        return energy_j, self.rtt_s(request.client_location, candidate) + perf.queue_wait_s + prefill_s
+        energy_j = perf.energy.joules(prompt, min(request.cached_tokens, prompt), request.max_tokens)
+        ttft_s = self.rtt_s(request.client_location, candidate) + perf.queue_wait_s + prefill_s(snapshot, candidate, request)
+        return energy_j, ttft_s
