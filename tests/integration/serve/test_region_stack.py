@@ -94,8 +94,6 @@ async def test_sim_vs_real_replays_the_trace_through_the_region_over_http(stack:
     docs/simulation.md, this checks the plumbing."""
     report = await compare("conv", 6, 4.0, 0.25, 0, QUICK_SWEEP, "region", stack.endpoint(REGION))
     assert report.scenario["through"] == "region" and report.scenario["requests"] == 6
-    # The region's path (HTTP, proxy, gateway) is measured there, not carried over from the engine.
-    assert report.fit.frontend_s > 0
     for figures in (report.real, report.sim):
         assert 0 < figures["ttft_p50_ms"] <= figures["ttft_p99_ms"] < 5000
         assert figures["ttft_p50_ms"] < figures["done_p50_ms"] <= figures["done_p99_ms"]
