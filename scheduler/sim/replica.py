@@ -34,7 +34,8 @@ a = t_step + t_token D + (t_kv + t_pair) S and h = (t_kv + t_pair) D / 2, and k 
 
 The run ends at the step the first of its sequences finishes (known at admission), or earlier
 when a request arrives that can be admitted: it joins at the first step that starts at or
-after its arrival, the smallest k with T(k) >= arrival - run start (a quadratic). The shared
+after its arrival, the smallest k with run start + T(k) >= arrival (a quadratic, settled on
+the boundary times as the replica computes them). The shared
 ``e_step`` goes through one running sum per replica, A += e_step / (sequences in the step)
 (k e_step / D for a run): a sequence pays A(its last step) - A(before its first step).
 Prefill steps are taken one at a time. ``scheduler.sim.reference`` runs the same rules step by
@@ -191,24 +192,36 @@ class Replica:
         if self._run_k == 0 or not was_empty or not self.can_admit(seq):
             return None  # a prefill step ends soon, or the queue's head is blocked
         # A pure-decode run: cut it at the first step that starts at or after ``now``.
-        k = self._steps_before(now - self._run_t0)
+        k = self._steps_before(now)
         if k >= self._run_k:
             return None
         self._run_k = k
-        self.next_t = self._run_t0 + self._a * k + self._h * k * (k - 1)
+        self.next_t = self._run_time(k)
         self.version += 1
         return self.next_t
 
-    def _steps_before(self, x: float) -> int:
-        """The smallest k >= 0 with T(k) >= x for the run in progress."""
+    def _run_time(self, k: int) -> float:
+        """When step k of the run in progress starts (its first step is step 0): run start + T(k)."""
+        return self._run_t0 + self._a * k + self._h * k * (k - 1)
+
+    def _steps_before(self, now: float) -> int:
+        """The smallest k >= 0 whose step starts at or after ``now`` in the run in progress.
+
+        The quadratic gives an estimate from now - run start; the answer is settled on the
+        boundary times themselves, ``_run_time(k)`` (monotone in k), the very times the
+        replica publishes. Settling it on T(k) >= now - run start instead can disagree with
+        them by the rounding of that subtraction: an arrival exactly on a boundary would miss
+        the step that starts then (the documented rule and ``replay`` let it join), or one just
+        before a boundary could be given a next step that starts before it arrived."""
+        x = now - self._run_t0
         if x <= 0.0:
             return 0
         a, h = self._a, self._h
         b = a - h
         k = math.ceil((2.0 * x / (b + math.sqrt(b * b + 4.0 * h * x))) if h > 0.0 else x / a)
-        while k > 0 and a * (k - 1) + h * (k - 1) * (k - 2) >= x:
+        while k > 0 and self._run_time(k - 1) >= now:
             k -= 1
-        while a * k + h * k * (k - 1) < x:
+        while self._run_time(k) < now:
             k += 1
         return k
 
@@ -356,7 +369,7 @@ class Replica:
         self._eh = (c.e_kv + c.e_pair) * d * 0.5
         self._run_t0 = now
         self._run_k = k
-        self.next_t = now + self._a * k + self._h * k * (k - 1)
+        self.next_t = self._run_time(k)
         return self.next_t
 
 

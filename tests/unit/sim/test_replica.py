@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from scheduler.energy.step import StepCosts
 from scheduler.sim.reference import reference_replay
-from scheduler.sim.replica import Seq, replay
+from scheduler.sim.replica import Replica, Seq, replay
 
 # Round numbers: a step costs 10 ms + 1 ms a token + 0.1 ms a KV token read + 0.01 ms a pair,
 # and 10 J + 1 J a token + 0.1 J a KV token + 0.01 J a pair.
@@ -104,8 +104,40 @@ def test_the_token_budget_may_not_be_below_max_num_seqs() -> None:
         replay(StepCosts(**{**COSTS.as_dict(), "max_num_seqs": 16, "max_batched_tokens": 8}), [])
 
 
-# Random small workloads: arrivals on a grid of 1.3 ms plus an irrational offset (so that no
-# arrival falls exactly on a step boundary, where float rounding could order them either way).
+def test_an_arrival_exactly_on_a_decode_step_boundary_joins_that_step() -> None:
+    # Found by the property test below (before its arrivals had offsets of their own): steps of
+    # exactly 1 ms, arrivals on the 1.3 ms grid, so b arrives 13 ms after a, exactly as a's
+    # prefill step (1 ms) and 12 of its 13 decode steps end. b joins the step that starts
+    # then, and shares it with a. The fast replica used to decide the cut on T(k) >= arrival -
+    # run start, which rounds up here (0.01200000000000001 > 0.012), so it put b one step later
+    # (a 14.0 J, b 1.0 J), while the step's start time it publishes equals b's arrival.
+    costs = StepCosts(t_step=0.001, t_token=0.0, t_kv=0.0, t_pair=0.0, e_step=1.0, e_token=0.0, e_kv=0.0,
+                      e_pair=0.0, idle_w=10.0, max_num_seqs=2, max_batched_tokens=2, kv_capacity_tokens=20)
+
+    def build() -> list[Seq]:
+        return seqs((194 * 0.0013 + math.sqrt(2) * 1e-7, 1, 14), (204 * 0.0013 + math.sqrt(2) * 1e-7, 1, 1))
+
+    (a, b), reference = build(), build()
+    replica = replay(costs, [a, b])
+    reference_replay(costs, reference)
+    assert b.admitted == pytest.approx(a.arrived + 0.013)
+    assert b.admitted >= b.arrived
+    assert a.done == b.done == pytest.approx(a.arrived + 0.014)
+    # a: its prefill step and 12 decode steps alone, the 13th shared with b's prefill.
+    assert (a.energy_j, b.energy_j) == pytest.approx((13.5, 0.5))
+    assert replica.energy_j == pytest.approx(14.0)
+    for f, s in zip((a, b), reference, strict=True):
+        for name in ("admitted", "first_token", "done", "energy_j"):
+            assert getattr(f, name) == pytest.approx(getattr(s, name), rel=1e-9, abs=1e-9), name
+
+
+# Random small workloads: arrivals on a grid of 1.3 ms, each plus an offset of its own, a
+# different multiple of an irrational number (sqrt(2) x 0.1 us), so that no arrival falls
+# exactly on a step boundary, where float rounding could order them either way: the two
+# replicas compute a boundary's time differently (a closed form, a running sum), so at an exact
+# tie each may round to its own side. One offset shared by all would not do: a busy period
+# starts at an arrival, so the offset cancels from (arrival - boundary), and steps of round
+# durations (1 ms: t_step = 0.001, the other coefficients 0) put boundaries on the grid.
 requests = st.lists(
     st.tuples(st.integers(0, 400), st.integers(1, 120), st.integers(1, 40), st.sampled_from([None, "a", "b", "c"]),
               st.integers(1, 100)),
@@ -127,8 +159,8 @@ def test_the_fast_replica_matches_the_step_by_step_reference(
     spec: list[tuple[int, int, int, str | None, int]], step_costs: StepCosts, prefix_entries: int
 ) -> None:
     def build() -> list[Seq]:
-        return [Seq(at * 0.0013 + math.sqrt(2) * 1e-7, prompt, output, key, prefix if key else 0)
-                for at, prompt, output, key, prefix in spec]
+        return [Seq(at * 0.0013 + math.sqrt(2) * 1e-7 * (i + 1), prompt, output, key, prefix if key else 0)
+                for i, (at, prompt, output, key, prefix) in enumerate(spec)]
 
     fast, slow = build(), build()
     replica = replay(step_costs, fast, prefix_entries)
@@ -139,3 +171,35 @@ def test_the_fast_replica_matches_the_step_by_step_reference(
     assert replica.busy_s == pytest.approx(busy, rel=1e-9)
     assert sum(f.energy_j for f in fast) == pytest.approx(replica.energy_j, rel=1e-9)
     assert (replica.running, replica.kv_held, replica.kv_reserved, replica.context_sum) == (0, 0, 0, 0)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(costs, st.integers(1, 8), st.integers(3, 40), st.floats(0, 1, exclude_min=True, exclude_max=True))
+def test_a_decode_run_cut_by_an_arrival_stops_at_a_step_that_starts_at_or_after_it(
+    step_costs: StepCosts, prompt: int, output: int, where: float
+) -> None:
+    """An arrival in a pure-decode run gets the first step that starts at or after it, on the
+    replica's own clock: never one that starts before it, and, arriving exactly when the replica
+    says a step starts, that very step (as when it arrives at the run's end)."""
+    step_costs = StepCosts(**{**step_costs.as_dict(), "max_num_seqs": 2, "max_batched_tokens": 8,
+                              "kv_capacity_tokens": 1000})
+    start = 1234.5678
+
+    def decoding() -> tuple[Replica, float, float]:
+        """A replica in a decode run: a alone, past its prefill; the run's start and end."""
+        replica = Replica(step_costs, lambda seq: None)
+        assert replica.arrive(Seq(start, prompt, output), start) == start  # idle: its prefill step starts
+        prefilled = replica.boundary(start)
+        assert prefilled is not None
+        end = replica.boundary(prefilled)
+        assert end is not None and end > prefilled
+        return replica, prefilled, end
+
+    replica, prefilled, end = decoding()
+    now = prefilled + where * (end - prefilled)
+    then = replica.arrive(Seq(now, 1, 1), now)
+    if then is None:  # no step starts in the run at or after ``now``: b joins at the run's end
+        return
+    assert now <= then < end
+    twin, _, _ = decoding()
+    assert twin.arrive(Seq(then, 1, 1), then) == then
