@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "scheduler.server.cli",
     "scheduler.serve.cli",
     "scheduler.sim.cli",
+    "scheduler.bench.cli",
 )
 
 

@@ -94,6 +94,12 @@ class PoolLiveState:
     # Requests that arrived per second, and their prompt tokens per second.
     arrival_rate: float = 0.0
     prompt_tokens_rate: float = 0.0
+    # What the pool's deployment serves now: model -> its live context limit (the engine's
+    # max_model_len). None: not reported (the pool is taken to serve what its config says).
+    # (Not hashed: a dict is not hashable, and equal states still hash equal without it.)
+    models: Mapping[str, int] | None = field(default=None, hash=False)
+    # Replicas of the pool's deployment that are up (None: not reported).
+    replicas: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from scheduler.client import direct
 from scheduler.client.common import (
     RetryPolicy,
     StreamState,
@@ -66,6 +67,51 @@ class AsyncGeneration(StreamState):
         return "".join([part async for part in self])
 
 
+class AsyncDirectGeneration(StreamState):
+    """Direct mode: ``Route`` (decision and tickets), then the text straight from the region,
+    failing over down the targets before the first token; ``receipt`` is the region's."""
+
+    def __init__(self, client: AsyncSchedulerClient, request: messages_pb2.GenerateRequest,
+                 timeout_s: float | None) -> None:
+        super().__init__(request, timeout_s, client.retry)
+        self._client = client
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        import httpx
+
+        client = self._client
+        remaining = self.begin_attempt()
+        routed: router_pb2.RouteResponse = await client._unary(client._router.Route, self.request, remaining)
+        self.decision = routed.decision
+        if not routed.targets:
+            raise direct.no_targets()
+        failovers: list[messages_pb2.Failover] = []
+        http = client._http_client()
+        for target in routed.targets:
+            stream = direct.DirectStream()
+            received = False
+            try:
+                async with http.stream("POST", target.url, json=direct.region_body(self.request, target),
+                                       headers=direct.headers(target), timeout=direct.timeout(self.remaining())) as reply:
+                    if reply.status_code != 200:
+                        raise direct.region_error(target, reply.status_code, await reply.aread())
+                    async for data in reply.aiter_bytes():
+                        text = stream.feed(data)
+                        if text:
+                            received = True
+                            yield text
+                if not stream.done:
+                    raise direct.RegionFailed("stream ended without [DONE]")
+                self.receipt = direct.receipt_proto(stream.receipt_claims, failovers)
+                return
+            except (direct.RegionFailed, httpx.HTTPError) as exc:
+                failovers.append(direct.failover(target, exc, received))
+        raise direct.exhausted(failovers)
+
+    async def text(self) -> str:
+        return "".join([part async for part in self])
+
+
 class AsyncSchedulerClient:
     def __init__(self, target: str, *, api_key: str | None = None, tls: TlsConfig | bool | None = None,
                  timeout_s: float | None = 120.0, retry: RetryPolicy | None = None) -> None:
@@ -80,15 +126,31 @@ class AsyncSchedulerClient:
         self._metadata = auth_metadata(api_key)
         self.timeout_s = timeout_s
         self.retry = retry or RetryPolicy()
+        self._http: Any = None
 
     def generate(self, prompt: str | None = None, *, model: str, max_tokens: int,
-                 timeout_s: float | None = None, **options: Any) -> AsyncGeneration:
+                 timeout_s: float | None = None, mode: str = "proxy",
+                 **options: Any) -> AsyncGeneration | AsyncDirectGeneration:
         """Stream a completion (``prompt``) or a chat (``messages=[{"role", "content"}]``).
 
+        ``mode``: ``proxy`` (the default: the router streams the answer) or ``direct`` (the
+        router decides and signs tickets; this client streams from the region over HTTP).
         ``options``: the keyword arguments of ``scheduler.client.common.build_request``.
         """
         request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
-        return AsyncGeneration(self, request, timeout_s if timeout_s is not None else self.timeout_s)
+        timeout = timeout_s if timeout_s is not None else self.timeout_s
+        if mode == "direct":
+            return AsyncDirectGeneration(self, request, timeout)
+        if mode != "proxy":
+            raise ValueError(f"mode must be 'proxy' or 'direct', got {mode!r}")
+        return AsyncGeneration(self, request, timeout)
+
+    def _http_client(self) -> Any:
+        import httpx
+
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        return self._http
 
     async def _unary(self, method: Any, request: Any, timeout_s: float | None) -> Any:
         timeout = timeout_s if timeout_s is not None else self.timeout_s
@@ -130,6 +192,8 @@ class AsyncSchedulerClient:
 
     async def close(self) -> None:
         await self._channel.close(None)
+        if self._http is not None:
+            await self._http.aclose()
 
     async def __aenter__(self) -> AsyncSchedulerClient:
         return self

@@ -162,6 +162,10 @@ class StreamState:
         self.attempts += 1
         return None if self._deadline is None else max(0.001, self._deadline - time.monotonic())
 
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None: no deadline)."""
+        return None if self._deadline is None else max(0.001, self._deadline - time.monotonic())
+
     def take(self, event: pb.GenerateResponse) -> str | None:
         """Record a decision or receipt; the text of a chunk."""
         kind = event.WhichOneof("event")

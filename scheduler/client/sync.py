@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from scheduler.client import direct
 from scheduler.client.common import (
     RetryPolicy,
     StreamState,
@@ -64,6 +65,50 @@ class Generation(StreamState):
         return "".join(self)
 
 
+class DirectGeneration(StreamState):
+    """Direct mode (see ``AsyncDirectGeneration``), blocking."""
+
+    def __init__(self, client: SchedulerClient, request: messages_pb2.GenerateRequest,
+                 timeout_s: float | None) -> None:
+        super().__init__(request, timeout_s, client.retry)
+        self._client = client
+
+    def __iter__(self) -> Iterator[str]:
+        import httpx
+
+        client = self._client
+        remaining = self.begin_attempt()
+        routed: router_pb2.RouteResponse = client._unary(client._router.Route, self.request, remaining)
+        self.decision = routed.decision
+        if not routed.targets:
+            raise direct.no_targets()
+        failovers: list[messages_pb2.Failover] = []
+        http = client._http_client()
+        for target in routed.targets:
+            stream = direct.DirectStream()
+            received = False
+            try:
+                with http.stream("POST", target.url, json=direct.region_body(self.request, target),
+                                 headers=direct.headers(target), timeout=direct.timeout(self.remaining())) as reply:
+                    if reply.status_code != 200:
+                        raise direct.region_error(target, reply.status_code, reply.read())
+                    for data in reply.iter_bytes():
+                        text = stream.feed(data)
+                        if text:
+                            received = True
+                            yield text
+                if not stream.done:
+                    raise direct.RegionFailed("stream ended without [DONE]")
+                self.receipt = direct.receipt_proto(stream.receipt_claims, failovers)
+                return
+            except (direct.RegionFailed, httpx.HTTPError) as exc:
+                failovers.append(direct.failover(target, exc, received))
+        raise direct.exhausted(failovers)
+
+    def text(self) -> str:
+        return "".join(self)
+
+
 class SchedulerClient:
     def __init__(self, target: str, *, api_key: str | None = None, tls: TlsConfig | bool | None = None,
                  timeout_s: float | None = 120.0, retry: RetryPolicy | None = None) -> None:
@@ -78,11 +123,26 @@ class SchedulerClient:
         self._metadata = auth_metadata(api_key)
         self.timeout_s = timeout_s
         self.retry = retry or RetryPolicy()
+        self._http: Any = None
 
     def generate(self, prompt: str | None = None, *, model: str, max_tokens: int,
-                 timeout_s: float | None = None, **options: Any) -> Generation:
+                 timeout_s: float | None = None, mode: str = "proxy",
+                 **options: Any) -> Generation | DirectGeneration:
+        """``mode``: ``proxy`` (default) or ``direct`` (see ``AsyncSchedulerClient.generate``)."""
         request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
-        return Generation(self, request, timeout_s if timeout_s is not None else self.timeout_s)
+        timeout = timeout_s if timeout_s is not None else self.timeout_s
+        if mode == "direct":
+            return DirectGeneration(self, request, timeout)
+        if mode != "proxy":
+            raise ValueError(f"mode must be 'proxy' or 'direct', got {mode!r}")
+        return Generation(self, request, timeout)
+
+    def _http_client(self) -> Any:
+        import httpx
+
+        if self._http is None:
+            self._http = httpx.Client()
+        return self._http
 
     def _unary(self, method: Any, request: Any, timeout_s: float | None) -> Any:
         timeout = timeout_s if timeout_s is not None else self.timeout_s
@@ -122,6 +182,8 @@ class SchedulerClient:
 
     def close(self) -> None:
         self._channel.close()
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> SchedulerClient:
         return self

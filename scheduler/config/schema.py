@@ -135,12 +135,22 @@ class CarbonSource(Strict):
     poll_interval_s: Duration
 
 
+class LocalPool(Strict):
+    """One pool the region runs locally: a small CPU replica with its own context limit."""
+
+    pool: Slug
+    # The local engine's context limit (the tiny model allows up to 2,048 positions): the
+    # region publishes it, and the router's live-serving filter holds requests to it.
+    max_model_len: int = Field(default=2048, ge=64, le=2048)
+
+
 class LocalProfile(Strict):
-    """How the region runs on a laptop or CI box: one small CPU replica of ``model``,
-    standing for ``stands_for`` (a pool of this region) in energy prediction and routing."""
+    """How the region runs on a laptop or CI box: per listed pool, one Ray Serve LLM
+    deployment with one small CPU replica of ``model``, standing for that pool (its GPU,
+    its models) in energy prediction and routing. Pools not listed are not served locally."""
 
     model: str = "tiny-llama"
-    stands_for: Slug
+    pools: tuple[LocalPool, ...] = Field(min_length=1)
 
 
 class RegionConfig(Strict):
@@ -162,8 +172,13 @@ class RegionConfig(Strict):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"pool names must be unique, repeated: {duplicates}")
-        if self.local is not None and self.local.stands_for not in names:
-            raise ValueError(f"local.stands_for {self.local.stands_for!r} is not a pool of this region")
+        if self.local is not None:
+            local = [p.pool for p in self.local.pools]
+            unknown = [name for name in local if name not in names]
+            if unknown:
+                raise ValueError(f"local.pools: {unknown} are not pools of this region (pools: {names})")
+            if len(set(local)) != len(local):
+                raise ValueError(f"local.pools: a pool is listed twice: {local}")
         return self
 
 

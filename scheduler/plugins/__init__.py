@@ -11,6 +11,7 @@ from scheduler.plugins.filters import (
     certifications,
     context_fits,
     model_available,
+    pool_served,
     region_health,
     residency,
     slo_reachable,
@@ -28,6 +29,7 @@ def register_all(registry: Registry) -> Registry:
     registry.filter(certifications.TYPE, certifications.CertificationFilter)
     registry.filter(context_fits.TYPE, context_fits.ContextFitsFilter)
     registry.filter(region_health.TYPE, region_health.RegionHealthFilter)
+    registry.filter(pool_served.TYPE, pool_served.PoolServedFilter)
     registry.filter(slo_reachable.TYPE, slo_reachable.SloReachableFilter)
     registry.matcher(long_context.TYPE, long_context.LongContextMatcher)
     registry.scorer(energy.TYPE, energy.EnergyScorer)

@@ -1,11 +1,13 @@
 """``build_region_app``: one Ray Serve application per region.
 
-The application is a ``RegionGateway`` ingress (route prefix ``/<region>``) bound to the
-region's vLLM replica (Ray Serve LLM's ``build_llm_deployment`` with ``RegionLLMServer``).
-Locally (the region's ``local`` profile) the replica is one small CPU engine serving the
-tiny model, standing for the pool ``local.stands_for`` in energy prediction and routing;
-on an NVIDIA machine the same application runs the CUDA build of vLLM on one GPU
-(``EngineOptions(device="gpu")``).
+The application is a ``RegionGateway`` ingress (route prefix ``/<region>``) bound to one
+Ray Serve LLM deployment per pool (``build_llm_deployment`` with ``RegionLLMServer``), each
+with its own model, engine arguments, replicas and accelerator type. Locally (the region's
+``local`` profile) each listed pool runs one small CPU engine serving the tiny model with
+the pool's ``max_model_len``, standing for the pool in energy prediction and routing; on an
+NVIDIA machine the same application runs the CUDA build of vLLM
+(``EngineOptions(device="gpu")``); on a GPU cluster each pool's replicas are placed on its
+accelerator type (``accelerator_type``).
 
 Call it after ``ray.init``: Ray Serve LLM reads the runtime context while building.
 """
@@ -16,13 +18,14 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from scheduler.config.schema import RegionConfig
-from scheduler.serve.gateway import GatewaySettings, RegionGateway
+from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
 from scheduler.serve.tiny_model import TINY_MODEL, cache_dir, ensure_tiny_model
+from scheduler.tickets import RegionKeys
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,11 @@ class EngineOptions:
     enforce_eager: bool = True
     # 0: every SSE chunk is sent at once (lower TTFT than Ray's default 50 ms batching).
     stream_batching_interval_ms: int = 0
+    # GPUs per replica (vLLM tensor parallelism).
+    tensor_parallel: int = 1
+    replicas: int = 1
+    # GPU clusters: the Ray accelerator type the replicas need (e.g. "H200", "A100-80G").
+    accelerator_type: str | None = None
 
 
 @contextlib.contextmanager
@@ -73,7 +81,7 @@ def engine_env(options: EngineOptions) -> dict[str, str]:
     return env
 
 
-def llm_config(region: RegionConfig, options: EngineOptions) -> Any:
+def llm_config(options: EngineOptions) -> Any:
     with keep_root_logging():
         from ray.serve.llm import LLMConfig
 
@@ -87,98 +95,124 @@ def llm_config(region: RegionConfig, options: EngineOptions) -> Any:
     }
     if options.device == "cpu":
         engine_kwargs["kv_cache_memory_bytes"] = options.kv_cache_bytes
-        bundle = {"CPU": 1}
+        bundles = [{"CPU": 1}]
     else:
         engine_kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
-        bundle = {"CPU": 1, "GPU": 1}
+        engine_kwargs["tensor_parallel_size"] = options.tensor_parallel
+        bundles = [{"CPU": 1, "GPU": 1}] + [{"GPU": 1}] * (options.tensor_parallel - 1)
+    extra: dict[str, Any] = {}
+    if options.accelerator_type is not None:
+        extra["accelerator_type"] = options.accelerator_type
     return LLMConfig(
         model_loading_config={"model_id": options.served_model, "model_source": str(model_dir)},
         # A dict, validated by pydantic into its CPUConfig/GPUConfig.
         accelerator_config={"kind": options.device},  # type: ignore[arg-type]
-        placement_group_config={"bundles": [bundle]},
+        placement_group_config={"bundles": bundles},
         engine_kwargs=engine_kwargs,
-        deployment_config={"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
+        deployment_config={"num_replicas": options.replicas, "ray_actor_options": {"num_cpus": 0}},
         runtime_env={"env_vars": engine_env(options)},
         experimental_configs={"stream_batching_interval_ms": options.stream_batching_interval_ms},
+        **extra,
     )
 
 
-def local_pool(region: RegionConfig) -> str:
-    """The pool the region's local replica stands for (its ``local`` profile)."""
+def local_pools(region: RegionConfig, base: EngineOptions | None = None) -> dict[str, EngineOptions]:
+    """The pools the region runs locally (its ``local`` profile), each with its context limit."""
     if region.local is None:
         raise ValueError(
-            f"region {region.name} has no 'local' profile: add e.g. "
-            f"`local: {{model: tiny-llama, stands_for: {region.pools[0].name}}}` to run it locally"
+            f"region {region.name} has no 'local' profile: add e.g. `local: {{model: tiny-llama, pools: "
+            f"[{{pool: {region.pools[0].name}, max_model_len: 2048}}]}}` to run it locally"
         )
-    return region.local.stands_for
+    base = base or EngineOptions()
+    return {p.pool: replace(base, max_model_len=p.max_model_len) for p in region.local.pools}
 
 
 def build_region_app(
     region: RegionConfig,
+    pools: Mapping[str, EngineOptions],
     *,
     store_url: str | None = None,
     namespace: str = "local",
-    engine: EngineOptions | None = None,
     publish_interval_s: float = 1.0,
+    tickets: Literal["required", "disabled"] = "required",
+    ticket_keys: RegionKeys | None = None,
 ) -> Any:
     """The region's Serve application (deploy with ``serve.run(app, name=region.name,
-    route_prefix=f"/{region.name}")``). With ``store_url`` the gateway publishes the
-    region's live state there itself."""
+    route_prefix=f"/{region.name}")``): one LLM deployment per entry of ``pools``. With
+    ``store_url`` the gateway publishes the region's live state there itself. Tickets are
+    checked with ``ticket_keys`` (None: the file ``$SCHEDULER_TICKET_KEYS_FILE`` names)."""
     with keep_root_logging():
         from ray.serve.llm import build_llm_deployment
 
         from scheduler.serve.engine import RegionLLMServer
 
-    options = engine or EngineOptions()
-    llm = build_llm_deployment(
-        llm_config(region, options),
-        name_prefix=f"LLMServer:{region.name}:",
-        deployment_cls=RegionLLMServer,
-    )
+    if not pools:
+        raise ValueError(f"region {region.name}: no pools to serve")
+    llms = {
+        name: build_llm_deployment(
+            llm_config(options),
+            name_prefix=f"LLMServer:{region.name}:{name}:",
+            deployment_cls=RegionLLMServer,
+        )
+        for name, options in pools.items()
+    }
     settings = GatewaySettings(
         region=region,
-        pool=local_pool(region),
-        served_model=options.served_model,
+        pools={name: PoolEngine(o.served_model, o.max_model_len, o.replicas) for name, o in pools.items()},
         store_url=store_url,
         namespace=namespace,
         publish_interval_s=publish_interval_s,
+        tickets=tickets,
+        ticket_keys=ticket_keys,
     )
     gateway: Any = RegionGateway
-    return gateway.options(name=f"RegionGateway:{region.name}").bind(llm, settings)
+    return gateway.options(name=f"RegionGateway:{region.name}").bind(llms, settings)
+
+
+BUILDER_ARGS = ("region", "namespace", "tickets", "pools")
 
 
 def region_app_builder(args: Mapping[str, Any]) -> Any:
     """The region application as Ray Serve's ``import_path`` builder calls it (KubeRay
     ``serveConfigV2``): one argument, the ``args`` mapping that ``infra/render.py`` writes:
-    ``region`` (the region file's content), ``pool`` (which pool this cluster serves),
-    ``namespace`` (state-store key namespace) and ``engine`` (``EngineOptions`` fields).
-    The state store URL comes from ``$SCHEDULER_STATE``. Bad arguments raise ``ValueError``
-    naming the field, before anything is deployed."""
+    ``region`` (the region file's content), ``namespace`` (state-store key namespace),
+    ``tickets`` (``required``, the default, or ``disabled``) and ``pools`` (pool name ->
+    ``EngineOptions`` fields, one LLM deployment each). The state store URL comes from
+    ``$SCHEDULER_STATE``, the ticket keys from ``$SCHEDULER_TICKET_KEYS_FILE``. Bad
+    arguments raise ``ValueError`` naming the field, before anything is deployed."""
     from scheduler.config.loader import ConfigError, default_region, validate
-    from scheduler.config.schema import LocalProfile
 
-    unknown = set(args) - {"region", "pool", "namespace", "engine"}
-    if unknown or "region" not in args:
-        raise ValueError(f"serveConfigV2 args: expected region, pool, namespace, engine; got {sorted(args)}")
+    unknown = set(args) - set(BUILDER_ARGS)
+    if unknown or "region" not in args or "pools" not in args:
+        raise ValueError(f"serveConfigV2 args: expected {', '.join(BUILDER_ARGS)} (region and pools required); "
+                         f"got {sorted(args)}")
     try:
         region = validate(RegionConfig, default_region(dict(args["region"])), "serveConfigV2 args.region")
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
-    pool = args.get("pool")
-    if pool is not None:
-        if pool not in {p.name for p in region.pools}:
-            raise ValueError(f"serveConfigV2 args.pool: {pool!r} is not a pool of region {region.name}")
-        model = region.local.model if region.local else TINY_MODEL
-        region = region.model_copy(update={"local": LocalProfile(model=model, stands_for=pool)})
-    engine_args = dict(args.get("engine") or {})
-    known = set(EngineOptions.__dataclass_fields__)
-    if set(engine_args) - known:
-        raise ValueError(f"serveConfigV2 args.engine: unknown keys {sorted(set(engine_args) - known)}")
-    if engine_args.get("model_dir") is not None:
-        engine_args["model_dir"] = Path(engine_args["model_dir"])
+    tickets = args.get("tickets", "required")
+    if tickets not in ("required", "disabled"):
+        raise ValueError(f"serveConfigV2 args.tickets: expected required or disabled, got {tickets!r}")
+    raw_pools = args["pools"]
+    if not isinstance(raw_pools, Mapping) or not raw_pools:
+        raise ValueError("serveConfigV2 args.pools: expected a mapping of pool name -> engine options")
+    known_pools = {p.name for p in region.pools}
+    known_fields = set(EngineOptions.__dataclass_fields__)
+    pools = {}
+    for name, raw in raw_pools.items():
+        if name not in known_pools:
+            raise ValueError(f"serveConfigV2 args.pools.{name}: not a pool of region {region.name} "
+                             f"(pools: {', '.join(sorted(known_pools))})")
+        options = dict(raw or {})
+        if set(options) - known_fields:
+            raise ValueError(f"serveConfigV2 args.pools.{name}: unknown keys {sorted(set(options) - known_fields)}")
+        if options.get("model_dir") is not None:
+            options["model_dir"] = Path(options["model_dir"])
+        pools[name] = EngineOptions(**options)
     return build_region_app(
         region,
+        pools,
         store_url=os.environ.get("SCHEDULER_STATE"),
         namespace=str(args.get("namespace", "default")),
-        engine=EngineOptions(**engine_args),
+        tickets=tickets,
     )

@@ -8,7 +8,6 @@ import asyncio
 import signal
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,10 @@ def register(sub: Any) -> None:
                     help="state key namespace (default: local; --demo: a fresh one, deleted at exit)")
     up.add_argument("--router", default="127.0.0.1:50051", help="router gRPC address (port 0: any free port)")
     up.add_argument("--http-port", type=int, default=8000, help="Serve HTTP port, if free (else any free port)")
+    up.add_argument("--ticket-keys", type=Path,
+                    help="the regions' dispatch-ticket keys (default: fresh keys for this run, kept in memory)")
+    up.add_argument("--insecure-no-tickets", action="store_true",
+                    help="regions accept requests without a dispatch ticket (development only)")
     up.add_argument("--demo", action="store_true", help="replay a trace slice, print a report, shut down, exit")
     up.add_argument("--demo-requests", type=int, default=150, help="requests to replay with --demo")
     up.set_defaults(handler=_up)
@@ -57,11 +60,11 @@ async def _ttft(region: str, probes: int) -> int:
     try:
         await stack.start()
         tokenizer = Tokenizer.from_file(str(ensure_tiny_model() / "tokenizer.json"))
-        result = await demo.probe_ttft(stack.router_target, stack.endpoint(region), tokenizer,
-                                       demo.DemoOptions(probes=probes))
+        result = await demo.probe_ttft(stack.router_target, tokenizer, demo.DemoOptions(probes=probes))
     finally:
         await stack.stop()
-    for name, samples in (("via router", result.router_s), (f"direct to {region}", result.direct_s)):
+    for name, samples in (("proxy mode", result.router_s), ("direct mode", result.direct_mode_s),
+                          (f"{region} alone", result.region_s)):
         ms = [s * 1000 for s in samples]
         print(f"TTFT {name:<22} n={len(ms):<4} p50 {demo.percentile(ms, 50):6.1f} ms   "
               f"p90 {demo.percentile(ms, 90):6.1f} ms   p99 {demo.percentile(ms, 99):6.1f} ms")
@@ -70,6 +73,15 @@ async def _ttft(region: str, probes: int) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from scheduler.serve.stack import StackOptions, free_port
+    from scheduler.tickets import TicketKeyRing, TicketKeysError
+
+    try:
+        ticket_keys = TicketKeyRing.load(args.ticket_keys) if args.ticket_keys else None
+    except TicketKeysError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.insecure_no_tickets:
+        _say("WARNING: --insecure-no-tickets: anyone who reaches a region can run requests on it, unbilled")
 
     host, _, port = args.router.rpartition(":")
     router_port = free_port(int(port)) if port != "0" else 0
@@ -78,10 +90,13 @@ def _up(args: argparse.Namespace) -> int:
         only=tuple(name.strip() for name in args.only.split(",") if name.strip()),
         state_url=args.state, namespace=args.namespace or ("local" if not args.demo else None),
         clean_namespace=args.demo, router_address=f"{host or '127.0.0.1'}:{router_port}",
-        http_port=args.http_port,
+        http_port=args.http_port, tickets=not args.insecure_no_tickets, ticket_keys=ticket_keys,
     )
     try:
         return asyncio.run(_run(options, args))
+    except TicketKeysError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
@@ -141,9 +156,7 @@ async def _demo(stack: Any, requests: int) -> int:
             _say("Ray dashboard REST API, Serve applications: "
                  + ", ".join(f"{name} {status}" for name, status in sorted(apps.items())))
         outcomes, wall = await demo.replay(stack.router_target, trace, options)
-        by_region = Counter(o.region for o in outcomes if not o.error)
-        probe_region = by_region.most_common(1)[0][0] if by_region else stack.regions[0].name
-        probe = await demo.probe_ttft(stack.router_target, stack.endpoint(probe_region), tokenizer, options)
+        probe = await demo.probe_ttft(stack.router_target, tokenizer, options) if stack.ticket_keys else None
         metrics: dict[str, float] = {}
         if stack.dashboard_url:
             metrics = await dashboard.metric_samples(stack.dashboard_url, client, "ray_scheduler_region_requests")
@@ -151,10 +164,12 @@ async def _demo(stack: Any, requests: int) -> int:
     print(f"Demo: {len(trace)} requests from the Azure LLM conversation trace (2023-11-16, CC-BY), "
           f"tokens x{options.token_scale}, arrivals x{options.time_scale}; model {demo.MODEL} "
           f"on tiny CPU stand-ins (energy: the model's estimate for the pools they stand for)")
-    print(demo.report(outcomes, wall, probe, probe_region))
+    print(demo.report(outcomes, wall, probe))
     if metrics:
         print("custom metrics as last exported by Ray (every ~10 s) to the targets the dashboard lists: "
               + ", ".join(f"{k} = {v:.0f}" for k, v in sorted(metrics.items())))
     print()
-    answered = sum(1 for o in outcomes if not o.error)
-    return 0 if answered else 1
+    failed = sum(1 for o in outcomes if o.error)
+    if failed:
+        _say(f"{failed} of {len(outcomes)} requests failed")
+    return 1 if failed else 0

@@ -38,6 +38,8 @@ class DemoOptions:
     # (jurisdiction, share of requests that must stay in it)
     residency: tuple[tuple[str, float], ...] = (("EU", 0.2), ("US", 0.15), ("JP", 0.1))
     concurrency: int = 16
+    # Share of the requests sent in direct mode (the SDK streams from the region itself).
+    direct_share: float = 0.25
     probes: int = 20
     seed: int = 0
     trace: Path = TRACE
@@ -51,11 +53,14 @@ class TraceRequest:
     conversation: int
     # Empty: may run anywhere.
     jurisdiction: str
+    mode: str = "proxy"
 
 
 @dataclass
 class Outcome:
+    mode: str = "proxy"
     region: str = ""
+    pool: str = ""
     ttft_s: float | None = None
     router_ttft_ms: float | None = None
     energy_j: float = 0.0
@@ -103,6 +108,7 @@ def build_requests(options: DemoOptions, tokenizer: Any) -> list[TraceRequest]:
             max_tokens=min(options.max_output_tokens, max(4, int(int(row["GeneratedTokens"]) * options.token_scale))),
             conversation=conversation,
             jurisdiction=_pick_jurisdiction(rng.random(), options.residency),
+            mode="direct" if rng.random() < options.direct_share else "proxy",
         ))
     return requests
 
@@ -118,13 +124,13 @@ def _pick_jurisdiction(draw: float, residency: Sequence[tuple[str, float]]) -> s
 async def _one(client: Any, request: TraceRequest, semaphore: asyncio.Semaphore) -> Outcome:
     from scheduler.client import SchedulerRpcError
 
-    outcome = Outcome()
+    outcome = Outcome(mode=request.mode)
     async with semaphore:
         started = time.monotonic()
         generation = client.generate(
             request.prompt, model=MODEL, max_tokens=request.max_tokens, tenant="demo",
             prefix_key=f"conversation-{request.conversation}",
-            jurisdictions=[request.jurisdiction] if request.jurisdiction else [],
+            jurisdictions=[request.jurisdiction] if request.jurisdiction else [], mode=request.mode,
         )
         try:
             async for _ in generation:
@@ -138,6 +144,7 @@ async def _one(client: Any, request: TraceRequest, semaphore: asyncio.Semaphore)
         outcome.error = "no receipt"
         return outcome
     outcome.region = receipt.region
+    outcome.pool = receipt.pool
     outcome.router_ttft_ms = receipt.ttft_ms if receipt.HasField("ttft_ms") else None
     outcome.energy_j = receipt.energy_j
     outcome.carbon_g = receipt.carbon_g if receipt.HasField("carbon_g") else None
@@ -173,35 +180,44 @@ async def replay(target: str, requests: Sequence[TraceRequest], options: DemoOpt
 
 @dataclass
 class TtftProbe:
+    # Proxy mode, direct mode (Route + the region's stream), and the region alone (with a
+    # ticket fetched beforehand, outside the timing).
     router_s: list[float] = field(default_factory=list)
-    direct_s: list[float] = field(default_factory=list)
+    direct_mode_s: list[float] = field(default_factory=list)
+    region_s: list[float] = field(default_factory=list)
 
 
-async def probe_ttft(target: str, endpoint: str, tokenizer: Any, options: DemoOptions) -> TtftProbe:
-    """Sequential, unloaded requests of the same size: through the router vs straight to
-    one region's gateway (both from this process; each prompt is new, so no cache hits)."""
+async def probe_ttft(target: str, tokenizer: Any, options: DemoOptions) -> TtftProbe:
+    """Sequential, unloaded requests of the same size, in turn: through the router, in direct
+    mode, and straight to the region the router picks (each prompt is new: no cache hits)."""
     import httpx
 
     from scheduler.client import AsyncSchedulerClient
+    from scheduler.client.common import build_request
+    from scheduler.client.direct import headers, region_body
+    from scheduler.v1 import router_pb2_grpc
 
     rng = random.Random(options.seed + 1)
     vocabulary = _vocabulary(tokenizer)
     result = TtftProbe()
     async with AsyncSchedulerClient(target) as client, httpx.AsyncClient(timeout=30) as http:
         for _ in range(options.probes):
-            prompt = tokenizer.decode(_words(tokenizer, rng, vocabulary, 200))
+            for mode, samples in (("proxy", result.router_s), ("direct", result.direct_mode_s)):
+                prompt = tokenizer.decode(_words(tokenizer, rng, vocabulary, 200))
+                started = time.monotonic()
+                async for _ in client.generate(prompt, model=MODEL, max_tokens=4, tenant="probe", mode=mode):
+                    samples.append(time.monotonic() - started)
+                    break
+            request = build_request(prompt=tokenizer.decode(_words(tokenizer, rng, vocabulary, 200)), model=MODEL,
+                                    max_tokens=4, tenant="probe")
+            stub = router_pb2_grpc.GlobalRouterStub(client._channel)  # type: ignore[no-untyped-call]
+            target_ = (await stub.Route(request)).targets[0]
             started = time.monotonic()
-            async for _ in client.generate(prompt, model=MODEL, max_tokens=4, tenant="probe"):
-                result.router_s.append(time.monotonic() - started)
-                break
-            prompt = tokenizer.decode(_words(tokenizer, rng, vocabulary, 200))
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "stream": True,
-                    "stream_options": {"include_usage": True}}
-            started = time.monotonic()
-            async with http.stream("POST", f"{endpoint}/v1/completions", json=body) as response:
+            async with http.stream("POST", target_.url, json=region_body(request, target_),
+                                   headers=headers(target_)) as response:
                 async for line in response.aiter_lines():
                     if line.startswith("data:") and '"choices":[{' in line:
-                        result.direct_s.append(time.monotonic() - started)
+                        result.region_s.append(time.monotonic() - started)
                         break
     return result
 
@@ -214,17 +230,21 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[index]
 
 
-def report(outcomes: Sequence[Outcome], wall_s: float, probe: TtftProbe | None, probe_region: str) -> str:
+def report(outcomes: Sequence[Outcome], wall_s: float, probe: TtftProbe | None) -> str:
     ok = [o for o in outcomes if not o.error]
+    modes = Counter(o.mode for o in outcomes)
+    failed_modes = Counter(o.mode for o in outcomes if o.error)
     lines = [f"{len(outcomes)} requests replayed in {wall_s:.1f} s: {len(ok)} answered, "
              f"{len(outcomes) - len(ok)} failed" + (f" ({dict(Counter(o.error for o in outcomes if o.error))})"
                                                    if len(ok) < len(outcomes) else ""),
+             "by mode: " + ", ".join(f"{mode} {count} ({failed_modes[mode]} failed)"
+                                     for mode, count in sorted(modes.items())),
              "",
-             f"{'region':<14}{'requests':>9}{'prompt tok':>12}{'reused tok':>12}{'energy J':>12}"
+             f"{'region/pool':<24}{'requests':>9}{'prompt tok':>12}{'reused tok':>12}{'energy J':>12}"
              f"{'gCO2e':>10}{'J/request':>11}"]
-    for region in sorted({o.region for o in ok}):
-        mine = [o for o in ok if o.region == region]
-        lines.append(_row(region, mine))
+    for key in sorted({(o.region, o.pool) for o in ok}):
+        mine = [o for o in ok if (o.region, o.pool) == key]
+        lines.append(_row("/".join(key), mine))
     lines.append(_row("total", ok))
     fallbacks = Counter(f for o in ok for f in set(o.fallbacks))
     lines += ["", "fallbacks: " + (", ".join(f"{k} x{v}" for k, v in fallbacks.most_common()) or "none")]
@@ -233,12 +253,12 @@ def report(outcomes: Sequence[Outcome], wall_s: float, probe: TtftProbe | None, 
     ttft = [o.ttft_s * 1000 for o in ok if o.ttft_s is not None]
     lines.append(f"TTFT through the router under trace load: p50 {percentile(ttft, 50):.0f} ms, "
                  f"p99 {percentile(ttft, 99):.0f} ms")
-    if probe is not None and probe.router_s and probe.direct_s:
-        router = [s * 1000 for s in probe.router_s]
-        direct = [s * 1000 for s in probe.direct_s]
-        lines.append(f"TTFT unloaded, {len(router)} probes each: via router p50 {percentile(router, 50):.0f} ms "
-                     f"(p99 {percentile(router, 99):.0f}); directly to {probe_region} p50 "
-                     f"{percentile(direct, 50):.0f} ms (p99 {percentile(direct, 99):.0f})")
+    if probe is not None and probe.router_s and probe.direct_mode_s and probe.region_s:
+        parts = [f"{name} p50 {percentile([s * 1000 for s in samples], 50):.0f} ms "
+                 f"(p99 {percentile([s * 1000 for s in samples], 99):.0f})"
+                 for name, samples in (("proxy mode", probe.router_s), ("direct mode", probe.direct_mode_s),
+                                       ("the region alone", probe.region_s))]
+        lines.append(f"TTFT unloaded, {len(probe.router_s)} probes each: " + "; ".join(parts))
     prompt = sum(o.prompt_tokens for o in ok)
     reused = sum(o.reused_tokens for o in ok)
     lines.append(f"prefix-cache reuse: {reused:,} of {prompt:,} prompt tokens "
@@ -251,5 +271,5 @@ def _row(name: str, outcomes: Sequence[Outcome]) -> str:
     carbon = [o.carbon_g for o in outcomes if o.carbon_g is not None]
     grams = f"{sum(carbon):.3f}" if carbon else "n/a"
     per = energy / len(outcomes) if outcomes else 0.0
-    return (f"{name:<14}{len(outcomes):>9}{sum(o.prompt_tokens for o in outcomes):>12,}"
+    return (f"{name:<24}{len(outcomes):>9}{sum(o.prompt_tokens for o in outcomes):>12,}"
             f"{sum(o.reused_tokens for o in outcomes):>12,}{energy:>12.1f}{grams:>10}{per:>11.1f}")

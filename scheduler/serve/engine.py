@@ -116,9 +116,15 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
             log.error("%s; publishing without engine figures", exc)
 
     async def live_stats(self) -> dict[str, float]:
-        # Raises when the engine is dead: the gateway reports the region unhealthy then.
+        # Raises when the engine is dead: the gateway leaves the pool out of its state then.
         await self.check_health()
-        return self._live_stats.snapshot() if self._live_stats is not None else {}
+        stats = self._live_stats.snapshot() if self._live_stats is not None else {}
+        # The context limit the engine really enforces (the router holds requests to it).
+        model_config = getattr(getattr(self.engine, "_engine_client", None), "model_config", None)
+        max_model_len = getattr(model_config, "max_model_len", None)
+        if isinstance(max_model_len, int):
+            stats["max_model_len"] = float(max_model_len)
+        return stats
 
     async def stream_completions(self, body: dict[str, Any]) -> AsyncIterator[list[str | dict[str, Any]]]:
         async for batch in self._stream(CompletionRequest, "completions", body):

@@ -2,14 +2,22 @@
 
 It serves the OpenAI-compatible streaming API the router calls (``POST /v1/completions``,
 ``POST /v1/chat/completions``; ``GET /v1/models``, ``GET /health``, ``GET /state``), in front
-of the region's vLLM replica (``RegionLLMServer``, reached through a ``DeploymentHandle``):
+of one vLLM deployment per pool (``RegionLLMServer``, reached through a ``DeploymentHandle``):
 
-- maps the requested model (e.g. ``llama-3.1-8b``, served by the pool the replica stands
-  for) to the model the replica runs (locally the tiny model) and back in every chunk;
-- tracks the requests in flight (``InFlight``) and, where NVML sees GPUs, shares the
-  measured energy among them;
-- adds the ``energy`` object to the final usage event (``energy_report``);
-- publishes the region's live state every ~1 s when it is given a shared store.
+- admits only requests that carry a valid dispatch ticket (``scheduler.tickets``): signed
+  for this region, unexpired, used once, and matching the request (pool, model, max_tokens,
+  prompt); without one, 401; with one that does not match, 403. Tickets can be turned off
+  for development (``tickets="disabled"``; a warning at every start);
+- runs the request on the pool the ticket names, and refuses a pool or model it does not
+  serve (404 ``pool_not_served`` / ``model_not_found``);
+- maps the requested model (e.g. ``llama-3.1-8b``) to the model the pool's engine runs
+  (locally the tiny model) and back in every chunk;
+- tracks the requests in flight per pool (``InFlight``) and, where NVML sees GPUs, shares
+  the measured energy among them;
+- adds the ``energy`` object to the final usage event (``energy_report``); for a direct-mode
+  ticket it also signs a receipt and appends it to the store's ``receipts`` stream;
+- publishes the region's live state (per pool: load, models served and their context
+  limits, replicas) every ~1 s when it is given a shared store.
 
 It never imports vLLM (the replica does), which keeps it small.
 """
@@ -17,20 +25,22 @@ It never imports vLLM (the replica does), which keeps it small.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from scheduler.config.schema import RegionConfig
+from scheduler import region_receipt, tickets
+from scheduler.config.schema import PoolConfig, RegionConfig
 from scheduler.energy.nvml import NvmlMeter, delta_mj
 from scheduler.serve.energy_report import PoolEnergyProfile, energy_object
 from scheduler.serve.inflight import InFlight
@@ -38,20 +48,32 @@ from scheduler.serve.metrics import GatewayMetrics
 from scheduler.serve.publisher import RegionStatePublisher
 from scheduler.serve.sse import StreamAssembler, sse_event
 from scheduler.state import codec
+from scheduler.state.store import StateUnavailable
+from scheduler.tickets import RegionKeys, Ticket, TicketKeyRing, TicketRejected
 from scheduler.types import PoolLiveState, RegionLiveState
 
 log = logging.getLogger(__name__)
 
 # Time constant of the published arrival rates' moving average.
 RATE_WINDOW_S = 10.0
+# Signed receipts kept while the store is unreachable (oldest dropped beyond, and logged).
+RECEIPT_OUTBOX = 10_000
+
+
+@dataclass(frozen=True)
+class PoolEngine:
+    """What one pool's deployment runs: the engine's model and its context limit."""
+
+    served_model: str
+    max_model_len: int
+    replicas: int = 1
 
 
 @dataclass(frozen=True)
 class GatewaySettings:
     region: RegionConfig
-    # The pool the local replica stands for, and the model the replica really runs.
-    pool: str
-    served_model: str
+    # The pools this application serves, each with its own deployment (``llms`` of the gateway).
+    pools: Mapping[str, PoolEngine]
     # None: no in-gateway publisher (the stack bridges ``GET /state`` to its store instead).
     store_url: str | None = None
     namespace: str = "local"
@@ -59,11 +81,27 @@ class GatewaySettings:
     state_ttl_s: float = 60.0
     meter_interval_s: float = 0.2
     engine_timeout_s: float = 2.0
+    tickets: Literal["required", "disabled"] = "required"
+    # The region's ticket keys; None: read from the file $SCHEDULER_TICKET_KEYS_FILE names.
+    ticket_keys: RegionKeys | None = None
+
+
+def served_models(pool: PoolConfig, engine: PoolEngine) -> dict[str, int]:
+    """Requested model -> context limit. An engine running one of the pool's models serves
+    that model; a stand-in (the tiny model locally) serves every model of the pool."""
+    names = {m.name: m for m in pool.models}
+    chosen = [names[engine.served_model]] if engine.served_model in names else list(pool.models)
+    return {m.name: min(m.max_context, engine.max_model_len) for m in chosen}
 
 
 def openai_error(message: str, status: int, kind: str, code: str | int | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": None, "code": code if code is not None else status}}
     return JSONResponse(body, status_code=status)
+
+
+def refusal(exc: TicketRejected) -> JSONResponse:
+    kind = "AuthenticationError" if exc.status == 401 else "PermissionDeniedError"
+    return openai_error(exc.reason, exc.status, kind, "invalid_ticket" if exc.status == 401 else "ticket_mismatch")
 
 
 async def _chain(first: list[Any], rest: AsyncIterator[list[Any]]) -> AsyncIterator[list[Any]]:
@@ -72,23 +110,67 @@ async def _chain(first: list[Any], rest: AsyncIterator[list[Any]]) -> AsyncItera
         yield batch
 
 
+class ReplayGuard:
+    """Single use of tickets: SET NX in the shared store (every replica of every region sees
+    it). While the store is unreachable it falls back to this replica's memory: a ticket can
+    then be replayed against another replica within its (<= 30 s) lifetime; that is the
+    trade-off for serving through a store outage."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        # Tickets this replica admitted, until they expire: (expires, key) in admission order
+        # (expiries grow with it, near enough: each is admission + ticket lifetime) and a set.
+        self._order: collections.deque[tuple[float, str]] = collections.deque()
+        self._seen: set[str] = set()
+        self._store_down = False
+
+    async def first_use(self, ticket: Ticket, now: float) -> bool:
+        ttl = max(1.0, ticket.expires_at - now + 5.0)
+        while self._order and self._order[0][0] < now:
+            self._seen.discard(self._order.popleft()[1])
+        if ticket.use_key in self._seen:
+            return False
+        if self._store is not None:
+            try:
+                first = bool(await self._store.set_nx(ticket.use_key, b"1", ttl))
+                if self._store_down:
+                    log.info("ticket store reachable again")
+                self._store_down = False
+                if not first:
+                    return False
+            except StateUnavailable as exc:
+                if not self._store_down:
+                    log.warning("ticket store unreachable (%s): single use is held per replica until it returns", exc)
+                self._store_down = True
+        self._order.append((now + ttl, ticket.use_key))
+        self._seen.add(ticket.use_key)
+        return True
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256)
 class RegionGateway:
     # Serve awaits an async constructor, so the background tasks start on the replica's loop.
-    async def __init__(self, llm: Any, settings: GatewaySettings) -> None:  # type: ignore[misc]
-        self._llm = llm
+    async def __init__(self, llms: dict[str, Any], settings: GatewaySettings) -> None:  # type: ignore[misc]
+        region = settings.region
+        configs = {p.name: p for p in region.pools}
+        unknown = sorted(set(settings.pools) - set(configs))
+        if unknown or set(llms) != set(settings.pools):
+            raise ValueError(f"region {region.name}: pools {sorted(settings.pools)} / deployments {sorted(llms)} "
+                             f"do not match the region's pools {sorted(configs)}")
+        self._llms = llms
         self._settings = settings
-        pool = next(p for p in settings.region.pools if p.name == settings.pool)
-        self._profile = PoolEnergyProfile.of(pool)
-        self._in_flight = InFlight(clock=time.monotonic)
-        self._metrics = GatewayMetrics(settings.region.name, settings.pool)
+        self._profiles = {name: PoolEnergyProfile.of(configs[name]) for name in settings.pools}
+        self._models = {name: served_models(configs[name], engine) for name, engine in settings.pools.items()}
+        self._in_flight = {name: InFlight(clock=time.monotonic) for name in settings.pools}
+        self._metrics = GatewayMetrics(region.name)
+        self._keys = self._load_keys()
         self._meter = NvmlMeter()
         self._meter.open()
         self._power_w: float | None = None
         self._measured_j_total = 0.0
         self._last_rate: tuple[float, float] | None = None  # (measured J, generated tokens)
-        self._last_arrivals: tuple[float, int, float] | None = None  # (monotonic s, requests, prompt tokens)
-        self._rates = (0.0, 0.0)  # published arrival rates: requests/s, prompt tokens/s
+        self._last_arrivals: dict[str, tuple[float, int, float]] = {}  # pool -> (monotonic s, requests, prompt tokens)
+        self._rates: dict[str, tuple[float, float]] = {}  # pool -> published rates: requests/s, prompt tokens/s
         self._tasks: list[asyncio.Task[None]] = []
         if self._meter.available:
             self._tasks.append(asyncio.create_task(self._meter_loop()))
@@ -98,17 +180,38 @@ class RegionGateway:
 
             self._store = open_store(settings.store_url, settings.namespace)
             publisher = RegionStatePublisher(
-                region=settings.region.name, source=self.live_state, store=self._store,
+                region=region.name, source=self.live_state, store=self._store,
                 interval_s=settings.publish_interval_s, ttl_s=settings.state_ttl_s,
             )
             self._tasks.append(asyncio.create_task(publisher.run()))
+        self._replay = ReplayGuard(self._store)
+        self._outbox: collections.deque[dict[str, str]] = collections.deque(maxlen=RECEIPT_OUTBOX)
+        self._outbox_wake = asyncio.Event()
+        if self._store is not None:
+            self._tasks.append(asyncio.create_task(self._receipt_writer()))
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/completions"): lambda r: self._generate(r, "stream_completions"),
             ("POST", "/v1/chat/completions"): lambda r: self._generate(r, "stream_chat"),
-            ("GET", "/v1/models"): self._models,
+            ("GET", "/v1/models"): self._list_models,
             ("GET", "/health"): self._health,
             ("GET", "/state"): self._state,
         }
+
+    def _load_keys(self) -> RegionKeys | None:
+        settings = self._settings
+        region = settings.region.name
+        if settings.tickets == "disabled":
+            log.warning("region %s: dispatch tickets are DISABLED: anyone who reaches this endpoint can run "
+                        "requests on any pool, unbilled (development only)", region)
+            return None
+        if settings.ticket_keys is not None:
+            return settings.ticket_keys
+        ring = TicketKeyRing.from_env()
+        if ring is None:
+            raise ValueError(f"region {region}: tickets are required but no keys were given: set "
+                             f"${tickets.KEYS_FILE_ENV} to the region's key file or ${tickets.KEYS_ENV} to its "
+                             "content (or disable tickets for development)")
+        return ring.of(region)
 
     async def __call__(self, request: Request) -> Response:
         path = request.scope["path"]
@@ -122,51 +225,79 @@ class RegionGateway:
 
     # --- the OpenAI API ---------------------------------------------------------------
 
+    def _admit(self, request: Request, body: dict[str, Any], model: str, scheduler_info: Any) -> tuple[str, Ticket | None]:
+        """(pool, ticket) of an admissible request; ``TicketRejected`` otherwise."""
+        asked_pool = scheduler_info.get("pool") if isinstance(scheduler_info, dict) else None
+        if asked_pool is not None and not isinstance(asked_pool, str):
+            raise TicketRejected(403, f"x_scheduler.pool must be a string, got {asked_pool!r}")
+        if self._keys is None:
+            return asked_pool or next(iter(self._settings.pools)), None
+        token = request.headers.get(tickets.HEADER)
+        if not token:
+            raise TicketRejected(401, f"no dispatch ticket: send the router's ticket in the {tickets.HEADER} header")
+        ticket = Ticket.verify(self._keys, token)
+        tickets.check(ticket, region=self._settings.region.name, now=time.time(), model=model,
+                      max_tokens=body.get("max_tokens"), prompt=tickets.body_prompt_digest(body), pool=asked_pool)
+        return ticket.pool, ticket
+
     async def _generate(self, request: Request, method: str) -> Response:
         try:
             body = await request.json()
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return openai_error(f"request body is not JSON: {exc}", 400, "BadRequestError")
         if not isinstance(body, dict):
             return openai_error("request body must be a JSON object", 400, "BadRequestError")
         model = body.get("model")
-        if not isinstance(model, str) or not self._profile.serves(model):
-            served = ", ".join(self._profile.deployments)
-            return openai_error(f"model {model!r} is not served by pool {self._settings.pool} "
-                                f"of {self._settings.region.name} (served: {served})", 404,
-                                "NotFoundError", "model_not_found")
+        if not isinstance(model, str):
+            return openai_error(f"model must be a string, got {model!r}", 400, "BadRequestError")
+        scheduler_info = body.pop("x_scheduler", None)
+        region = self._settings.region.name
+        try:
+            pool, ticket = self._admit(request, body, model, scheduler_info)
+        except TicketRejected as exc:
+            self._metrics.refused_request(exc.status)
+            log.warning("region %s: refused a request: %s", region, exc.reason)
+            return refusal(exc)
+        if pool not in self._models:
+            self._metrics.refused_request(404)
+            return openai_error(f"pool {pool!r} is not served by region {region} (served: "
+                                f"{', '.join(self._models)})", 404, "NotFoundError", "pool_not_served")
+        if model not in self._models[pool]:
+            self._metrics.refused_request(404)
+            return openai_error(f"model {model!r} is not served by pool {pool} of {region} "
+                                f"(served: {', '.join(self._models[pool])})", 404, "NotFoundError", "model_not_found")
         if body.get("stream") is not True:
             return openai_error("this region streams only: set \"stream\": true", 400, "BadRequestError")
-        scheduler_info = body.pop("x_scheduler", None)
-        engine_body = {**body, "model": self._settings.served_model,
+        if ticket is not None and not await self._replay.first_use(ticket, time.time()):
+            self._metrics.refused_request(403)
+            log.warning("region %s: refused a replayed ticket (decision %s)", region, ticket.decision_id)
+            return refusal(TicketRejected(403, f"ticket already used (decision {ticket.decision_id})"))
+        engine_body = {**body, "model": self._settings.pools[pool].served_model,
                        "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
         request_id = uuid.uuid4().hex
-        self._in_flight.start(request_id)
-        self._metrics.set_in_flight(self._in_flight.count)
+        self._start(pool, request_id)
         try:
-            stream = getattr(self._llm.options(stream=True), method).remote(engine_body)
+            stream = getattr(self._llms[pool].options(stream=True), method).remote(engine_body)
             first = await stream.__anext__()
         except Exception as exc:
-            self._end(request_id)
-            self._metrics.failed()
-            log.warning("region %s: engine failed before streaming: %s", self._settings.region.name, exc)
+            self._end(pool, request_id)
+            self._metrics.failed(pool)
+            log.warning("region %s: engine of pool %s failed before streaming: %s", region, pool, exc)
             return openai_error(f"engine unavailable: {exc}", 503, "ServiceUnavailableError")
         error = next((item for item in first if isinstance(item, dict)), None)
         if error is not None:
-            self._end(request_id)
-            self._metrics.failed()
+            self._end(pool, request_id)
+            self._metrics.failed(pool)
             status = error.get("error", {}).get("code", 500)
             return JSONResponse(error, status_code=status if isinstance(status, int) else 500)
-        if scheduler_info:
-            log.debug("request %s for decision %s", request_id, scheduler_info)
         assembler = StreamAssembler(requested_model=model, clock=time.monotonic)
         return StreamingResponse(
-            self._relay(request_id, model, first, stream, assembler, time.monotonic()),
-            media_type="text/event-stream",
+            self._relay(pool, request_id, model, ticket, first, stream, assembler, time.monotonic()),
+            media_type="text/event-stream", headers={"x-scheduler-pool": pool},
         )
 
     async def _relay(
-        self, request_id: str, model: str, first: list[Any], stream: Any,
+        self, pool: str, request_id: str, model: str, ticket: Ticket | None, first: list[Any], stream: Any,
         assembler: StreamAssembler, started: float,
     ) -> AsyncIterator[bytes]:
         finished = False
@@ -176,28 +307,75 @@ class RegionGateway:
                     out = sse_event(item) if isinstance(item, dict) else assembler.feed(item)
                     if out is not None:
                         yield out
-            share = self._end(request_id)
+            share = self._end(pool, request_id)
             finished = True
             usage = assembler.usage
-            energy = energy_object(self._profile, model, usage, share) if usage is not None else None
+            energy = energy_object(self._profiles[pool], model, usage, share) if usage is not None else None
             ttft = assembler.first_token_at - started if assembler.first_token_at is not None else None
-            self._metrics.answered(usage, energy["energy_j"] if energy else None, ttft)
-            yield assembler.finish(energy)
+            self._metrics.answered(pool, usage, energy["energy_j"] if energy else None, ttft)
+            receipt = None
+            if ticket is not None and ticket.mode == "direct":
+                receipt = self._direct_receipt(ticket, energy, usage, ttft, time.monotonic() - started)
+            yield assembler.finish(energy, receipt)
         finally:
             if not finished:
                 # Client gone or engine failed mid-stream: the engine request is cancelled.
-                self._end(request_id)
-                self._metrics.failed()
+                self._end(pool, request_id)
+                self._metrics.failed(pool)
 
-    def _end(self, request_id: str) -> Any:
-        share = self._in_flight.finish(request_id)
-        self._metrics.set_in_flight(self._in_flight.count)
+    def _direct_receipt(self, ticket: Ticket, energy: Mapping[str, Any] | None, usage: Any,
+                        ttft_s: float | None, duration_s: float) -> dict[str, Any]:
+        """The receipt of a direct-mode dispatch: signed into the outbox (a router books it),
+        and returned for the client's final event."""
+        assert self._keys is not None
+        claims = region_receipt.receipt_claims(
+            ticket, pue=self._settings.region.pue, energy=energy,
+            usage=None if usage is None else {"prompt_tokens": usage.prompt_tokens,
+                                              "completion_tokens": usage.completion_tokens,
+                                              "cached_tokens": usage.cached_tokens},
+            at=time.time(), ttft_ms=None if ttft_s is None else ttft_s * 1000, duration_ms=duration_s * 1000,
+        )
+        if self._store is None:
+            log.error("region %s: no state store: the receipt of decision %s cannot reach the ledger",
+                      self._settings.region.name, ticket.decision_id)
+        else:
+            if len(self._outbox) == self._outbox.maxlen:
+                log.error("region %s: receipt outbox full: dropping the oldest receipt", self._settings.region.name)
+            self._outbox.append(region_receipt.sign_receipt(self._keys, claims))
+            self._outbox_wake.set()
+        return claims
+
+    async def _receipt_writer(self) -> None:
+        """Append signed receipts to the store's stream in order; keep them while it is down."""
+        while True:
+            await self._outbox_wake.wait()
+            self._outbox_wake.clear()
+            while self._outbox:
+                try:
+                    await self._store.xadd(region_receipt.STREAM, self._outbox[0], region_receipt.STREAM_MAXLEN)
+                except StateUnavailable as exc:
+                    log.warning("region %s: %d receipts wait for the store (%s)", self._settings.region.name,
+                                len(self._outbox), exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                self._outbox.popleft()
+
+    def _start(self, pool: str, request_id: str) -> None:
+        flight = self._in_flight[pool]
+        flight.start(request_id)
+        self._metrics.set_in_flight(pool, flight.count)
+
+    def _end(self, pool: str, request_id: str) -> Any:
+        flight = self._in_flight[pool]
+        share = flight.finish(request_id)
+        self._metrics.set_in_flight(pool, flight.count)
         return share
 
-    async def _models(self, request: Request) -> Response:
+    async def _list_models(self, request: Request) -> Response:
         created = int(time.time())
+        names = sorted({name for models in self._models.values() for name in models})
         data = [{"id": name, "object": "model", "created": created, "owned_by": self._settings.region.name}
-                for name in self._profile.deployments]
+                for name in names]
         return JSONResponse({"object": "list", "data": data})
 
     async def _health(self, request: Request) -> Response:
@@ -212,48 +390,67 @@ class RegionGateway:
     # --- live state -------------------------------------------------------------------
 
     async def live_state(self) -> RegionLiveState:
-        """What the region publishes: engine figures, requests in flight, GPU power."""
+        """What the region publishes: per pool whose engine answers, its load, the models it
+        serves with their context limits, and GPU power. A pool whose engine does not answer
+        is left out (the router then treats it as not served); the region is healthy while
+        at least one pool answers."""
         settings = self._settings
-        try:
-            stats: dict[str, float] = await asyncio.wait_for(
-                self._llm.live_stats.remote(), timeout=settings.engine_timeout_s
-            )
-            healthy = True
-        except Exception as exc:
-            log.warning("region %s: engine not answering (%s): reporting unhealthy", settings.region.name, exc)
-            stats, healthy = {}, False
-        in_flight = self._in_flight.count
+        names = list(settings.pools)
+        answers = await asyncio.gather(
+            *(asyncio.wait_for(self._llms[name].live_stats.remote(), timeout=settings.engine_timeout_s)
+              for name in names),
+            return_exceptions=True,
+        )
+        pools: dict[str, PoolLiveState] = {}
+        generated_total = 0.0
+        for name, stats in zip(names, answers, strict=True):
+            if isinstance(stats, BaseException):
+                log.warning("region %s: engine of pool %s not answering (%s): not publishing it",
+                            settings.region.name, name, stats)
+                continue
+            generated_total += float(stats.get("generation_tokens_total", 0.0))
+            pools[name] = self._pool_state(name, stats)
+        if pools and self._meter.available:
+            j_per_token = self._j_per_token(generated_total)
+            pools = {name: replace(state, measured_j_per_token=j_per_token) for name, state in pools.items()}
+        return RegionLiveState(region=settings.region.name, healthy=bool(pools), observed_at=time.time(), pools=pools)
+
+    def _pool_state(self, name: str, stats: Mapping[str, float]) -> PoolLiveState:
+        in_flight = self._in_flight[name].count
         running = min(int(stats.get("running", 0)), in_flight)
-        arrival_rate, prompt_rate = self._arrival_rates(stats.get("prompt_tokens_total"))
-        pool = PoolLiveState(
+        arrival_rate, prompt_rate = self._arrival_rates(name, stats.get("prompt_tokens_total"))
+        engine_len = stats.get("max_model_len")
+        models = self._models[name]
+        if isinstance(engine_len, int | float) and engine_len > 0:
+            models = {model: min(limit, int(engine_len)) for model, limit in models.items()}
+        return PoolLiveState(
             queue_depth=in_flight - running,
             running=running,
             kv_cache_usage=float(stats.get("kv_cache_usage", 0.0)),
             prefix_cache_hit_rate=float(stats.get("prefix_cache_hit_rate", 0.0)),
             gpu_power_w=self._power_w,
-            measured_j_per_token=self._j_per_token(stats.get("generation_tokens_total")),
             arrival_rate=arrival_rate,
             prompt_tokens_rate=prompt_rate,
-        )
-        return RegionLiveState(
-            region=settings.region.name, healthy=healthy, observed_at=time.time(), pools={settings.pool: pool}
+            models=models,
+            replicas=self._settings.pools[name].replicas,
         )
 
-    def _arrival_rates(self, prompt_total: float | None) -> tuple[float, float]:
+    def _arrival_rates(self, pool: str, prompt_total: float | None) -> tuple[float, float]:
         """Requests started and prompt tokens the engine prefilled per second, averaged
         exponentially over ``RATE_WINDOW_S`` (one publication interval alone is too noisy)."""
-        now, started = time.monotonic(), self._in_flight.started_total
-        previous = self._last_arrivals
-        self._last_arrivals = (now, started, prompt_total or 0.0)
+        now, started = time.monotonic(), self._in_flight[pool].started_total
+        previous = self._last_arrivals.get(pool)
+        self._last_arrivals[pool] = (now, started, prompt_total or 0.0)
+        rates = self._rates.get(pool, (0.0, 0.0))
         if previous is None or now <= previous[0]:
-            return self._rates
+            return rates
         window = now - previous[0]
         prompt_rate = max(0.0, (prompt_total or 0.0) - previous[2]) / window if prompt_total is not None else 0.0
         weight = 1.0 - math.exp(-window / RATE_WINDOW_S)
-        arrivals, prompts = self._rates
-        self._rates = (arrivals + weight * ((started - previous[1]) / window - arrivals),
-                       prompts + weight * (prompt_rate - prompts))
-        return self._rates
+        arrivals, prompts = rates
+        self._rates[pool] = (arrivals + weight * ((started - previous[1]) / window - arrivals),
+                             prompts + weight * (prompt_rate - prompts))
+        return self._rates[pool]
 
     def _j_per_token(self, generated_total: float | None) -> float | None:
         """Measured J per generated token since the previous publication (None unmeasured)."""
@@ -272,9 +469,14 @@ class RegionGateway:
             if before is not None and after is not None:
                 joules = sum(delta_mj(before, after)) / 1000.0
                 self._power_w = after.total_power_w
-                if self._in_flight.count:
+                # The node's GPUs serve every pool here: their joules are shared among the
+                # requests in flight, whichever pool runs them.
+                counts = {name: flight.count for name, flight in self._in_flight.items()}
+                total = sum(counts.values())
+                if total:
                     self._measured_j_total += joules
-                self._in_flight.add_measured_energy(joules)
+                    for name, flight in self._in_flight.items():
+                        flight.add_measured_energy(joules * counts[name] / total)
             before = after if after is not None else before
 
     async def __del__(self) -> None:

@@ -11,10 +11,13 @@ TTFT_BOUNDARIES_S = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
 class GatewayMetrics:
-    def __init__(self, region: str, pool: str) -> None:
+    """One per gateway (Ray registers a metric name once per process); every figure is tagged
+    with the pool that served it."""
+
+    def __init__(self, region: str) -> None:
         from ray.util import metrics
 
-        self._tags = {"region": region, "pool": pool}
+        self._region = region
         keys = ("region", "pool")
         self.requests = metrics.Counter(
             "scheduler_region_requests", description="Requests a region answered.", tag_keys=keys
@@ -38,29 +41,41 @@ class GatewayMetrics:
         self.in_flight = metrics.Gauge(
             "scheduler_region_in_flight", description="Requests in flight at the gateway.", tag_keys=keys
         )
+        self.refused = metrics.Counter(
+            "scheduler_region_refused", description="Requests refused (no or bad dispatch ticket, not served).",
+            tag_keys=("region", "status"),
+        )
         self.ttft_s = metrics.Histogram(
             "scheduler_region_ttft_seconds", description="Time to first token at the gateway (s).",
             boundaries=TTFT_BOUNDARIES_S, tag_keys=keys,
         )
 
-    def answered(self, usage: Usage | None, energy_j: float | None, ttft_s: float | None) -> None:
-        self._inc(self.requests, 1)
+    def answered(self, pool: str, usage: Usage | None, energy_j: float | None, ttft_s: float | None) -> None:
+        tags = self._tags(pool)
+        self._inc(self.requests, 1, tags)
         if usage is not None:
-            self._inc(self.prompt_tokens, usage.prompt_tokens)
-            self._inc(self.cached_tokens, usage.cached_tokens)
-            self._inc(self.completion_tokens, usage.completion_tokens)
+            self._inc(self.prompt_tokens, usage.prompt_tokens, tags)
+            self._inc(self.cached_tokens, usage.cached_tokens, tags)
+            self._inc(self.completion_tokens, usage.completion_tokens, tags)
         if energy_j is not None:
-            self._inc(self.energy_j, energy_j)
+            self._inc(self.energy_j, energy_j, tags)
         if ttft_s is not None:
-            self.ttft_s.observe(ttft_s, tags=self._tags)
+            self.ttft_s.observe(ttft_s, tags=tags)
 
-    def failed(self) -> None:
-        self._inc(self.errors, 1)
+    def failed(self, pool: str) -> None:
+        self._inc(self.errors, 1, self._tags(pool))
 
-    def set_in_flight(self, count: int) -> None:
-        self.in_flight.set(count, tags=self._tags)
+    def refused_request(self, status: int) -> None:
+        self.refused.inc(1, tags={"region": self._region, "status": str(status)})
 
-    def _inc(self, counter: Any, value: float) -> None:
+    def set_in_flight(self, pool: str, count: int) -> None:
+        self.in_flight.set(count, tags=self._tags(pool))
+
+    def _tags(self, pool: str) -> dict[str, str]:
+        return {"region": self._region, "pool": pool}
+
+    @staticmethod
+    def _inc(counter: Any, value: float, tags: dict[str, str]) -> None:
         # Counter.inc(0) raises ValueError.
         if value > 0:
-            counter.inc(value, tags=self._tags)
+            counter.inc(value, tags=tags)

@@ -79,11 +79,14 @@ class StreamAssembler:
             self.first_token_at = self.clock()
         return sse_event(chunk)
 
-    def finish(self, energy: Mapping[str, Any] | None) -> bytes:
-        """The held usage chunk (with ``energy`` added when given), then ``[DONE]``."""
+    def finish(self, energy: Mapping[str, Any] | None, receipt: Mapping[str, Any] | None = None) -> bytes:
+        """The held usage chunk (with ``energy`` and the region's ``receipt`` added when
+        given), then ``[DONE]``."""
         if self._usage_chunk is None:
             return DONE
         chunk = dict(self._usage_chunk)
         if energy is not None:
             chunk["energy"] = dict(energy)
+        if receipt is not None:
+            chunk["receipt"] = dict(receipt)
         return sse_event(chunk) + DONE

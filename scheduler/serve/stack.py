@@ -1,9 +1,11 @@
 """``LocalStack``: Ray in-process, a subset of the regions as Serve applications, the router.
 
 What ``scheduler up`` runs, and what the Ray integration tests start. Locally every region
-runs one small CPU replica (its ``local`` profile); the router decides over the regions that
-are deployed, each reduced to the pool its replica stands for, with its endpoint pointed at
-the Serve HTTP proxy (``http://127.0.0.1:<port>/<region>``).
+runs one small CPU replica per pool its ``local`` profile lists; the router decides over the
+regions that are deployed, with their endpoints pointed at the Serve HTTP proxy
+(``http://127.0.0.1:<port>/<region>``), and offers only the pools the regions report live
+(the others are rejected as "not served"). Dispatch tickets are on: the stack makes fresh
+keys for each run and gives each gateway its region's keys.
 
 State: the Redis at 127.0.0.1:6379 when it answers (a namespace of our own; the regions'
 gateways publish their live state there themselves), else the in-memory store (the stack
@@ -18,14 +20,15 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from scheduler.config.schema import RegionConfig
 from scheduler.plugins import load_checked_fleet
 from scheduler.serve import DEFAULT_LOCAL_REGIONS
-from scheduler.serve.app import EngineOptions, build_region_app, local_pool
+from scheduler.serve.app import EngineOptions, build_region_app, local_pools
+from scheduler.tickets import TicketKeyRing
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +92,8 @@ def free_port(preferred: int | None = None) -> int:
 
 
 def local_view(region: RegionConfig, endpoint: str) -> RegionConfig:
-    """The region as the local stack runs it: its stand-in pool only, at ``endpoint``."""
-    pool = local_pool(region)
-    return region.model_copy(update={"endpoint": endpoint, "pools": tuple(p for p in region.pools if p.name == pool)})
+    """The region as the local stack runs it: at ``endpoint``."""
+    return region.model_copy(update={"endpoint": endpoint})
 
 
 async def redis_answers(url: str, timeout_s: float = 0.5) -> bool:
@@ -141,6 +143,10 @@ class StackOptions:
     carbon: bool = True
     # "gpu": each region's replica on one NVIDIA GPU (the CUDA build of vLLM, `.[gpu]`).
     device: Literal["cpu", "gpu"] = "cpu"
+    # False: regions accept requests without a dispatch ticket (development only; warned).
+    tickets: bool = True
+    # The regions' ticket keys (None: fresh keys for this run, in memory only).
+    ticket_keys: TicketKeyRing | None = None
 
 
 @dataclass
@@ -153,6 +159,7 @@ class LocalStack:
     http_base: str = field(default="", init=False)
     dashboard_url: str | None = field(default=None, init=False)
     router: Any = field(default=None, init=False)
+    ticket_keys: TicketKeyRing | None = field(default=None, init=False)
     _ray_started: bool = field(default=False, init=False)
     # Our descendants before ray.init: anything new at stop is Ray's to clean up.
     _before_ray: set[int] = field(default_factory=set, init=False)
@@ -175,9 +182,15 @@ class LocalStack:
         self.namespace = options.namespace or f"up-{uuid.uuid4().hex[:8]}"
         self.state_url = await self._choose_state(options.state_url)
         # On this thread: Ray installs its signal handlers only from the main thread.
-        self._start_ray(len(options.only))
+        self._start_ray(sum(len(local_pools(by_name[name])) for name in options.only))
         self.regions = tuple(local_view(by_name[name], self.endpoint(name)) for name in options.only)
-        self.say(f"deploying {len(self.regions)} region(s): {', '.join(options.only)} (about a minute)")
+        self.ticket_keys = None
+        if options.tickets:
+            self.ticket_keys = options.ticket_keys or TicketKeyRing.generate(options.only)
+            for name in options.only:
+                self.ticket_keys.of(name)  # a given key file must cover every region deployed
+        self.say(f"deploying {len(self.regions)} region(s): {', '.join(options.only)} (about a minute)"
+                 + ("" if options.tickets else "; WARNING: dispatch tickets are OFF (development only)"))
         await asyncio.to_thread(self._deploy_regions)
         self.router = await self._start_router(policy)
         await self.wait_until_healthy()
@@ -206,7 +219,7 @@ class LocalStack:
         self.say("state: Redis at 127.0.0.1:6379 does not answer; using the in-memory store")
         return "memory"
 
-    def _start_ray(self, regions: int) -> None:
+    def _start_ray(self, engines: int) -> None:
         import ray
         from ray import serve
 
@@ -220,7 +233,7 @@ class LocalStack:
         os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
         context = ray.init(
             # Logical CPUs: one placement bundle per engine plus the ingresses (num_cpus=0).
-            num_cpus=max(os.cpu_count() or 2, regions + 1),
+            num_cpus=max(os.cpu_count() or 2, engines + 1),
             include_dashboard=self.options.dashboard,
             dashboard_host="127.0.0.1",
             dashboard_port=free_port(8265),
@@ -243,19 +256,22 @@ class LocalStack:
 
         cores = os.cpu_count() or 1
         store_url = None if self.state_url == "memory" else self.state_url
-        targets = [
-            serve.RunTarget(
-                build_region_app(
-                    region, store_url=store_url, namespace=self.namespace,
-                    engine=EngineOptions(device=self.options.device,
-                                         omp_core=i % cores if self.options.device == "cpu" else None),
-                    publish_interval_s=self.options.publish_interval_s,
-                ),
-                name=region.name,
-                route_prefix=f"/{region.name}",
+        keys = self.ticket_keys
+        targets = []
+        engines = 0
+        for region in self.regions:
+            pools = local_pools(region, EngineOptions(device=self.options.device))
+            if self.options.device == "cpu":
+                # Spread the engines' OpenMP threads over the cores.
+                pools = {name: replace(o, omp_core=(engines + i) % cores) for i, (name, o) in enumerate(pools.items())}
+            engines += len(pools)
+            app = build_region_app(
+                region, pools, store_url=store_url, namespace=self.namespace,
+                publish_interval_s=self.options.publish_interval_s,
+                tickets="required" if keys is not None else "disabled",
+                ticket_keys=keys.of(region.name) if keys is not None else None,
             )
-            for i, region in enumerate(self.regions)
-        ]
+            targets.append(serve.RunTarget(app, name=region.name, route_prefix=f"/{region.name}"))
         serve.run_many(targets)
 
     async def _start_router(self, policy: Any) -> Any:
@@ -267,7 +283,7 @@ class LocalStack:
         store = open_store(self.state_url, self.namespace)
         backend = "memory" if self.state_url == "memory" else "redis"
         deps = build_deps(SnapshotBuilder(self.regions, policy), store, backend,
-                          refresh_interval_s=self.options.refresh_interval_s)
+                          refresh_interval_s=self.options.refresh_interval_s, ticket_keys=self.ticket_keys)
         if self.state_url == "memory":
             endpoints = {r.name: self.endpoint(r.name) for r in self.regions}
             deps.background.append(StateBridge(endpoints, store, interval_s=self.options.publish_interval_s))

@@ -34,9 +34,12 @@ from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
+from scheduler.server.issuer import TicketIssuer
 from scheduler.server.metrics import MetricsEndpoint, RouterMetrics, Sample
+from scheduler.server.region_receipts import RegionReceiptIngest
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
 from scheduler.state.store import StateStore
+from scheduler.tickets import TicketKeyRing
 from scheduler.types import EnergyReceipt, Request
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc
 
@@ -102,12 +105,22 @@ class RouterDeps:
     # Called before a Generate is dispatched (e.g. the tenant's energy budget); may raise a
     # SchedulerError (BudgetExhausted -> RESOURCE_EXHAUSTED); must not block.
     admission: list[Callable[[Request], object]] = field(default_factory=list)
+    # Signs a dispatch ticket per region (None: regions run without tickets, development only).
+    tickets: TicketIssuer | None = None
+    # How many ranked candidates a Route answer carries tickets for (direct mode).
+    direct_targets: int = 3
     state_backend: str = "memory"
     host_id: str = field(default_factory=socket.gethostname)
     version: str = field(default_factory=_version)
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     active_streams: int = 0
+
+    def book(self, receipt: EnergyReceipt) -> None:
+        """Audit and every receipt sink (the ledger): the end of every answered request."""
+        self.audit.record(receipt)
+        for sink in self.receipt_sinks:
+            sink(receipt)
 
     def lifecycle(self) -> list[BackgroundTask]:
         """Start order; stopped in reverse."""
@@ -123,9 +136,14 @@ def build_deps(
     rate_limit_rps: float = 50.0,
     refresh_interval_s: float = 0.5,
     metrics_port: int | None = None,
+    ticket_keys: TicketKeyRing | None = None,
 ) -> RouterDeps:
     """The router's parts without the optional services (see ``with_services``)."""
+    if ticket_keys is None:
+        log.warning("no ticket keys: dispatches go out unsigned; regions must run with tickets disabled "
+                    "(development only)")
     return RouterDeps(
+        tickets=None if ticket_keys is None else TicketIssuer(ticket_keys),
         metrics_port=metrics_port,
         scheduler=Scheduler.from_registry(default_scheduler_registry()),
         refresher=SnapshotRefresher(builder, store, interval_s=refresh_interval_s),
@@ -163,6 +181,13 @@ def with_services(
     deps.gauges.append(lambda: [("scheduler_ledger_pending_receipts", {}, float(ledger.pending))])
     deps.receipt_sinks.append(ledger.sink)
     deps.admission.append(ledger.admit)
+    if deps.tickets is not None:
+        # Direct mode: the receipts regions sign are booked like the router's own (after the
+        # ledger in the list, so it stops first and its last batch still reaches the ledger).
+        ingest = RegionReceiptIngest(deps.store, deps.tickets.keys, deps.book)
+        deps.background.append(ingest)
+        deps.gauges.append(lambda: [("scheduler_region_receipts_booked", {}, float(ingest.booked)),
+                                    ("scheduler_region_receipts_rejected", {}, float(ingest.rejected))])
     return deps
 
 

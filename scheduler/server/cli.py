@@ -1,14 +1,16 @@
-"""``scheduler router``, ``scheduler keys create`` and ``scheduler bench router``."""
+"""``scheduler router``, ``scheduler keys create`` and ``scheduler tickets``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from scheduler.config.args import add_config_dirs
+from scheduler.tickets import KEYS_FILE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,30 @@ def register(sub: Any) -> None:
                         help="serve Prometheus /metrics and /healthz over plain HTTP on this port (0: any free port)")
     router.add_argument("--no-carbon-pollers", action="store_true",
                         help="do not poll carbon providers (another process writes the signals)")
+    router.add_argument("--ticket-keys", type=Path, default=os.environ.get(KEYS_FILE_ENV) or None,
+                        help=f"regions' dispatch-ticket keys (`scheduler tickets keygen`; default ${KEYS_FILE_ENV})")
+    router.add_argument("--insecure-no-tickets", action="store_true",
+                        help="dispatch without tickets (regions must run with tickets disabled; development only)")
+    router.add_argument("--direct-targets", type=int, default=3,
+                        help="ranked candidates a Route answer signs tickets for (direct mode; default 3)")
     router.set_defaults(handler=_router)
+
+    tickets = sub.add_parser("tickets", help="manage the regions' dispatch-ticket keys")
+    tickets_sub = tickets.add_subparsers(dest="tickets_command", required=True, metavar="ACTION")
+    keygen = tickets_sub.add_parser("keygen", help="new keys for every region (or add a key to an existing file)")
+    add_config_dirs(keygen)
+    keygen.add_argument("--rotate", type=Path, metavar="FILE",
+                        help="keep this file's keys and add a new one per region (made active with --activate)")
+    keygen.add_argument("--activate", action="store_true", help="with --rotate: sign with the new keys at once")
+    keygen.add_argument("--kid", help="key id of the new keys (default: k<unix time>)")
+    keygen.set_defaults(handler=_tickets_keygen)
+    extract = tickets_sub.add_parser("extract", help="one region's entry of a key file (what its gateway mounts)")
+    extract.add_argument("--region", required=True)
+    extract.add_argument("file", type=Path)
+    extract.set_defaults(handler=_tickets_extract)
+    prune = tickets_sub.add_parser("prune", help="drop every key but the active one (the last step of a rotation)")
+    prune.add_argument("file", type=Path)
+    prune.set_defaults(handler=_tickets_prune)
 
     keys = sub.add_parser("keys", help="manage tenant API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
@@ -43,15 +68,6 @@ def register(sub: Any) -> None:
     create.add_argument("--rate-limit", type=float, help="requests/s for this tenant (default: the router's)")
     create.add_argument("--append", type=Path, metavar="FILE", help="also add the entry to this keys file")
     create.set_defaults(handler=_keys_create)
-
-
-def register_bench(bench_sub: Any) -> None:
-    bench = bench_sub.add_parser("router", help="TTFT the router adds over calling the region directly")
-    bench.add_argument("--requests", type=int, default=2000, help="streams per path (default 2000)")
-    bench.add_argument("--concurrency", type=int, default=64)
-    bench.add_argument("--max-tokens", type=int, default=16)
-    bench.add_argument("--first-token-delay-ms", type=float, default=0.0, help="the stub region's prefill time")
-    bench.set_defaults(handler=_bench_router)
 
 
 def _router(args: argparse.Namespace) -> int:
@@ -64,6 +80,7 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
     from scheduler.state.factory import open_store
+    from scheduler.tickets import TicketKeyRing, TicketKeysError
 
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
         print("--tls-cert and --tls-key go together; --tls-client-ca needs them", file=sys.stderr)
@@ -73,6 +90,14 @@ def _router(args: argparse.Namespace) -> int:
         policy = fleet.policy(args.policy)
         keys = KeyRing.load(args.keys) if args.keys else None
         budgets = load_budgets(args.budgets) if args.budgets else None
+        ticket_keys = TicketKeyRing.load(args.ticket_keys) if args.ticket_keys else None
+        if ticket_keys is not None:
+            missing = sorted({r.name for r in fleet.regions} - set(ticket_keys.regions))
+            if missing:
+                raise TicketKeysError(f"{args.ticket_keys}: no keys for regions {missing}")
+    except TicketKeysError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
@@ -82,12 +107,17 @@ def _router(args: argparse.Namespace) -> int:
         return 1
     if keys is None:
         log.warning("no --keys file: authentication is OFF, every caller is an admin (local use only)")
+    if ticket_keys is None and not args.insecure_no_tickets:
+        print(f"no --ticket-keys (or ${KEYS_FILE_ENV}): make them with `scheduler tickets keygen`, "
+              "or pass --insecure-no-tickets for development", file=sys.stderr)
+        return 2
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     backend = "memory" if args.state == "memory" else "redis"
     store = open_store(args.state, args.namespace)
     deps = build_deps(SnapshotBuilder(fleet.regions, policy), store, backend, keys=keys, tls=tls,
                       rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
-                      metrics_port=args.metrics_port)
+                      metrics_port=args.metrics_port, ticket_keys=ticket_keys)
+    deps.direct_targets = args.direct_targets
     with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets)
 
     async def serve() -> None:
@@ -119,7 +149,57 @@ def _keys_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_router(args: argparse.Namespace) -> int:
-    from scheduler.server.bench import run_router_bench
+def _tickets_keygen(args: argparse.Namespace) -> int:
+    from scheduler.config.loader import ConfigError
+    from scheduler.plugins import load_checked_fleet
+    from scheduler.tickets import RegionKeys, TicketKeyRing, TicketKeysError
 
-    return run_router_bench(args.requests, args.concurrency, args.max_tokens, args.first_token_delay_ms)
+    try:
+        fleet = load_checked_fleet(args.regions, args.policies)
+        existing = TicketKeyRing.load(args.rotate) if args.rotate else TicketKeyRing()
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(issue, file=sys.stderr)
+        return 1
+    except TicketKeysError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    regions = {}
+    for region in fleet.regions:
+        new = RegionKeys.generate(region.name, args.kid)
+        old = existing.regions.get(region.name)
+        if old is None:
+            regions[region.name] = new
+            continue
+        if new.active in old.keys:
+            print(f"{args.rotate}: regions.{region.name} already has key id {new.active!r}", file=sys.stderr)
+            return 1
+        active = new.active if args.activate else old.active
+        regions[region.name] = RegionKeys(region.name, active, {**old.keys, **new.keys})
+    print(TicketKeyRing(regions).to_yaml(), end="")
+    return 0
+
+
+def _tickets_extract(args: argparse.Namespace) -> int:
+    from scheduler.tickets import TicketKeyRing, TicketKeysError
+
+    try:
+        print(TicketKeyRing.load(args.file).only(args.region).to_yaml(), end="")
+    except TicketKeysError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _tickets_prune(args: argparse.Namespace) -> int:
+    from scheduler.tickets import RegionKeys, TicketKeyRing, TicketKeysError
+
+    try:
+        ring = TicketKeyRing.load(args.file)
+    except TicketKeysError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    pruned = {name: RegionKeys(name, keys.active, {keys.active: keys.keys[keys.active]})
+              for name, keys in ring.regions.items()}
+    print(TicketKeyRing(pruned).to_yaml(), end="")
+    return 0

@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 
 from scheduler import errors
-from scheduler.server.sse import DONE, SseParser
+from scheduler.sse import DONE, SseParser
+from scheduler.tickets import HEADER as TICKET_HEADER
 from scheduler.types import Candidate, Decision
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class RegionStream:
     deadline_s: float | None
     x_scheduler: Mapping[str, str]
     clock: Callable[[], float] = time.monotonic
+    # The signed dispatch ticket for a candidate (None: regions run without tickets).
+    ticket_for: Callable[[Candidate], str] | None = None
     candidate: Candidate | None = None
     usage: Mapping[str, Any] | None = None
     energy: Mapping[str, Any] | None = None
@@ -152,8 +155,9 @@ class RegionStream:
             write=self._timeout(settings.connect_timeout_s),
             pool=self._timeout(settings.connect_timeout_s),
         )
+        headers = {TICKET_HEADER: self.ticket_for(candidate)} if self.ticket_for is not None else None
         try:
-            async with self.client.stream("POST", url, json=body, timeout=timeout) as response:
+            async with self.client.stream("POST", url, json=body, timeout=timeout, headers=headers) as response:
                 if response.status_code != 200:
                     await self._reject(response)
                 async for delta in self._relay(response):
@@ -196,6 +200,10 @@ class RegionStream:
                 finish = ""
         if not done:
             raise _RegionFailed("stream ended without [DONE]")
+        # Read the body to its end (nothing follows [DONE]): httpx reuses a connection only
+        # then, else every stream would pay a new TCP (and TLS) handshake.
+        async for _ in stream:
+            pass
 
     def _event(self, payload: str) -> tuple[str, str]:
         try:
@@ -253,9 +261,10 @@ class RegionDispatcher:
         self.client = httpx.AsyncClient(limits=limits, timeout=self.settings.read_timeout_s, trust_env=False)
 
     def stream(self, decision: Decision, call: RegionCall, deadline_s: float | None,
-               x_scheduler: Mapping[str, str]) -> RegionStream:
+               x_scheduler: Mapping[str, str], ticket_for: Callable[[Candidate], str] | None = None) -> RegionStream:
         """``deadline_s``: on this dispatcher's clock (None: no deadline)."""
-        return RegionStream(decision, call, self.client, self.settings, deadline_s, x_scheduler, self.clock)
+        return RegionStream(decision, call, self.client, self.settings, deadline_s, x_scheduler, self.clock,
+                            ticket_for)
 
     async def start(self) -> None:
         return None

@@ -67,8 +67,24 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
         return snapshot, incoming, decision
 
     async def Route(self, request: messages_pb2.GenerateRequest, context: Context) -> router_pb2.RouteResponse:
-        _, incoming, decision = self._decide(request)
-        return router_pb2.RouteResponse(decision=convert.decision_to_proto(decision, uuid.uuid4().hex, incoming))
+        snapshot, incoming, decision = self._decide(request)
+        decision_id = uuid.uuid4().hex
+        response = router_pb2.RouteResponse(decision=convert.decision_to_proto(decision, decision_id, incoming))
+        issuer = self.deps.tickets
+        if issuer is None:
+            return response
+        # Tickets let the client dispatch itself: the same admission as a Generate.
+        for admit in self.deps.admission:
+            admit(incoming.request)
+        for candidate in decision.ranked_candidates[: self.deps.direct_targets]:
+            ticket = issuer.issue(decision_id=decision_id, request=incoming.request, body=incoming.call.body,
+                                  candidate=candidate, snapshot=snapshot, mode="direct")
+            response.targets.append(router_pb2.DirectTarget(
+                region=candidate.region.name, pool=candidate.pool.name, model=candidate.deployment.name,
+                url=candidate.region.endpoint.rstrip("/") + incoming.call.path, ticket=ticket,
+                expires_at_unix_s=issuer.clock() + issuer.ttl_s,
+            ))
+        return response
 
     async def Generate(
         self, request: messages_pb2.GenerateRequest, context: Context
@@ -81,8 +97,12 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
         decision_id = uuid.uuid4().hex
         remaining = context.time_remaining()
         tenant = incoming.request.tenant
+        issuer = deps.tickets
+        ticket_for = None if issuer is None else (
+            lambda candidate: issuer.issue(decision_id=decision_id, request=incoming.request, body=incoming.call.body,
+                                           candidate=candidate, snapshot=snapshot, mode="proxy"))
         stream = deps.dispatcher.stream(decision, incoming.call, None if remaining is None else started + remaining,
-                                        {"decision_id": decision_id, "tenant": tenant})
+                                        {"decision_id": decision_id, "tenant": tenant}, ticket_for)
         deps.active_streams += 1
         try:
             # The region request goes out first; the decision message is built while it prefills.
@@ -113,9 +133,7 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
             ttft_ms=None if stream.first_text_at is None else (stream.first_text_at - started) * 1000,
             duration_ms=(deps.monotonic() - started) * 1000,
         ))
-        deps.audit.record(receipt)
-        for sink in deps.receipt_sinks:
-            sink(receipt)
+        deps.book(receipt)
         yield messages_pb2.GenerateResponse(receipt=convert.receipt_to_proto(receipt))
 
     async def ListRegions(self, request: router_pb2.ListRegionsRequest, context: Context) -> router_pb2.ListRegionsResponse:

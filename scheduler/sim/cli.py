@@ -191,6 +191,9 @@ def register_bench(bench: Any) -> None:
                                             "http://127.0.0.1:8000/us-east) instead of starting one")
     vs_real.add_argument("--model", help="the model the region is asked for (default: llama-3.1-8b, which the "
                                          "local regions' replicas stand for)")
+    vs_real.add_argument("--ticket-keys", type=Path,
+                         help="with --endpoint: the ticket key file the region runs with (`scheduler up "
+                              "--ticket-keys FILE`); the requests are signed as the router signs them")
     vs_real.add_argument("--quick", action="store_true", help="a small calibration sweep (for tests)")
     vs_real.add_argument("--json", action="store_true", help="print the comparison as JSON")
     vs_real.set_defaults(handler=_sim_vs_real)
@@ -229,9 +232,15 @@ def _sim_vs_real(args: argparse.Namespace) -> int:
     import httpx
 
     from scheduler.sim.vs_real import QUICK_SWEEP, Sweep, compare, trace_requests
+    from scheduler.tickets import TicketKeyRing, TicketKeysError
 
     if args.through == "engine" and (args.endpoint or args.model):
         print("error: --endpoint and --model apply to --through region", file=sys.stderr)
+        return 1
+    try:
+        ticket_keys = TicketKeyRing.load(args.ticket_keys) if args.ticket_keys else None
+    except TicketKeysError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
         # Checked before the engine starts (20 s): a bad trace or count fails at once.
@@ -240,7 +249,7 @@ def _sim_vs_real(args: argparse.Namespace) -> int:
         with contextlib.redirect_stdout(sys.stderr):
             comparison = asyncio.run(compare(args.trace, args.requests, args.rate, args.token_scale, args.seed,
                                              QUICK_SWEEP if args.quick else Sweep(), args.through, args.endpoint,
-                                             args.model))
+                                             args.model, ticket_keys))
     except (TraceError, ValueError, RuntimeError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

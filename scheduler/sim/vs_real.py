@@ -58,6 +58,7 @@ import math
 import os
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -68,6 +69,8 @@ import numpy as np
 from scheduler.energy.step import StepCosts
 from scheduler.sim.replica import Seq, replay
 from scheduler.sim.workload import load_trace
+from scheduler.tickets import HEADER as TICKET_HEADER
+from scheduler.tickets import RegionKeys, Ticket, TicketKeyRing, body_prompt_digest
 
 # Token ids drawn for synthetic prompts: above the tokenizer's special tokens.
 FIRST_TOKEN_ID = 10
@@ -273,13 +276,27 @@ class Target(Protocol):
 
 @dataclass
 class RegionClient:
-    """A local region's OpenAI API (``<endpoint>/v1/completions``), as the router calls it."""
+    """A local region's OpenAI API (``<endpoint>/v1/completions``), as the router calls it:
+    with a dispatch ticket signed under ``keys`` for ``pool`` (None: the region runs without
+    tickets)."""
 
     endpoint: str
     model: str
     vocab: int
     max_model_len: int
+    keys: RegionKeys | None = None
+    pool: str = ""
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=120.0))
+
+    def _headers(self, body: dict[str, Any]) -> dict[str, str] | None:
+        if self.keys is None:
+            return None
+        digest = body_prompt_digest(body)
+        assert digest is not None
+        ticket = Ticket(decision_id=uuid.uuid4().hex, request_id="sim-vs-real", tenant="sim-vs-real",
+                        region=self.keys.region, pool=self.pool, model=self.model, max_tokens=body["max_tokens"],
+                        prompt_tokens_max=digest[1], prompt_sha256=digest[0], expires_at=time.time() + 30.0)
+        return {TICKET_HEADER: ticket.sign(self.keys)}
 
     def tokens(self, rng: random.Random, n: int) -> list[int]:
         return random_token_ids(rng, self.vocab, n)
@@ -288,8 +305,10 @@ class RegionClient:
         """Submit now and read the whole stream; one chunk per streamed choice."""
         body = {"model": self.model, "prompt": token_ids, "max_tokens": output, "min_tokens": output,
                 "ignore_eos": True, "temperature": 0.0, "stream": True}
+        headers = self._headers(body)
         chunks = [(time.perf_counter(), 0)]
-        async with self.http.stream("POST", f"{self.endpoint}/v1/completions", json=body) as response:
+        async with self.http.stream("POST", f"{self.endpoint}/v1/completions", json=body,
+                                    headers=headers) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:300]
                 raise RuntimeError(f"region {self.endpoint} answered {response.status_code}: {detail}")
@@ -316,9 +335,13 @@ class RegionClient:
 
 
 @contextlib.asynccontextmanager
-async def local_region(endpoint: str | None, model: str, engine: Engine) -> AsyncIterator[RegionClient]:
-    """``endpoint``'s region, or one local region (Ray Serve + vLLM CPU) started and stopped here."""
+async def local_region(endpoint: str | None, model: str, engine: Engine,
+                       ticket_keys: TicketKeyRing | None = None) -> AsyncIterator[RegionClient]:
+    """``endpoint``'s region (tickets signed with ``ticket_keys`` for the region's first local
+    pool), or one local region (Ray Serve + vLLM CPU) started and stopped here."""
+    from scheduler.plugins import load_checked_fleet
     from scheduler.serve import DEFAULT_LOCAL_REGIONS
+    from scheduler.serve.app import local_pools
     from scheduler.serve.stack import LocalStack, StackOptions
 
     stack = None
@@ -327,7 +350,15 @@ async def local_region(endpoint: str | None, model: str, engine: Engine) -> Asyn
                                         http_port=0, carbon=False))
         await stack.start()
         endpoint = stack.endpoint(DEFAULT_LOCAL_REGIONS[0])
-    client = RegionClient(endpoint.rstrip("/"), model, engine.vocab, engine.max_model_len)
+        ticket_keys = stack.ticket_keys
+    endpoint = endpoint.rstrip("/")
+    name = endpoint.rsplit("/", 1)[-1]
+    regions = {r.name: r for r in load_checked_fleet().regions}
+    if name not in regions:
+        raise ValueError(f"{endpoint}: the path should end in a region name (one of {', '.join(sorted(regions))})")
+    pool = next(iter(local_pools(regions[name])))
+    keys = ticket_keys.of(name) if ticket_keys is not None else None
+    client = RegionClient(endpoint, model, engine.vocab, engine.max_model_len, keys, pool)
     try:
         yield client
     finally:
@@ -455,7 +486,7 @@ class Comparison:
 
 async def compare(trace: str, requests: int, rate: float, token_scale: float, seed: int, sweep: Sweep,
                   through: Literal["region", "engine"] = "region", endpoint: str | None = None,
-                  model: str | None = None) -> Comparison:
+                  model: str | None = None, ticket_keys: TicketKeyRing | None = None) -> Comparison:
     began = time.perf_counter()
     engine = Engine()
     try:
@@ -470,7 +501,7 @@ async def compare(trace: str, requests: int, rate: float, token_scale: float, se
     region_start = 0.0
     if through == "region":
         # One engine at a time: the calibration engine is gone before the region's starts.
-        async with local_region(endpoint, model or REGION_MODEL, engine) as region:
+        async with local_region(endpoint, model or REGION_MODEL, engine, ticket_keys) as region:
             region_start = time.perf_counter() - calibrated
             fit = replace(fit, frontend_s=await region.frontend_s(fit, sweep, seed))
             calibrated = time.perf_counter()

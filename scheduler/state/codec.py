@@ -57,6 +57,11 @@ def decode_region_state(raw: bytes | str) -> RegionLiveState:
     for name, pool in pools.items():
         if not isinstance(pool, dict) or pool.keys() - _POOL_FIELDS:
             raise ValueError(f"region state pool {name!r} is malformed: {pool!r}")
+        models = pool.get("models")
+        if models is not None and not (isinstance(models, dict) and all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in models.values())):
+            raise ValueError(f"region state pool {name!r}: models must map model names to context limits, "
+                             f"got {models!r}")
         decoded[name] = PoolLiveState(**pool)
     return RegionLiveState(region=str(region), healthy=healthy, observed_at=float(observed_at), pools=decoded)
 

@@ -53,6 +53,12 @@ class MemoryStore:
         if ttl_s is not None:
             self._expires[key] = self.clock() + ttl_s
 
+    async def set_nx(self, key: str, value: bytes, ttl_s: float) -> bool:
+        if await self.get(key) is not None:
+            return False
+        await self.set(key, value, ttl_s)
+        return True
+
     async def delete(self, key: str) -> None:
         self._drop(key)
 
@@ -92,10 +98,13 @@ class MemoryStore:
         del entries[: max(0, len(entries) - maxlen)]
         return entry_id
 
-    async def xrange(self, stream: str, count: int) -> list[tuple[str, dict[str, str]]]:
+    async def xrange(self, stream: str, count: int, after: str | None = None) -> list[tuple[str, dict[str, str]]]:
         if not self._live(stream):
             return []
-        return [(entry_id, dict(body)) for entry_id, body in self._streams.get(stream, [])[:count]]
+        entries = self._streams.get(stream, [])
+        if after is not None:
+            entries = [e for e in entries if _stream_id(e[0]) > _stream_id(after)]
+        return [(entry_id, dict(body)) for entry_id, body in entries[:count]]
 
     async def incr_window(self, key: str, window_s: float) -> int:
         current = await self.get(key)
@@ -114,6 +123,11 @@ class MemoryStore:
         last_ms, last_seq = self._last_stream_id
         self._last_stream_id = (ms, 0) if ms > last_ms else (last_ms, last_seq + 1)
         return f"{self._last_stream_id[0]}-{self._last_stream_id[1]}"
+
+
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _redis_float(value: float) -> str:

@@ -109,6 +109,10 @@ class RedisStore:
         px = _ms(ttl_s) if ttl_s is not None else None
         await self._call(lambda: self._client.set(self._key(key), value, px=px))
 
+    async def set_nx(self, key: str, value: bytes, ttl_s: float) -> bool:
+        done = await self._call(lambda: self._client.set(self._key(key), value, px=_ms(ttl_s), nx=True))
+        return bool(done)
+
     async def delete(self, key: str) -> None:
         await self._call(lambda: self._client.delete(self._key(key)))
 
@@ -152,9 +156,11 @@ class RedisStore:
         )
         return _text(entry_id)
 
-    async def xrange(self, stream: str, count: int) -> list[tuple[str, dict[str, str]]]:
+    async def xrange(self, stream: str, count: int, after: str | None = None) -> list[tuple[str, dict[str, str]]]:
+        # "(" makes the start exclusive (Redis >= 6.2).
+        start = "-" if after is None else f"({after}"
         raw: list[tuple[bytes, dict[bytes, bytes]]] = await self._call(
-            lambda: self._client.xrange(self._key(stream), count=count)
+            lambda: self._client.xrange(self._key(stream), min=start, count=count)
         )
         return [(_text(entry_id), {_text(k): _text(v) for k, v in body.items()}) for entry_id, body in raw]
 

@@ -30,6 +30,10 @@ class StateStore(Protocol):
 
     async def set(self, key: str, value: bytes, ttl_s: float | None = None) -> None: ...
 
+    async def set_nx(self, key: str, value: bytes, ttl_s: float) -> bool:
+        """Set ``key`` only if it does not exist; True if this call set it (single use)."""
+        ...
+
     async def delete(self, key: str) -> None: ...
 
     async def keys(self, prefix: str) -> list[str]:
@@ -50,7 +54,9 @@ class StateStore(Protocol):
 
     async def xadd(self, stream: str, fields: Mapping[str, str], maxlen: int) -> str: ...
 
-    async def xrange(self, stream: str, count: int) -> list[tuple[str, dict[str, str]]]: ...
+    async def xrange(self, stream: str, count: int, after: str | None = None) -> list[tuple[str, dict[str, str]]]:
+        """Up to ``count`` entries, oldest first; with ``after``, only those with a later id."""
+        ...
 
     async def incr_window(self, key: str, window_s: float) -> int:
         """Increment a counter that expires ``window_s`` after its first increment."""

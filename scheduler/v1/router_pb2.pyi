@@ -8,10 +8,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteResponse(_message.Message):
-    __slots__ = ("decision",)
+    __slots__ = ("decision", "targets")
     DECISION_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
     decision: _messages_pb2.Decision
-    def __init__(self, decision: _Optional[_Union[_messages_pb2.Decision, _Mapping]] = ...) -> None: ...
+    targets: _containers.RepeatedCompositeFieldContainer[DirectTarget]
+    def __init__(self, decision: _Optional[_Union[_messages_pb2.Decision, _Mapping]] = ..., targets: _Optional[_Iterable[_Union[DirectTarget, _Mapping]]] = ...) -> None: ...
+
+class DirectTarget(_message.Message):
+    __slots__ = ("region", "pool", "model", "url", "ticket", "expires_at_unix_s")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    pool: str
+    model: str
+    url: str
+    ticket: str
+    expires_at_unix_s: float
+    def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., url: _Optional[str] = ..., ticket: _Optional[str] = ..., expires_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class ListRegionsRequest(_message.Message):
     __slots__ = ()

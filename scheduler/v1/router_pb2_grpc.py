@@ -64,7 +64,9 @@ class GlobalRouterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Route(self, request, context):
-        """Decide only, with the explanation: for direct dispatch and dry runs.
+        """Decide only, with the explanation, and signed tickets for direct dispatch: the client
+        streams from targets[0] itself (failing over down the list before the first token), and
+        the region writes the receipt to the ledger.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -22,6 +22,7 @@ from scheduler.client import AsyncSchedulerClient
 from scheduler.server.auth import create_key
 from scheduler.state import codec, keys
 from scheduler.state.redis_store import RedisStore
+from scheduler.tickets import TicketKeyRing
 from scheduler.types import Signal
 
 from .conftest import Fleet
@@ -44,10 +45,12 @@ async def namespace() -> AsyncIterator[str]:
 
 
 def _start_router(regions_dir: Path, keys_file: Path, namespace: str) -> tuple[subprocess.Popen[str], int]:
+    ticket_keys = regions_dir.parent / "ticket-keys.yaml"
     process = subprocess.Popen(
         [sys.executable, "-m", "scheduler.cli", "router", "--host", "127.0.0.1", "--port", "0",
          "--regions", str(regions_dir), "--state", REDIS_URL, "--namespace", namespace,
-         "--keys", str(keys_file), "--refresh-interval", "0.5", "--grace", "1", "--no-carbon-pollers"],
+         "--keys", str(keys_file), "--ticket-keys", str(ticket_keys), "--refresh-interval", "0.5", "--grace", "1",
+         "--no-carbon-pollers"],
         stdout=subprocess.PIPE, text=True,
     )
     assert process.stdout is not None
@@ -68,6 +71,7 @@ def two_routers(stub_fleet: Fleet, tmp_path: Path, namespace: str) -> Iterator[t
     admin = create_key("ops", admin=True)
     keys_file = tmp_path / "keys.yaml"
     keys_file.write_text(yaml.safe_dump({"keys": [admin.entry.model_dump(exclude_none=True)]}))
+    (tmp_path / "ticket-keys.yaml").write_text(TicketKeyRing.generate(c.name for c in stub_fleet.configs).to_yaml())
     processes = []
     try:
         for _ in range(2):

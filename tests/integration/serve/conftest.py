@@ -1,5 +1,6 @@
 """One session-wide local stack for the Ray tests: Ray in-process, ONE region (eu-north) with
-the vLLM CPU engine and the tiny model, and the router, sharing Redis DB 4 under a fresh
+two pools (h200-long, max_model_len 2048, and a100-batch, 512), each its own vLLM CPU
+engine with the tiny model, and the router, sharing Redis DB 4 under a fresh
 namespace. Teardown stops the router, Serve and Ray, deletes the namespace and checks that
 no child process is left behind."""
 
@@ -9,11 +10,15 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
 
 import psutil
 import pytest_asyncio
 
 from scheduler.serve.stack import LocalStack, StackOptions, live_children
+from scheduler.tickets import HEADER as TICKET_HEADER
+from scheduler.tickets import Ticket, body_prompt_digest, sign
 
 REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_REGIONS", "redis://127.0.0.1:6379/4")
 REGION = "eu-north"
@@ -63,3 +68,20 @@ async def stack() -> AsyncIterator[LocalStack]:
         await local.stop()
         leftovers = _wait_for_no_new_children(before, 30.0)
         assert not leftovers, f"processes left behind by Ray: {_describe(leftovers)}"
+
+
+def ticket_headers(stack: LocalStack, body: dict[str, Any], *, pool: str = "h200-long", region: str = REGION,
+                   sign_as: str | None = None, **overrides: Any) -> dict[str, str]:
+    """A dispatch ticket for ``body`` signed as the stack's router signs them (``sign_as``:
+    with another region's keys), with ``overrides`` of its claims."""
+    assert stack.ticket_keys is not None
+    digest = body_prompt_digest(body)
+    assert digest is not None
+    claims: dict[str, Any] = dict(
+        decision_id=uuid.uuid4().hex, request_id="test", tenant="test", region=region, pool=pool,
+        model=body["model"], max_tokens=body["max_tokens"], prompt_tokens_max=max(digest[1], 4096),
+        prompt_sha256=digest[0], expires_at=time.time() + 30,
+    )
+    claims.update(overrides)
+    # The low-level signer: Ticket.sign refuses another region's keys (which a forger would not).
+    return {TICKET_HEADER: sign(stack.ticket_keys.of(sign_as or claims["region"]), "ticket", asdict(Ticket(**claims)))}

@@ -187,6 +187,23 @@ async def test_stream_append_read_and_trim(subject: StoreUnderTest) -> None:
     assert await store.xrange("no-such-stream", count=10) == []
 
 
+async def test_stream_reads_after_an_id(subject: StoreUnderTest) -> None:
+    store = subject.store
+    ids = [await store.xadd("s", {"n": str(i)}, maxlen=1000) for i in range(5)]
+    assert [body["n"] for _, body in await store.xrange("s", count=10, after=ids[1])] == ["2", "3", "4"]
+    assert await store.xrange("s", count=10, after=ids[-1]) == []
+    assert [body["n"] for _, body in await store.xrange("s", count=1, after=ids[0])] == ["1"]
+
+
+async def test_set_nx_sets_once_until_it_expires(subject: StoreUnderTest) -> None:
+    store = subject.store
+    assert await store.set_nx("ticket:d1", b"1", ttl_s=0.3)
+    assert not await store.set_nx("ticket:d1", b"2", ttl_s=0.3)
+    assert await store.get("ticket:d1") == b"1"
+    await subject.advance(0.4)
+    assert await store.set_nx("ticket:d1", b"3", ttl_s=0.3)
+
+
 async def test_stream_maxlen_bounds_the_stream(subject: StoreUnderTest) -> None:
     store = subject.store
     for i in range(600):

@@ -12,6 +12,7 @@ from scheduler.framework.predict import request_view
 from scheduler.plugins.filters.certifications import CertificationFilter
 from scheduler.plugins.filters.context_fits import ContextFitsFilter
 from scheduler.plugins.filters.model_available import ModelAvailableFilter
+from scheduler.plugins.filters.pool_served import PoolServedFilter
 from scheduler.plugins.filters.region_health import RegionHealthFilter
 from scheduler.plugins.filters.residency import ResidencyFilter
 from scheduler.plugins.filters.slo_reachable import SloReachableFilter
@@ -193,6 +194,39 @@ def test_model_source_rejects_pools_without_the_model_once_each(make_snapshot) -
     assert [snapshot.candidates[i].key for i in base] == ["r/h200"]
     assert [(r.candidate.key, r.plugin) for r in rejected] == [("r/qwen", "model-filter")]
     assert rejected[0].reason == "serves no llama-3.1-8b (serves qwen3-32b, llama-3.1-70b)"
+
+
+def serving(name: str, *, age_s: float = 0.0, **pools: dict[str, int] | None) -> RegionLiveState:
+    """A region's live state listing ``pools`` (pool -> {model: live context limit}, or None:
+    the pool reports no model list)."""
+    return RegionLiveState(region=name, healthy=True, observed_at=NOW - age_s,
+                           pools={p: PoolLiveState(models=models) for p, models in pools.items()})
+
+
+TWO_POOLS = [region("r", pools=[pool("h100", "H100-80GB"), H200])]
+SERVED = [
+    Case("config ∩ live: a pool the region does not report is not served", req(), TWO_POOLS, kept={"r/h200"},
+         reasons={"r/h100": "not served: the region serves pools h200"},
+         live=[serving("r", h200={"llama-3.1-8b": 2048})]),
+    Case("a model the pool's deployment does not run is not served", req(), TWO_POOLS, kept={"r/h100"},
+         reasons={"r/h200": "not served: pool h200 serves qwen3-32b"},
+         live=[serving("r", h100=None, h200={"qwen3-32b": 32768})]),
+    Case("prompt + output beyond the live context limit: only the long pool fits", req(prompt_tokens=1000),
+         TWO_POOLS, kept={"r/h200"}, reasons={"r/h100": "1,100 tokens exceed the served context limit 512"},
+         live=[serving("r", h100={"llama-3.1-8b": 512}, h200={"llama-3.1-8b": 2048})]),
+    Case("a stale state says nothing about serving (the health filter judges it)", req(), TWO_POOLS,
+         kept={"r/h100", "r/h200"}, live=[serving("r", age_s=600, h200={"llama-3.1-8b": 2048})]),
+    Case("never seen: as configured", req(), TWO_POOLS, kept={"r/h100", "r/h200"}),
+]
+
+
+@pytest.mark.parametrize("case", SERVED, ids=lambda c: c.name)
+def test_pool_served(case: Case, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    kept, reasons = run(PoolServedFilter(), case, make_snapshot)
+    assert kept == case.kept
+    assert set(reasons) == set(case.reasons)
+    for key, fragment in case.reasons.items():
+        assert fragment in reasons[key]
 
 
 LONG = [

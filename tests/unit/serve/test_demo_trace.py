@@ -44,24 +44,29 @@ def test_same_seed_same_slice(tokenizer: object) -> None:
     assert build_requests(DemoOptions(requests=10), tokenizer) == build_requests(DemoOptions(requests=10), tokenizer)
 
 
-def test_report_sums_per_region() -> None:
+def test_report_sums_per_region_and_pool() -> None:
     outcomes = [
-        Outcome(region="eu-north", ttft_s=0.05, energy_j=10.0, carbon_g=0.5, prompt_tokens=300, reused_tokens=128,
+        Outcome(region="eu-north", pool="h200-long", ttft_s=0.05, energy_j=10.0, carbon_g=0.5, prompt_tokens=300,
+                reused_tokens=128, measurement_source="model"),
+        Outcome(region="eu-north", pool="h200-long", mode="direct", ttft_s=0.07, energy_j=20.0, carbon_g=1.0,
+                prompt_tokens=300, reused_tokens=0, fallbacks=("carbon_stale",), measurement_source="model"),
+        Outcome(region="eu-north", pool="a100-batch", ttft_s=0.05, energy_j=4.0, carbon_g=0.2, prompt_tokens=50,
                 measurement_source="model"),
-        Outcome(region="eu-north", ttft_s=0.07, energy_j=20.0, carbon_g=1.0, prompt_tokens=300, reused_tokens=0,
-                fallbacks=("carbon_stale",), measurement_source="model"),
-        Outcome(region="us-east", ttft_s=0.09, energy_j=5.0, carbon_g=None, prompt_tokens=100,
+        Outcome(region="us-east", pool="h200-long", ttft_s=0.09, energy_j=5.0, carbon_g=None, prompt_tokens=100,
                 measurement_source="model"),
-        Outcome(error="UNAVAILABLE"),
+        Outcome(mode="direct", error="UNAVAILABLE"),
     ]
-    text = report(outcomes, 12.0, None, "eu-north")
-    assert "4 requests replayed in 12.0 s: 3 answered, 1 failed" in text
-    eu = next(line for line in text.splitlines() if line.startswith("eu-north"))
-    assert eu.split() == ["eu-north", "2", "600", "128", "30.0", "1.500", "15.0"]
-    us = next(line for line in text.splitlines() if line.startswith("us-east"))
+    text = report(outcomes, 12.0, None)
+    assert "5 requests replayed in 12.0 s: 4 answered, 1 failed" in text
+    assert "by mode: direct 2 (1 failed), proxy 3 (0 failed)" in text
+    eu = next(line for line in text.splitlines() if line.startswith("eu-north/h200-long"))
+    assert eu.split() == ["eu-north/h200-long", "2", "600", "128", "30.0", "1.500", "15.0"]
+    batch = next(line for line in text.splitlines() if line.startswith("eu-north/a100-batch"))
+    assert batch.split()[:2] == ["eu-north/a100-batch", "1"]
+    us = next(line for line in text.splitlines() if line.startswith("us-east/h200-long"))
     assert "n/a" in us
     assert "carbon_stale x1" in text
-    assert "128 of 700 prompt tokens (18.3 %)" in text
+    assert "128 of 750 prompt tokens (17.1 %)" in text
 
 
 def test_percentile() -> None:

@@ -1,0 +1,135 @@
+"""Direct mode, shared by the sync and async clients: the router decides and signs tickets
+(``Route``); the client streams from the region itself over HTTP, failing over down the
+targets before the first token. The region writes the receipt to the ledger; the client gets
+the same receipt in the stream's final event.
+
+Only the region's reply carries text, so the router's CPU per request is one ``Route``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from scheduler.client.errors import InvalidArgumentError, SchedulerRpcError, UnavailableError
+from scheduler.sse import DONE, SseParser
+from scheduler.tickets import HEADER as TICKET_HEADER
+from scheduler.v1 import messages_pb2 as pb
+from scheduler.v1 import router_pb2
+
+# Region answers that mean "this request is wrong", not "try the next region".
+CLIENT_ERRORS = frozenset({400, 422})
+
+
+def region_body(request: pb.GenerateRequest, target: router_pb2.DirectTarget) -> dict[str, Any]:
+    """The OpenAI request the region expects: the prompt (or messages) the ticket is bound to."""
+    body: dict[str, Any] = {"model": target.model, "max_tokens": request.sampling.max_tokens, "stream": True,
+                            "stream_options": {"include_usage": True}, "x_scheduler": {"pool": target.pool}}
+    if request.WhichOneof("input") == "chat":
+        body["messages"] = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+    else:
+        body["prompt"] = request.prompt
+    sampling = request.sampling
+    for name in ("temperature", "top_p", "seed"):
+        if sampling.HasField(name):
+            body[name] = getattr(sampling, name)
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    return body
+
+
+def headers(target: router_pb2.DirectTarget) -> dict[str, str]:
+    return {TICKET_HEADER: target.ticket}
+
+
+def region_error(target: router_pb2.DirectTarget, status: int, raw: bytes) -> Exception:
+    """What a non-200 answer means: the request's fault (raise) or the region's (fail over)."""
+    try:
+        message = str(json.loads(raw)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = raw[:200].decode("utf-8", errors="replace")
+    if status in CLIENT_ERRORS:
+        return InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"region {target.region} says: {message}")
+    return RegionFailed(f"HTTP {status}: {message}", status)
+
+
+class RegionFailed(Exception):
+    def __init__(self, error: str, http_status: int = 0) -> None:
+        super().__init__(error)
+        self.error = error
+        self.http_status = http_status
+
+
+@dataclass
+class DirectStream:
+    """Parses one region's SSE reply; ``receipt_claims`` is set by the final event."""
+
+    parser: SseParser = field(default_factory=SseParser)
+    done: bool = False
+    receipt_claims: dict[str, Any] | None = None
+
+    def feed(self, data: bytes) -> str:
+        """The text in ``data``. The caller reads the body to its end after ``done`` (nothing
+        follows ``[DONE]``), so that httpx can reuse the connection."""
+        texts = []
+        for payload in self.parser.feed(data):
+            if payload == DONE:
+                self.done = True
+                break
+            try:
+                event = json.loads(payload)
+            except json.JSONDecodeError:
+                raise RegionFailed(f"malformed event: {payload[:80]!r}") from None
+            if not isinstance(event, dict):
+                raise RegionFailed(f"malformed event: {payload[:80]!r}")
+            if "error" in event:
+                raise RegionFailed(f"error event: {event['error']}")
+            if isinstance(event.get("receipt"), dict):
+                self.receipt_claims = event["receipt"]
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta")
+                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                if text:
+                    texts.append(str(text))
+        return "".join(texts)
+
+
+def receipt_proto(claims: dict[str, Any] | None, failovers: list[pb.Failover]) -> pb.EnergyReceipt | None:
+    if claims is None:
+        return None
+    from scheduler.region_receipt import RegionReceipt
+    from scheduler.server.convert import receipt_to_proto
+
+    receipt = receipt_to_proto(RegionReceipt(claims).energy_receipt())
+    receipt.failovers.extend(failovers)
+    return receipt
+
+
+def timeout(remaining_s: float | None) -> Any:
+    import httpx
+
+    read = 60.0 if remaining_s is None else max(0.001, remaining_s)
+    return httpx.Timeout(connect=min(2.0, read), read=read, write=min(2.0, read), pool=min(2.0, read))
+
+
+def failover(target: router_pb2.DirectTarget, exc: Exception, received_text: bool) -> pb.Failover:
+    """Record a target that failed; raise when text had already reached the caller."""
+    error = exc.error if isinstance(exc, RegionFailed) else f"{type(exc).__name__}: {exc}"
+    if received_text:
+        raise UnavailableError(grpc.StatusCode.UNAVAILABLE,
+                               f"region {target.region}/{target.pool} failed after the first token: {error}")
+    status = exc.http_status if isinstance(exc, RegionFailed) else 0
+    return pb.Failover(region=target.region, pool=target.pool, error=error, http_status=status)
+
+
+def no_targets() -> SchedulerRpcError:
+    return SchedulerRpcError(grpc.StatusCode.FAILED_PRECONDITION,
+                            "the router signs no dispatch tickets (it runs without ticket keys): use mode='proxy'")
+
+
+def exhausted(failovers: list[pb.Failover]) -> UnavailableError:
+    tried = ", ".join(f"{f.region}/{f.pool} ({f.error})" for f in failovers) or "no targets"
+    return UnavailableError(grpc.StatusCode.UNAVAILABLE, f"direct mode: every target failed before the first token: {tried}")

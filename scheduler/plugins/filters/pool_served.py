@@ -1,0 +1,78 @@
+"""Live-serving filter: the pool's deployment is up in its region and serves the model, with
+room for the request (config ∩ live).
+
+need = prompt_tokens + max_tokens
+keep c  iff  live[region] is not fresh, or lists no pools (the health filter judges the
+             region then),
+        or   c.pool is in live[region].pools
+             and (the pool reports no model list, or c.model is in it)
+             and need <= the pool's live context limit for c.model (its engine's max_model_len)
+Reads: snapshot.live (observed_at, pools, models), snapshot.now, policy.max_age.region_state,
+request.prompt_tokens, request.max_tokens. Judged once per candidate per snapshot (prepare).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from scheduler.framework.columns import BoolArray, FloatArray
+from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
+from scheduler.types import Candidate, FleetSnapshot
+
+TYPE = "pool-served"
+
+
+@dataclass(frozen=True)
+class Columns:
+    served: BoolArray
+    # the live context limit (inf: not reported, or the region's state is not fresh)
+    live_context: FloatArray
+    # per snapshot candidate: None (served) or why not
+    verdicts: tuple[Reason | None, ...]
+
+
+@dataclass(frozen=True)
+class PoolServedFilter(Plugin):
+    TYPE: ClassVar[str] = TYPE
+    LIFETIME: ClassVar[Lifetime | None] = "live"
+
+    def prepare(self, snapshot: FleetSnapshot) -> Columns:
+        judged = [_judge(snapshot, c) for c in snapshot.candidates]
+        return Columns(
+            np.asarray([verdict is None for verdict, _ in judged], dtype=bool),
+            np.asarray([context for _, context in judged], dtype=np.float64),
+            tuple(verdict for verdict, _ in judged),
+        )
+
+    def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
+        need = view.request.prompt_tokens + view.request.max_tokens
+        keep: BoolArray = cols.served & (cols.live_context >= need)
+        return keep
+
+    def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
+        verdict = cols.verdicts[int(view.base[position])]
+        if verdict is not None:
+            return verdict
+        need = view.request.prompt_tokens + view.request.max_tokens
+        return "{:,} tokens exceed the served context limit {:,}", (need, int(cols.live_context[position]))
+
+
+def _judge(snapshot: FleetSnapshot, candidate: Candidate) -> tuple[Reason | None, float]:
+    state = snapshot.fresh_live(candidate.region.name)
+    if state is None or not state.pools:
+        return None, math.inf
+    pool = state.pools.get(candidate.pool.name)
+    if pool is None:
+        served = ", ".join(sorted(state.pools)) or "none"
+        return ("not served: the region serves pools {}", (served,)), math.inf
+    if pool.models is None:
+        return None, math.inf
+    context = pool.models.get(candidate.deployment.name)
+    if context is None:
+        return ("not served: pool {} serves {}", (candidate.pool.name, ", ".join(sorted(pool.models)) or "nothing")), \
+            math.inf
+    return None, float(context)

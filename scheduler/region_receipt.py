@@ -1,0 +1,127 @@
+"""The receipt a region writes itself for a direct-mode dispatch (the client streamed from
+the region, so no router saw the answer).
+
+The region signs the claims with its ticket key (purpose "receipt") and appends them to the
+store's ``receipts`` stream; a router (``scheduler.ledger.region_receipts``) verifies the
+signature before it books anything, so the ledger only holds what a region vouched for.
+The same claims travel, unsigned, in the stream's final event for the client.
+
+Carbon is priced with the intensity the router signed into the ticket (None when the
+router's signal was stale: then no grams are claimed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.tickets import RegionKeys, Ticket, TicketRejected, sign, verify
+from scheduler.types import CarbonUsed, EnergyReceipt, Signal
+
+J_PER_KWH = 3.6e6
+STREAM = "receipts"
+STREAM_MAXLEN = 100_000
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def receipt_claims(ticket: Ticket, *, pue: float, energy: Mapping[str, Any] | None,
+                   usage: Mapping[str, int] | None, at: float, ttft_ms: float | None,
+                   duration_ms: float) -> dict[str, Any]:
+    energy_j = _float(energy.get("energy_j")) if energy else None
+    carbon_g = None
+    if energy_j is not None and ticket.carbon_g_per_kwh is not None:
+        carbon_g = energy_j / J_PER_KWH * ticket.carbon_g_per_kwh * pue
+    return {
+        "decision_id": ticket.decision_id,
+        "request_id": ticket.request_id,
+        "tenant": ticket.tenant,
+        "region": ticket.region,
+        "pool": ticket.pool,
+        "model": ticket.model,
+        "workload_class": ticket.workload_class,
+        "at": at,
+        "pue": pue,
+        "energy": dict(energy) if energy else None,
+        "usage": dict(usage) if usage else None,
+        "carbon_g": carbon_g,
+        "carbon": None if ticket.carbon_g_per_kwh is None else {
+            "zone": ticket.carbon_zone, "g_per_kwh": ticket.carbon_g_per_kwh,
+            "observed_at": ticket.carbon_observed_at, "source": ticket.carbon_source,
+        },
+        "ttft_ms": ttft_ms,
+        "duration_ms": duration_ms,
+    }
+
+
+def sign_receipt(keys: RegionKeys, claims: Mapping[str, Any]) -> dict[str, str]:
+    """The stream entry: the region (to pick its keys) and the signed claims."""
+    return {"region": keys.region, "token": sign(keys, "receipt", claims)}
+
+
+def verify_receipt(keys: RegionKeys, entry: Mapping[str, str]) -> dict[str, Any]:
+    claims = verify(keys, "receipt", entry.get("token", ""))
+    if claims.get("region") != keys.region:
+        raise TicketRejected(401, f"receipt claims region {claims.get('region')!r} but is signed by {keys.region}")
+    return claims
+
+
+@dataclass(frozen=True)
+class RegionReceipt:
+    claims: Mapping[str, Any]
+
+    def energy_receipt(self) -> EnergyReceipt:
+        claims = self.claims
+        energy = _mapping(claims.get("energy"))
+        phases = _mapping(energy.get("phases"))
+        usage = _mapping(claims.get("usage"))
+        carbon = claims.get("carbon")
+        signal = None
+        if isinstance(carbon, dict) and _float(carbon.get("g_per_kwh")) is not None:
+            observed = _float(carbon.get("observed_at")) or 0.0
+            at = _float(claims.get("at")) or observed
+            signal = CarbonUsed(
+                Signal(kind="carbon_intensity", key=str(carbon.get("zone", "")), value=float(carbon["g_per_kwh"]),
+                       unit="gCO2eq/kWh", observed_at=observed, fetched_at=observed,
+                       source=str(carbon.get("source", ""))),
+                age_s=max(0.0, at - observed), stale=False)
+        return EnergyReceipt(
+            decision_id=str(claims.get("decision_id", "")),
+            request_id=str(claims.get("request_id", "")),
+            tenant=str(claims.get("tenant", "")),
+            model=str(claims.get("model", "")),
+            region=str(claims.get("region", "")),
+            pool=str(claims.get("pool", "")),
+            pue=_float(claims.get("pue")) or 1.0,
+            measurement_source=str(energy.get("measurement_source") or "unknown"),
+            attribution_method=str(energy.get("attribution_method") or ""),
+            energy_j=_float(energy.get("energy_j")),
+            energy_j_low=_float(energy.get("energy_j_low")),
+            energy_j_high=_float(energy.get("energy_j_high")),
+            confidence=_float(energy.get("confidence")),
+            waiting_j=_float(phases.get("waiting_j")),
+            prefill_j=_float(phases.get("prefill_j")),
+            decode_j=_float(phases.get("decode_j")),
+            postprocess_j=_float(phases.get("postprocess_j")),
+            idle_allocation_j=_float(phases.get("idle_allocation_j")),
+            batch_size=_float(energy.get("batch_size")),
+            avoided_j=_float(energy.get("avoided_j")),
+            prompt_tokens=_int(usage.get("prompt_tokens")),
+            completion_tokens=_int(usage.get("completion_tokens")),
+            reused_tokens=_int(usage.get("cached_tokens")),
+            carbon_g=_float(claims.get("carbon_g")),
+            carbon=signal,
+            ttft_ms=_float(claims.get("ttft_ms")),
+            duration_ms=_float(claims.get("duration_ms")) or 0.0,
+        )

@@ -1,0 +1,59 @@
+"""``TicketIssuer``: the router's side of dispatch tickets (``scheduler.tickets``).
+
+For each candidate it dispatches to (proxy mode) or hands to the client (direct mode), the
+router signs a ticket under the candidate region's active key. The ticket binds the
+prompt by its digest, so the region can check it without trusting the client; in direct
+mode it also carries the carbon intensity the decision saw (None when stale), with which
+the region prices its receipt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.tickets import MAX_TICKET_TTL_S, Mode, Ticket, TicketKeyRing, body_prompt_digest
+from scheduler.types import Candidate, FleetSnapshot, Request
+
+
+@dataclass(frozen=True)
+class TicketIssuer:
+    keys: TicketKeyRing
+    ttl_s: float = MAX_TICKET_TTL_S
+    clock: Callable[[], float] = field(default=time.time)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ttl_s <= MAX_TICKET_TTL_S:
+            raise ValueError(f"ticket ttl_s must be in (0, {MAX_TICKET_TTL_S:.0f}] s, got {self.ttl_s}")
+
+    def issue(self, *, decision_id: str, request: Request, body: Mapping[str, Any], candidate: Candidate,
+              snapshot: FleetSnapshot, mode: Mode) -> str:
+        """The signed ticket for dispatching ``body`` (the region's OpenAI request) to ``candidate``."""
+        region = candidate.region
+        prompt = body_prompt_digest(body)
+        if prompt is None:
+            raise ValueError("the request body has no prompt or messages a ticket can bind")
+        now = self.clock()
+        carbon: dict[str, Any] = {}
+        signal = snapshot.carbon.get(region.grid_zone)
+        if mode == "direct" and signal is not None and snapshot.age(signal.observed_at) <= snapshot.policy.max_age.carbon:
+            carbon = {"carbon_g_per_kwh": signal.value, "carbon_zone": signal.key,
+                      "carbon_observed_at": signal.observed_at, "carbon_source": signal.source}
+        ticket = Ticket(
+            decision_id=decision_id,
+            request_id=request.request_id,
+            tenant=request.tenant,
+            region=region.name,
+            pool=candidate.pool.name,
+            model=candidate.deployment.name,
+            max_tokens=request.max_tokens,
+            prompt_tokens_max=request.prompt_tokens,
+            prompt_sha256=prompt[0],
+            expires_at=now + self.ttl_s,
+            mode=mode,
+            workload_class=request.workload_class,
+            **carbon,
+        )
+        return ticket.sign(self.keys.of(region.name))

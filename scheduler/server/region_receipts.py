@@ -1,0 +1,97 @@
+"""Booking the receipts regions write for direct-mode dispatches.
+
+In direct mode the client streams from the region, so no router sees the answer. The
+region signs a receipt (``scheduler.region_receipt``) and appends it to the store's
+``receipts`` stream. One router at a time (the store lock ``region-receipts``; another takes
+over within the lock's TTL when it dies) reads the stream after the cursor it keeps in the
+store, verifies each entry with the region's ticket key, and hands the receipt to the same
+audit log and receipt sinks (the ledger) as a proxied stream's receipt: budgets and audit
+behave alike in both modes. An entry that fails verification is logged and counted, never
+booked.
+
+Delivery is at least once: a router that dies after booking a batch and before moving the
+cursor makes the next holder book that batch again (the window is one batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from scheduler.region_receipt import STREAM, RegionReceipt, verify_receipt
+from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.tickets import TicketKeyRing, TicketKeysError, TicketRejected
+from scheduler.types import EnergyReceipt
+
+log = logging.getLogger(__name__)
+
+LOCK = "region-receipts"
+CURSOR = "receipts:cursor"
+
+
+@dataclass
+class RegionReceiptIngest:
+    store: StateStore
+    keys: TicketKeyRing
+    book: Callable[[EnergyReceipt], None]
+    interval_s: float = 0.5
+    lock_ttl_s: float = 5.0
+    batch: int = 500
+    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}")
+    booked: int = field(default=0, init=False)
+    rejected: int = field(default=0, init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+
+    async def ingest_once(self) -> int:
+        """Book what the stream holds after the cursor, if this router holds the lock; the
+        number of entries read."""
+        if not await self.store.acquire_lock(LOCK, self.owner, self.lock_ttl_s):
+            return 0
+        cursor_raw = await self.store.get(CURSOR)
+        cursor = cursor_raw.decode() if cursor_raw else None
+        entries = await self.store.xrange(STREAM, self.batch, after=cursor)
+        for entry_id, fields in entries:
+            try:
+                keys = self.keys.of(fields.get("region", ""))
+                receipt = RegionReceipt(verify_receipt(keys, fields)).energy_receipt()
+            except (TicketKeysError, TicketRejected) as exc:
+                self.rejected += 1
+                log.error("region receipt %s rejected, not booked: %s", entry_id, exc)
+                continue
+            self.book(receipt)
+            self.booked += 1
+        if entries:
+            await self.store.set(CURSOR, entries[-1][0].encode())
+        return len(entries)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                read = await self.ingest_once()
+            except StateUnavailable as exc:
+                log.warning("region receipts: store unavailable (%s); retrying", exc)
+                read = 0
+            except Exception:
+                log.exception("region receipts: ingest failed; retrying")
+                read = 0
+            if read < self.batch:
+                await asyncio.sleep(self.interval_s)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="region-receipts")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        # Book what arrived until now, so a clean shutdown leaves nothing for the next holder.
+        with contextlib.suppress(StateUnavailable):
+            while await self.ingest_once() == self.batch:
+                pass
+            await self.store.release_lock(LOCK, self.owner)

@@ -1,0 +1,122 @@
+"""``scheduler bench router``, run tiny: real processes (two stub backends, our router with
+ticket keys, vllm-router when installed), a few streams per path at concurrency 1 and 2.
+Checks the shape of the JSON and that every path streamed without errors; no figure is
+compared against a time (the machine is shared)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.bench import router as bench
+from scheduler.cli import main
+
+pytestmark = pytest.mark.integration
+
+STREAMS = 4
+TINY = ["bench", "router", "--requests", str(STREAMS), "--rounds", "2", "--warmup", "1", "--concurrency", "1,2",
+        "--idle-s", "0", "--no-progress"]
+ROUTERS = (bench.VLLM_ROUTER, bench.OURS_PROXY, bench.OURS_DIRECT)
+
+
+def _run(tmp_path: Path, *extra: str) -> dict[str, Any]:
+    out = tmp_path / "bench.json"
+    assert main([*TINY, "--json", str(out), *extra]) == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+def _check_paths(report: dict[str, Any], expected: tuple[str, ...]) -> None:
+    assert [run["concurrency"] for run in report["runs"]] == [1, 2]
+    for run in report["runs"]:
+        assert tuple(run["paths"]) == expected
+        for name, figures in run["paths"].items():
+            where = f"c={run['concurrency']} {name}"
+            assert figures["errors"] == 0, (where, figures["error_samples"])
+            assert figures["streams"] == STREAMS, where
+            assert figures["ttft_ms"]["p50"] > 0 and figures["ttft_ms"]["p99"] >= figures["ttft_ms"]["p50"], where
+            assert figures["streams_per_s"] > 0 and figures["wall_s"] > 0, where
+            assert figures["client_cpu_ms_per_stream"] >= 0, where
+            if name == bench.DIRECT:
+                assert figures["added_ttft_ms"] is None and figures["router_cpu_ms_per_stream"] is None
+            else:
+                assert figures["added_ttft_ms"] is not None, where
+                # /proc counts in 10 ms ticks: a few streams may read as 0, never as missing.
+                assert figures["router_cpu_ms_per_stream"] >= 0, where
+        # Our router answers proxy-mode streams with its receipt.
+        assert run["paths"][bench.OURS_PROXY]["receipts"] == STREAMS
+
+
+def test_every_path_with_vllm_router(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if not bench.vllm_router_installed():
+        pytest.skip(f"vllm-router {bench.NOT_INSTALLED}")
+    report = _run(tmp_path)
+    _check_paths(report, (bench.DIRECT, *ROUTERS))
+    assert report["settings"]["ticket_keys"] is True
+    assert report["skipped"] == {}
+    goals = report["goals"]
+    assert isinstance(goals["direct_mode_router_cpu"]["pass"], bool)
+    assert isinstance(goals["direct_mode_added_ttft"]["pass"], bool)
+    assert goals["direct_mode_added_ttft"]["second_router"] == bench.VLLM_ROUTER
+    printed = capsys.readouterr().out
+    assert "concurrency 1" in printed and "concurrency 2" in printed
+    assert "our router's CPU per request in direct mode" in printed
+
+
+def test_without_vllm_router_installed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "vllm_router_installed", lambda: False)
+    report = _run(tmp_path)
+    _check_paths(report, (bench.DIRECT, bench.OURS_PROXY, bench.OURS_DIRECT))
+    assert report["skipped"] == {bench.VLLM_ROUTER: bench.NOT_INSTALLED}
+    assert report["goals"]["direct_mode_added_ttft"]["pass"] is None
+    printed = capsys.readouterr().out
+    assert "not installed: pip install '.[bench]'" in printed
+    assert "SKIP  TTFT added by ours-direct" in printed
+
+
+# --- the pure parts ---------------------------------------------------------------------------
+
+
+def test_cpu_seconds_reads_proc() -> None:
+    before = bench.cpu_seconds(os.getpid())
+    sum(i * i for i in range(2_000_000))
+    assert bench.cpu_seconds(os.getpid()) >= before >= 0
+
+
+def test_percentile_and_split() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert bench.percentile(values, 0.5) == 50.0
+    assert bench.percentile(values, 0.99) == 99.0
+    assert bench.percentile([3.0], 0.99) == 3.0
+    assert bench.split(10, 4) == [3, 3, 2, 2]
+    assert sum(bench.split(7, 7)) == 7
+
+
+def _run_figures(c: int, cpu: float, ours_added: float, theirs_added: float | None) -> dict[str, Any]:
+    paths: dict[str, Any] = {
+        bench.DIRECT: {"added_ttft_ms": None, "router_cpu_ms_per_stream": None},
+        bench.OURS_DIRECT: {"added_ttft_ms": {"p50": ours_added, "p99": ours_added}, "router_cpu_ms_per_stream": cpu},
+    }
+    if theirs_added is not None:
+        paths[bench.VLLM_ROUTER] = {"added_ttft_ms": {"p50": theirs_added, "p99": theirs_added},
+                                    "router_cpu_ms_per_stream": 0.1}
+    return {"concurrency": c, "paths": paths}
+
+
+def test_goals() -> None:
+    good = bench.goals([_run_figures(1, 0.2, 0.5, 0.6), _run_figures(32, 0.3, 2.0, 1.0)], bench.VLLM_ROUTER)
+    assert good["direct_mode_router_cpu"]["pass"] is True
+    assert good["direct_mode_added_ttft"]["pass"] is True  # judged at concurrency 1 only
+    bad = bench.goals([_run_figures(1, 0.2, 0.7, 0.6), _run_figures(32, 0.31, 0.1, 1.0)], bench.VLLM_ROUTER)
+    assert bad["direct_mode_router_cpu"]["pass"] is False
+    assert bad["direct_mode_added_ttft"]["pass"] is False
+    lines = bench.goal_lines(bad)
+    assert lines[0].startswith("FAIL") and lines[1].startswith("FAIL")
+    alone = bench.goals([_run_figures(1, 0.2, 0.7, None)], None)
+    assert alone["direct_mode_added_ttft"]["pass"] is None
+    assert bench.goal_lines(alone)[1].startswith("SKIP")

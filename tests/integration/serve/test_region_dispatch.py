@@ -1,0 +1,146 @@
+"""The region carries out the router's decision and nothing else: dispatch tickets, one
+deployment per pool, direct and proxy mode both billed (real Ray Serve + vLLM CPU engines).
+
+Runs before test_region_stack.py (file order), which takes the region down at its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from scheduler.client import AsyncSchedulerClient
+from scheduler.ledger.ledger import month_of, parse_month
+from scheduler.serve.stack import LocalStack
+from scheduler.state import keys
+from scheduler.state.factory import open_store
+from scheduler.tickets import HEADER as TICKET_HEADER
+from scheduler.tickets import RegionKeys, Ticket, body_prompt_digest
+from tests.integration.serve.conftest import REGION, ticket_headers
+
+pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+MODEL = "llama-3.1-8b"
+BODY: dict[str, Any] = {"model": MODEL, "prompt": "Hello", "max_tokens": 3, "stream": True}
+# ~900 tokens of the tiny model's tokenizer: more than a100-batch's engine takes (512).
+LONG_PROMPT = "Wind and sun move the grid's carbon intensity from hour to hour, region to region. " * 45
+
+
+def _forge(headers: dict[str, str], **changes: Any) -> dict[str, str]:
+    """The same signature over claims changed by ``changes`` (what a tamperer can do)."""
+    version, kid, body, mac = headers[TICKET_HEADER].split(".")
+    claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    claims.update(changes)
+    forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    return {TICKET_HEADER: ".".join((version, kid, forged, mac))}
+
+
+# The first test of the session's Ray stack: its timeout covers starting it (two engines).
+@pytest.mark.timeout(600)
+async def test_the_region_refuses_every_dispatch_the_router_did_not_sign_for_it(stack: LocalStack) -> None:
+    url = f"{stack.endpoint(REGION)}/v1/completions"
+    foreign = RegionKeys.generate(REGION, kid="someone-elses")
+    digest = body_prompt_digest(BODY)
+    assert digest is not None
+    stranger = Ticket(decision_id="x", request_id="x", tenant="x", region=REGION, pool="h200-long", model=MODEL,
+                      max_tokens=3, prompt_tokens_max=8, prompt_sha256=digest[0], expires_at=time.time() + 30)
+    cases: list[tuple[str, dict[str, Any], dict[str, str], int, str]] = [
+        ("unsigned", BODY, {}, 401, "no dispatch ticket"),
+        ("expired", BODY, ticket_headers(stack, BODY, expires_at=time.time() - 1), 401, "ticket expired"),
+        ("tampered: another pool", BODY, _forge(ticket_headers(stack, BODY), pool="a100-batch"), 401,
+         "bad ticket signature"),
+        ("tampered: higher max_tokens", BODY, _forge(ticket_headers(stack, BODY), max_tokens=4000), 401,
+         "bad ticket signature"),
+        ("the request asks for another pool", {**BODY, "x_scheduler": {"pool": "a100-batch"}},
+         ticket_headers(stack, BODY), 403, "ticket is for pool h200-long"),
+        ("the request asks for more tokens", {**BODY, "max_tokens": 64}, ticket_headers(stack, BODY), 403,
+         "exceeds the ticket's 3"),
+        ("another prompt", {**BODY, "prompt": "Goodbye"}, ticket_headers(stack, BODY), 403,
+         "not the one the ticket was issued for"),
+        ("a ticket for another region", BODY, ticket_headers(stack, BODY, region="us-east", sign_as=REGION), 403,
+         "ticket is for region us-east"),
+        ("signed with a key this region does not have", BODY, {TICKET_HEADER: stranger.sign(foreign)}, 401,
+         "unknown key id"),
+    ]
+    replayed = ticket_headers(stack, BODY)
+    async with httpx.AsyncClient(timeout=60) as client:
+        refused = {name: await client.post(url, json=body, headers=headers) for name, body, headers, _, _ in cases}
+        first = await client.post(url, json=BODY, headers=replayed)
+        again = await client.post(url, json=BODY, headers=replayed)
+    for name, _, _, status, reason in cases:
+        answer = refused[name]
+        assert answer.status_code == status, f"{name}: {answer.status_code} {answer.text}"
+        assert reason in answer.json()["error"]["message"], f"{name}: {answer.text}"
+    assert first.status_code == 200 and "[DONE]" in first.text
+    assert again.status_code == 403 and "ticket already used" in again.json()["error"]["message"]
+
+
+@pytest.mark.timeout(180)
+async def test_a_long_context_request_runs_on_the_long_pool(stack: LocalStack) -> None:
+    async with AsyncSchedulerClient(stack.router_target) as client:
+        decision = await client.route(LONG_PROMPT, model=MODEL, max_tokens=8)
+        generation = client.generate(LONG_PROMPT, model=MODEL, max_tokens=8)
+        await generation.text()
+    # The router knew from the region's live state that a100-batch's engine holds 512 tokens...
+    assert [(c.region, c.pool) for c in decision.ranked] == [(REGION, "h200-long")]
+    rejected = {(r.region, r.pool): r for r in decision.rejected}
+    assert rejected[(REGION, "a100-batch")].plugin == "pool-served"
+    assert "exceed the served context limit 512" in rejected[(REGION, "a100-batch")].reason
+    # ...the request ran there...
+    receipt = generation.receipt
+    assert receipt is not None and receipt.pool == "h200-long" and receipt.prompt_tokens > 512
+    # ...and a100-batch is a different engine, which refuses the prompt (a ticket for it is
+    # signed here as the router would, had it chosen so).
+    body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 8, "stream": True}
+    async with httpx.AsyncClient(timeout=60) as http:
+        short_pool = await http.post(f"{stack.endpoint(REGION)}/v1/completions", json=body,
+                                     headers=ticket_headers(stack, body, pool="a100-batch"))
+    assert short_pool.status_code == 400
+    assert "512" in short_pool.text
+
+
+async def _ledger_requests(stack: LocalStack, tenant: str, want: int, timeout_s: float = 15.0) -> float:
+    store = open_store(stack.state_url, stack.namespace)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            month = month_of(time.time())
+            used = parse_month(tenant, month, await store.hgetall(keys.ledger(tenant, month)))
+            if used.requests >= want or time.monotonic() > deadline:
+                return used.requests
+            await asyncio.sleep(0.25)
+    finally:
+        await store.close()
+
+
+@pytest.mark.timeout(120)
+async def test_direct_and_proxy_mode_both_end_with_a_receipt_in_the_ledger(stack: LocalStack) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    async with AsyncSchedulerClient(stack.router_target) as client:
+        proxied = client.generate("Where does this run?", model=MODEL, max_tokens=4, tenant=tenant)
+        proxied_text = await proxied.text()
+        direct = client.generate("And this one?", model=MODEL, max_tokens=4, tenant=tenant, mode="direct")
+        direct_text = await direct.text()
+    assert proxied_text and direct_text
+    for generation in (proxied, direct):
+        receipt = generation.receipt
+        decision = generation.decision
+        assert receipt is not None and decision is not None
+        assert receipt.region == REGION and receipt.pool == decision.ranked[0].pool
+        assert receipt.decision_id == decision.decision_id
+        assert receipt.energy_j > 0 and receipt.completion_tokens > 0
+    assert await _ledger_requests(stack, tenant, 2) == 2
+    # Both are in the audit stream too, under their decision ids.
+    store = open_store(stack.state_url, stack.namespace)
+    try:
+        audited = {body.get("decision_id") for _, body in await store.xrange(keys.AUDIT, 10_000)}
+    finally:
+        await store.close()
+    assert {proxied.receipt.decision_id, direct.receipt.decision_id} <= audited  # type: ignore[union-attr]

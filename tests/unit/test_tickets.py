@@ -1,0 +1,209 @@
+"""Dispatch tickets: what a region accepts and what it refuses, with which status and reason."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from scheduler import tickets
+from scheduler.tickets import (
+    MAX_TICKET_TTL_S,
+    RegionKeys,
+    Ticket,
+    TicketKeyRing,
+    TicketKeysError,
+    TicketRejected,
+    body_prompt_digest,
+)
+
+NOW = 1_780_000_000.0
+RING = TicketKeyRing({name: RegionKeys.generate(name, kid=f"{name}-k1") for name in ("eu-north", "us-east")})
+BODY = {"model": "llama-3.1-8b", "prompt": "Hello there", "max_tokens": 64}
+
+
+def ticket(**overrides: object) -> Ticket:
+    digest, _ = body_prompt_digest(BODY) or ("", 0)
+    fields: dict[str, object] = dict(
+        decision_id="d1", request_id="r1", tenant="acme", region="eu-north", pool="h200-long",
+        model="llama-3.1-8b", max_tokens=64, prompt_tokens_max=8, prompt_sha256=digest, expires_at=NOW + 30,
+    )
+    fields.update(overrides)
+    return Ticket(**fields)  # type: ignore[arg-type]
+
+
+def admit(token: str, body: dict[str, object] = BODY, *, region: str = "eu-north", now: float = NOW,
+          pool: str | None = None) -> Ticket:
+    """The gateway's checks, in its order."""
+    checked = Ticket.verify(RING.of(region), token)
+    tickets.check(checked, region=region, now=now, model=str(body["model"]),
+                  max_tokens=body.get("max_tokens"),  # type: ignore[arg-type]
+                  prompt=body_prompt_digest(body), pool=pool)
+    return checked
+
+
+def test_a_signed_ticket_round_trips() -> None:
+    issued = ticket()
+    assert admit(issued.sign(RING.of("eu-north"))) == issued
+
+
+def _tamper_claims(token: str, **changes: object) -> str:
+    """Re-encode the claims with ``changes`` but keep the original signature."""
+    import base64
+    import json
+
+    version, kid, body, mac = token.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    claims.update(changes)
+    forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    return ".".join((version, kid, forged, mac))
+
+
+REFUSED = [
+    ("no such format", lambda: "not-a-ticket", {}, 401, "malformed ticket"),
+    ("tampered: another pool in the claims", lambda: _tamper_claims(ticket().sign(RING.of("eu-north")), pool="a100-batch"),
+     {}, 401, "bad ticket signature"),
+    ("tampered: higher max_tokens in the claims", lambda: _tamper_claims(ticket().sign(RING.of("eu-north")),
+                                                                        max_tokens=100000), {}, 401, "bad ticket signature"),
+    ("signed with another region's key", lambda: dataclasses.replace(ticket(), region="us-east").sign(RING.of("us-east")),
+     {}, 401, "unknown key id"),
+    ("expired", lambda: ticket(expires_at=NOW - 1).sign(RING.of("eu-north")), {}, 401, "ticket expired"),
+    ("expiry beyond the 30 s limit", lambda: ticket(expires_at=NOW + 3600).sign(RING.of("eu-north")), {}, 401,
+     "more than 30 s"),
+    ("request asks for another pool", lambda: ticket().sign(RING.of("eu-north")), {"pool": "a100-batch"}, 403,
+     "ticket is for pool h200-long"),
+    ("higher max_tokens in the request", lambda: ticket().sign(RING.of("eu-north")),
+     {"body": {**BODY, "max_tokens": 65}}, 403, "exceeds the ticket's 64"),
+    ("another model in the request", lambda: ticket().sign(RING.of("eu-north")),
+     {"body": {**BODY, "model": "llama-3.1-70b"}}, 403, "ticket is for model llama-3.1-8b"),
+    ("another prompt in the request", lambda: ticket().sign(RING.of("eu-north")),
+     {"body": {**BODY, "prompt": "Hello there!"}}, 403, "not the one the ticket was issued for"),
+    ("a prompt far beyond the token bound", lambda: ticket(
+        prompt_sha256=body_prompt_digest({"prompt": "x" * 600_000})[0],  # type: ignore[index]
+        prompt_tokens_max=1).sign(RING.of("eu-north")),
+     {"body": {**BODY, "prompt": "x" * 600_000}}, 403, "at least 4,688 tokens exceeds the ticket's bound of 1 tokens"),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "options", "status", "reason"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_a_region_refuses(name: str, make: object, options: dict[str, object], status: int, reason: str) -> None:
+    token = make()  # type: ignore[operator]
+    with pytest.raises(TicketRejected) as refused:
+        admit(token, options.get("body", BODY), pool=options.get("pool"))  # type: ignore[arg-type]
+    assert refused.value.status == status
+    assert reason in refused.value.reason
+
+
+def test_a_ticket_for_another_region_is_refused_there() -> None:
+    token = dataclasses.replace(ticket(), region="us-east").sign(RING.of("us-east"))
+    # us-east's gateway verifies it...
+    assert admit(token, region="us-east").region == "us-east"
+    # ...but a ticket eu-north signed for itself is no good in us-east, and vice versa.
+    with pytest.raises(TicketRejected) as refused:
+        admit(ticket().sign(RING.of("eu-north")), region="us-east")
+    assert refused.value.status == 401
+
+
+def test_a_receipt_signature_never_passes_for_a_ticket() -> None:
+    receipt_token = tickets.sign(RING.of("eu-north"), "receipt", dataclasses.asdict(ticket()))
+    with pytest.raises(TicketRejected, match="bad ticket signature"):
+        Ticket.verify(RING.of("eu-north"), receipt_token)
+
+
+def test_rotation_keeps_the_old_key_valid_until_it_is_removed() -> None:
+    old = RING.of("eu-north")
+    new = RegionKeys.generate("eu-north", kid="k-next")
+    rotated = RegionKeys("eu-north", "k-next", {**old.keys, **new.keys})
+    before_rotation = ticket().sign(old)
+    after_rotation = ticket().sign(rotated)
+    assert after_rotation.split(".")[1] == "k-next"
+    for token in (before_rotation, after_rotation):
+        assert Ticket.verify(rotated, token).decision_id == "d1"
+    pruned = RegionKeys("eu-north", "k-next", {"k-next": new.keys["k-next"]})
+    with pytest.raises(TicketRejected, match="unknown key id"):
+        Ticket.verify(pruned, before_rotation)
+
+
+def test_chat_messages_are_bound_by_role_and_content() -> None:
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    same = {"messages": [{"role": "user", "content": "Hi"}], "model": "m"}
+    other_role = {"messages": [{"role": "system", "content": "Hi"}]}
+    assert body_prompt_digest(chat) == body_prompt_digest(same)
+    assert body_prompt_digest(chat) != body_prompt_digest(other_role)
+    assert body_prompt_digest({"messages": [{"role": "user", "content": ["a list"]}]}) is None
+    assert body_prompt_digest({"prompt": ["a", "list"]}) is None
+    ids = body_prompt_digest({"prompt": [1, 2, 3]})
+    assert ids is not None and ids[1] == 3  # token ids: their count, exactly
+    assert body_prompt_digest({"prompt": [1, 2, 3]}) != body_prompt_digest({"prompt": "1,2,3"})
+
+
+def test_the_key_file_round_trips_and_names_what_is_wrong(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(RING.to_yaml())
+    loaded = TicketKeyRing.load(path)
+    assert loaded.of("eu-north") == RING.of("eu-north")
+    assert loaded.only("us-east").regions.keys() == {"us-east"}
+    bad = [
+        ("regions: {eu-north: {active: k9, keys: {k1: 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA='}}}",
+         "regions.eu-north.active: key id 'k9' is not in keys"),
+        ("regions: {eu-north: {active: k1, keys: {k1: 'not base64!'}}}", "regions.eu-north.keys.k1: not base64"),
+        ("regions: {eu-north: {active: k1, keys: {k1: 'AAAA'}}}", "at least 16 bytes"),
+        ("keys: []", "expected a mapping with one key, 'regions'"),
+    ]
+    for text, message in bad:
+        path.write_text(text)
+        with pytest.raises(TicketKeysError) as error:
+            TicketKeyRing.load(path)
+        assert str(path) in str(error.value) and message in str(error.value)
+    with pytest.raises(TicketKeysError, match="no ticket keys for region 'ap-south'"):
+        RING.of("ap-south")
+
+
+def test_keys_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(tickets.KEYS_ENV, raising=False)
+    monkeypatch.delenv(tickets.KEYS_FILE_ENV, raising=False)
+    assert TicketKeyRing.from_env() is None
+    path = tmp_path / "keys.yaml"
+    path.write_text(RING.only("eu-north").to_yaml())
+    monkeypatch.setenv(tickets.KEYS_FILE_ENV, str(path))
+    assert set(TicketKeyRing.from_env().regions) == {"eu-north"}  # type: ignore[union-attr]
+    monkeypatch.setenv(tickets.KEYS_ENV, RING.to_yaml())  # the content wins over the file
+    assert set(TicketKeyRing.from_env().regions) == {"eu-north", "us-east"}  # type: ignore[union-attr]
+    monkeypatch.setenv(tickets.KEYS_ENV, "regions: 3")
+    with pytest.raises(TicketKeysError, match=r"\$SCHEDULER_TICKET_KEYS: expected a mapping"):
+        TicketKeyRing.from_env()
+
+
+def test_the_issuer_never_signs_beyond_the_limit() -> None:
+    from scheduler.server.issuer import TicketIssuer
+
+    with pytest.raises(ValueError, match="ttl_s"):
+        TicketIssuer(RING, ttl_s=MAX_TICKET_TTL_S + 1)
+
+
+def test_the_tickets_command_rotates_extracts_and_prunes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scheduler.cli import main
+    from scheduler.plugins import load_checked_fleet
+
+    regions = {r.name for r in load_checked_fleet().regions}
+    first = tmp_path / "keys.yaml"
+    assert main(["tickets", "keygen", "--kid", "k1"]) == 0
+    first.write_text(capsys.readouterr().out)
+    ring = TicketKeyRing.load(first)
+    assert set(ring.regions) == regions and all(k.active == "k1" for k in ring.regions.values())
+    # Rotation, step 1: every region gets k2, still signing with k1.
+    rotated = tmp_path / "rotated.yaml"
+    assert main(["tickets", "keygen", "--rotate", str(first), "--kid", "k2"]) == 0
+    rotated.write_text(capsys.readouterr().out)
+    staged = TicketKeyRing.load(rotated).of("eu-north")
+    assert staged.active == "k1" and set(staged.keys) == {"k1", "k2"}
+    assert staged.keys["k1"] == ring.of("eu-north").keys["k1"]
+    assert main(["tickets", "keygen", "--rotate", str(rotated), "--kid", "k2"]) == 1
+    assert "already has key id 'k2'" in capsys.readouterr().err
+    # A region's own file: its entry only.
+    assert main(["tickets", "extract", "--region", "eu-north", str(rotated)]) == 0
+    assert set(TicketKeyRing.parse(capsys.readouterr().out, "stdout").regions) == {"eu-north"}
+    # Last step: only the active key stays.
+    assert main(["tickets", "prune", str(rotated)]) == 0
+    assert set(TicketKeyRing.parse(capsys.readouterr().out, "stdout").of("eu-north").keys) == {"k1"}
