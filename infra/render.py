@@ -5,15 +5,21 @@
 
 What it writes (every file starts with a "generated" header; do not edit them by hand):
 
-- ``infra/kuberay/regions/<region>.yaml``: one KubeRay ``RayService`` per region: a CPU head
-  and one GPU worker group for the pool the region application serves, its Serve
-  application built by ``scheduler.serve.app:region_app_builder`` from the region's config.
+- ``infra/kuberay/regions/<region>.yaml``: per region, a KubeRay ``RayService`` and its
+  ``NetworkPolicy``. The RayService has a CPU head and one GPU worker group per pool of the
+  region; its Serve application, built by ``scheduler.serve.app:region_app_builder`` from the
+  ``args`` written here, runs one Ray Serve LLM deployment per pool behind the region's gateway.
+  The NetworkPolicy admits the gateway port from routers and direct-mode clients, and Ray's own
+  ports only from the region's Ray pods and from ops namespaces (docs/security.md).
 - ``infra/kuberay/kustomization.yaml``: lists them.
 - ``infra/router/config/regions/<region>.yaml``: the region file with ``endpoint`` pointing at
   the region's Ray Serve service instead of the local one (the router's ``--regions``).
 - ``infra/router/config/policies/<policy>.yaml``: the policy files, unchanged.
 - ``infra/router/config/kustomization.yaml``: the ConfigMap generators for both folders.
   Kustomize may not read files outside its folder, hence the copies.
+
+Production serves every pool of every region: nothing here reads a region's ``local`` profile
+(how the region runs on a laptop), and the Serve args leave it out.
 
 Run it after editing ``regions/`` or ``policies/``; ``tests/unit/infra`` fails while the
 rendered files are out of date.
@@ -22,17 +28,18 @@ rendered files are out of date.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from scheduler.config.loader import load_policy, load_region, parse
-from scheduler.config.schema import PoolConfig, RegionConfig
+from scheduler.config.schema import ModelDeployment, PoolConfig, RegionConfig
 
 INFRA = Path(__file__).resolve().parent
 REPO = INFRA.parent
@@ -47,10 +54,44 @@ GPU_PRODUCT_LABEL: Mapping[str, str] = {
     "L4": "NVIDIA-L4",
     "B200": "NVIDIA-B200",
 }
+# Ray's accelerator type (ray.util.accelerators) for each GPU of the catalogue: a pool's Serve
+# deployment asks for it and the pool's worker group advertises it. Advertised explicitly
+# (rayStartParams `resources`) because Ray's own detection names every A100 "A100", never
+# A100-40G or A100-80G, and because the autoscaler knows only what a group declares before
+# its first node is up.
+RAY_ACCELERATOR_TYPE: Mapping[str, str] = {
+    "A100-40GB": "A100-40G",
+    "A100-80GB": "A100-80G",
+    "H100-80GB": "H100",
+    "H200-141GB": "H200",
+    "L4": "L4",
+    "B200": "B200",
+}
 # The Serve application builder each RayService imports (see docs/deploying.md).
 APP_BUILDER = "scheduler.serve.app:region_app_builder"
 SERVE_PORT = 8000
 RAY_METRICS_PORT = 8080
+DASHBOARD_PORT = 8265
+GCS_PORT = 6379
+RAY_CLIENT_PORT = 10001
+
+# Dispatch-ticket keys: Secret `scheduler-tickets-<region>` holds keys.yaml with this region's
+# entry only (`scheduler tickets extract`); the gateway finds it through the env variable.
+TICKETS_SECRET = "scheduler-tickets-{region}"
+TICKETS_DIR = "/etc/scheduler/tickets"
+TICKETS_FILE = f"{TICKETS_DIR}/keys.yaml"
+TICKETS_ENV = "SCHEDULER_TICKET_KEYS_FILE"
+# The regions' Redis URL (user `region`, infra/redis/users.acl): not the router's.
+REGION_REDIS_SECRET = "scheduler-redis-region"
+
+# Who may reach what (docs/security.md). Namespace labels are set by cluster admins, so a
+# workload cannot grant itself access by labelling its own pods.
+ROUTER_POD = {"app.kubernetes.io/name": "scheduler-router"}
+OPS_NAMESPACE = {"scheduler/ops": "true"}
+MONITORING_NAMESPACE = {"scheduler/monitoring": "true"}
+KUBERAY_NAMESPACE = {"scheduler/kuberay-operator": "true"}
+DIRECT_CLIENT_NAMESPACE = {"scheduler/direct-clients": "true"}
+DIRECT_CLIENT_POD = {"scheduler/direct-client": "true"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +99,7 @@ class RenderOptions:
     """What differs between clusters; the defaults match infra/router and infra/redis."""
 
     k8s_namespace: str = "llm-scheduler"
-    # The state store key namespace: routers and regions must use the same one.
+    # The state store key namespace: routers, regions and the Redis ACL must use the same one.
     key_namespace: str = "prod"
     region_image: str = "ghcr.io/example/carbon-scheduler-region:0.1.0"
     # How the routers reach a region's gateway; {region} and {k8s_namespace} are filled in.
@@ -69,15 +110,59 @@ class RenderOptions:
     models_mount: str = "/models"
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
+    # "disabled" only while ticket keys are being rolled out: the gateway then serves unsigned requests.
+    tickets: Literal["required", "disabled"] = "required"
+    # Extra sources (CIDRs) admitted to the gateway port: routers or direct-mode clients in other
+    # clusters, or the internal load balancer in front of `<region>-serve-svc`.
+    gateway_cidrs: tuple[str, ...] = ()
+    # The region image's user: rayproject/ray's `ray` (uid 1000, group `users`, 100).
+    run_as_user: int = 1000
+    run_as_group: int = 100
+    # Ray, vLLM, Torch and Triton write only under /tmp (HOME=/tmp) and /dev/shm, both emptyDirs.
+    read_only_root: bool = True
+    # Ray's token authentication on the dashboard, GCS and Ray client (KubeRay >= 1.5.1 makes the
+    # token Secret and uses it itself); Serve's HTTP port and metrics stay open to the policy's peers.
+    ray_token_auth: bool = True
 
     def endpoint(self, region: str) -> str:
         return self.endpoint_template.format(region=region, k8s_namespace=self.k8s_namespace)
 
 
-def served_pool(region: RegionConfig) -> PoolConfig:
-    """The pool the region application serves (``build_region_app`` serves one: ``local.stands_for``)."""
-    wanted = region.local.stands_for if region.local is not None else region.pools[0].name
-    return next(pool for pool in region.pools if pool.name == wanted)
+@dataclass(frozen=True)
+class PoolPlan:
+    """How one pool runs on KubeRay: its worker group and its Serve LLM deployment."""
+
+    pool: PoolConfig
+    model: ModelDeployment  # the one model its deployment serves
+    gpus_per_worker: int
+    workers: int  # the worker group's maxReplicas: enough nodes for the pool's count
+    replicas: int  # Serve replicas, tensor_parallel GPUs each
+
+    @property
+    def accelerator_type(self) -> str:
+        return RAY_ACCELERATOR_TYPE[self.pool.gpu]
+
+
+def pool_plan(region: RegionConfig, pool: PoolConfig, options: RenderOptions) -> PoolPlan:
+    """One deployment per pool, serving the pool's first single-GPU model (else its first model).
+
+    Replicas: the pool's declared capacity, ``count // tensor_parallel``, in replicas that fit
+    whole on a worker (vLLM's tensor parallelism stays inside a node). The router's energy and
+    capacity model assumes ``count`` GPUs, so the cluster runs them all; a smaller cluster means
+    lowering ``count`` in the region file, not here.
+    """
+    model = next((m for m in pool.models if m.tensor_parallel == 1), pool.models[0])
+    gpus = min(options.gpus_per_worker, pool.count)
+    if model.tensor_parallel > gpus:
+        raise ValueError(
+            f"regions/{region.name}.yaml: pool {pool.name}: model {model.name} needs "
+            f"tensor_parallel={model.tensor_parallel} GPUs on one node, but a worker has {gpus} "
+            f"(RenderOptions.gpus_per_worker={options.gpus_per_worker}, count={pool.count})"
+        )
+    workers = -(-pool.count // gpus)
+    per_worker = gpus // model.tensor_parallel
+    replicas = max(1, min(pool.count // model.tensor_parallel, workers * per_worker))
+    return PoolPlan(pool=pool, model=model, gpus_per_worker=gpus, workers=workers, replicas=replicas)
 
 
 def _source(path: Path) -> str:
@@ -86,7 +171,9 @@ def _source(path: Path) -> str:
 
 
 def production_region(raw: dict[str, Any], options: RenderOptions) -> dict[str, Any]:
-    return {**raw, "endpoint": options.endpoint(str(raw["name"]))}
+    """The region file's content as the cluster serves it: its own endpoint, no local profile."""
+    kept = {key: value for key, value in raw.items() if key != "local"}
+    return {**kept, "endpoint": options.endpoint(str(raw["name"]))}
 
 
 def region_file_text(source: Path, options: RenderOptions) -> str:
@@ -99,9 +186,24 @@ def region_file_text(source: Path, options: RenderOptions) -> str:
     return HEADER.format(source=_source(source)) + replaced
 
 
+def pool_args(plan: PoolPlan, options: RenderOptions) -> dict[str, Any]:
+    """One entry of the Serve args' ``pools``: the deployment of one pool."""
+    return {
+        "device": "gpu",
+        "model_dir": f"{options.models_mount}/{plan.model.name}",
+        "served_model": plan.model.name,
+        "max_model_len": plan.model.max_context,
+        "max_num_seqs": options.max_num_seqs,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "enforce_eager": False,
+        "tensor_parallel": plan.model.tensor_parallel,
+        "replicas": plan.replicas,
+        "accelerator_type": plan.accelerator_type,
+    }
+
+
 def serve_config(region: RegionConfig, raw: dict[str, Any], options: RenderOptions) -> dict[str, Any]:
-    pool = served_pool(region)
-    model = next((m for m in pool.models if m.tensor_parallel == 1), pool.models[0])
+    plans = [pool_plan(region, pool, options) for pool in region.pools]
     return {
         "proxy_location": "EveryNode",
         "http_options": {"host": "0.0.0.0", "port": SERVE_PORT},
@@ -112,32 +214,42 @@ def serve_config(region: RegionConfig, raw: dict[str, Any], options: RenderOptio
                 "import_path": APP_BUILDER,
                 "args": {
                     "region": production_region(raw, options),
-                    "pool": pool.name,
                     "namespace": options.key_namespace,
-                    # EngineOptions fields (scheduler/serve/app.py).
-                    "engine": {
-                        "device": "gpu",
-                        "model_dir": f"{options.models_mount}/{model.name}",
-                        "served_model": model.name,
-                        "max_model_len": model.max_context,
-                        "max_num_seqs": options.max_num_seqs,
-                        "gpu_memory_utilization": options.gpu_memory_utilization,
-                        "enforce_eager": False,
-                    },
+                    "tickets": options.tickets,
+                    "pools": {plan.pool.name: pool_args(plan, options) for plan in plans},
                 },
             }
         ],
     }
 
 
-def _env() -> list[dict[str, Any]]:
-    return [
-        # The region gateway publishes its live state there (same secret as the router's).
-        {"name": "SCHEDULER_STATE", "valueFrom": {"secretKeyRef": {"name": "scheduler-redis", "key": "url"}}},
+def _env(options: RenderOptions) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        # The gateway publishes its live state, consumes tickets and writes direct-mode receipts
+        # there, as the least-privileged Redis user `region`.
+        {"name": "SCHEDULER_STATE", "valueFrom": {"secretKeyRef": {"name": REGION_REDIS_SECRET, "key": "url"}}},
+        {"name": TICKETS_ENV, "value": TICKETS_FILE},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
     ]
+    if options.read_only_root:
+        # Caches (vLLM, Torch, Triton, CUDA, HF) go under $HOME and the project's var/ by
+        # default; both are on the read-only image, so both move to the /tmp emptyDir.
+        env += [{"name": "HOME", "value": "/tmp"}, {"name": "SCHEDULER_CACHE", "value": "/tmp/scheduler"}]
+    return env
+
+
+def pod_security(options: RenderOptions) -> dict[str, Any]:
+    # No fsGroup: every volume the pods write is an emptyDir, and an fsGroup would make the
+    # kubelet walk the (large, read-only) model volume.
+    return {"runAsNonRoot": True, "runAsUser": options.run_as_user, "runAsGroup": options.run_as_group,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security(options: RenderOptions) -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": options.read_only_root}
 
 
 def _container(name: str, options: RenderOptions, resources: dict[str, Any], ports: list[dict[str, Any]],
@@ -145,28 +257,80 @@ def _container(name: str, options: RenderOptions, resources: dict[str, Any], por
     return {
         "name": name,
         "image": options.region_image,
-        "env": _env(),
+        "env": _env(options),
         "ports": ports,
         "resources": resources,
-        **({"volumeMounts": mounts} if mounts else {}),
+        "securityContext": container_security(options),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tickets", "mountPath": TICKETS_DIR, "readOnly": True},
+            *mounts,
+        ],
         # KubeRay's recommended clean stop of the Ray node.
         "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},
     }
 
 
+def _volumes(region: RegionConfig, shm: str) -> list[dict[str, Any]]:
+    """What every Ray pod mounts: writable /tmp (Ray's session dir, caches), /dev/shm (Ray's
+    object store) and the region's ticket keys."""
+    return [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+        {"name": "tickets", "secret": {"secretName": TICKETS_SECRET.format(region=region.name),
+                                       "items": [{"key": "keys.yaml", "path": "keys.yaml"}]}},
+    ]
+
+
+def ray_resources_param(resources: Mapping[str, int]) -> str:
+    """rayStartParams ``resources``: KubeRay puts it on a shell command line, hence the
+    quoted JSON (``"{\\"accelerator_type:H200\\": 1}"``) that the autoscaler also parses."""
+    return '"' + json.dumps(dict(resources)).replace('"', '\\"') + '"'
+
+
+def worker_group(region: RegionConfig, plan: PoolPlan, options: RenderOptions,
+                 labels: Mapping[str, str]) -> dict[str, Any]:
+    gpus = str(plan.gpus_per_worker)
+    return {
+        "groupName": f"gpu-{plan.pool.name}",
+        # Start at the pool's size: the Serve replicas fill every worker anyway.
+        "replicas": plan.workers,
+        "minReplicas": 1,
+        "maxReplicas": plan.workers,
+        "rayStartParams": {
+            "metrics-export-port": str(RAY_METRICS_PORT),
+            "resources": ray_resources_param({f"accelerator_type:{plan.accelerator_type}": 1}),
+        },
+        "template": {
+            "metadata": {"labels": {**labels, "scheduler/pool": plan.pool.name}},
+            "spec": {
+                "securityContext": pod_security(options),
+                "nodeSelector": {"nvidia.com/gpu.product": GPU_PRODUCT_LABEL[plan.pool.gpu]},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [_container(
+                    "ray-worker", options,
+                    {"requests": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": gpus},
+                     "limits": {"cpu": "96", "memory": "768Gi", "nvidia.com/gpu": gpus}},
+                    [{"name": "serve", "containerPort": SERVE_PORT},
+                     {"name": "metrics", "containerPort": RAY_METRICS_PORT}],
+                    [{"name": "models", "mountPath": options.models_mount, "readOnly": True}],
+                )],
+                "volumes": [*_volumes(region, "32Gi"), {"name": "models", "persistentVolumeClaim": {
+                    "claimName": options.models_pvc, "readOnly": True}}],
+            },
+        },
+    }
+
+
 def rayservice(region: RegionConfig, raw: dict[str, Any], options: RenderOptions) -> dict[str, Any]:
-    pool = served_pool(region)
-    workers = max(1, -(-pool.count // options.gpus_per_worker))
-    shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}
     head_ports = [
-        {"name": "gcs", "containerPort": 6379},
-        {"name": "dashboard", "containerPort": 8265},
-        {"name": "client", "containerPort": 10001},
+        {"name": "gcs", "containerPort": GCS_PORT},
+        {"name": "dashboard", "containerPort": DASHBOARD_PORT},
+        {"name": "client", "containerPort": RAY_CLIENT_PORT},
         {"name": "serve", "containerPort": SERVE_PORT},
         {"name": "metrics", "containerPort": RAY_METRICS_PORT},
     ]
-    worker_ports = [{"name": "serve", "containerPort": SERVE_PORT}, {"name": "metrics", "containerPort": RAY_METRICS_PORT}]
-    gpus = str(options.gpus_per_worker)
     labels = {"app.kubernetes.io/part-of": "carbon-scheduler", "scheduler/region": region.name}
     return {
         "apiVersion": "ray.io/v1",
@@ -176,45 +340,75 @@ def rayservice(region: RegionConfig, raw: dict[str, Any], options: RenderOptions
             "serveConfigV2": yaml.safe_dump(serve_config(region, raw, options), sort_keys=False),
             "rayClusterConfig": {
                 "rayVersion": "2.60.0",
+                **({"authOptions": {"mode": "token"}} if options.ray_token_auth else {}),
                 "enableInTreeAutoscaling": True,
+                # The autoscaler sidecar KubeRay adds to the head (pod-level settings apply too).
+                # Its root file system stays writable: it is KubeRay's container, with no /tmp of ours.
+                "autoscalerOptions": {"securityContext": {"allowPrivilegeEscalation": False,
+                                                          "capabilities": {"drop": ["ALL"]}}},
                 "headGroupSpec": {
                     # No GPU work on the head: it runs the GCS, the Serve controller and a proxy.
+                    # The dashboard listens on every address because the KubeRay operator calls it
+                    # over the network (Serve config and status); the NetworkPolicy limits who
+                    # reaches it.
                     "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0",
                                        "metrics-export-port": str(RAY_METRICS_PORT)},
                     "template": {
                         "metadata": {"labels": labels},
-                        "spec": {"containers": [_container(
-                            "ray-head", options,
-                            {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"cpu": "8", "memory": "16Gi"}},
-                            head_ports, [],
-                        )]},
-                    },
-                },
-                "workerGroupSpecs": [{
-                    "groupName": f"gpu-{pool.name}",
-                    "replicas": 1,
-                    "minReplicas": 1,
-                    "maxReplicas": workers,
-                    "rayStartParams": {"metrics-export-port": str(RAY_METRICS_PORT)},
-                    "template": {
-                        "metadata": {"labels": {**labels, "scheduler/pool": pool.name}},
                         "spec": {
-                            "nodeSelector": {"nvidia.com/gpu.product": GPU_PRODUCT_LABEL[pool.gpu]},
-                            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                            "securityContext": pod_security(options),
                             "containers": [_container(
-                                "ray-worker", options,
-                                {"requests": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": gpus},
-                                 "limits": {"cpu": "96", "memory": "768Gi", "nvidia.com/gpu": gpus}},
-                                worker_ports,
-                                [{"name": "dshm", "mountPath": "/dev/shm"},
-                                 {"name": "models", "mountPath": options.models_mount, "readOnly": True}],
+                                "ray-head", options,
+                                {"requests": {"cpu": "4", "memory": "16Gi"},
+                                 "limits": {"cpu": "8", "memory": "16Gi"}},
+                                head_ports, [],
                             )],
-                            "volumes": [shm, {"name": "models", "persistentVolumeClaim": {
-                                "claimName": options.models_pvc, "readOnly": True}}],
+                            "volumes": _volumes(region, "4Gi"),
                         },
                     },
-                }],
+                },
+                "workerGroupSpecs": [worker_group(region, pool_plan(region, pool, options), options, labels)
+                                     for pool in region.pools],
             },
+        },
+    }
+
+
+def _tcp(port: int) -> dict[str, Any]:
+    return {"protocol": "TCP", "port": port}
+
+
+def network_policy(region: RegionConfig, options: RenderOptions) -> dict[str, Any]:
+    """Ingress to the region's Ray pods (head and workers). From outside the namespace only the
+    gateway port, and only for routers and direct-mode clients; Ray's own ports (GCS, dashboard,
+    client, raylets, object transfer) only from this region's Ray pods and ops namespaces."""
+    own = {"scheduler/region": region.name}
+    gateway_peers: list[dict[str, Any]] = [
+        {"podSelector": {"matchLabels": ROUTER_POD}},
+        {"namespaceSelector": {"matchLabels": DIRECT_CLIENT_NAMESPACE},
+         "podSelector": {"matchLabels": DIRECT_CLIENT_POD}},
+        *({"ipBlock": {"cidr": cidr}} for cidr in options.gateway_cidrs),
+    ]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{region.name}-ray", "namespace": options.k8s_namespace,
+                     "labels": {"app.kubernetes.io/part-of": "carbon-scheduler", "scheduler/region": region.name}},
+        "spec": {
+            "podSelector": {"matchLabels": own},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                # Ray between the region's own nodes: GCS, raylets, object transfer, Serve.
+                {"from": [{"podSelector": {"matchLabels": own}}]},
+                {"from": [{"namespaceSelector": {"matchLabels": OPS_NAMESPACE}}]},
+                {"from": [{"namespaceSelector": {"matchLabels": MONITORING_NAMESPACE}}],
+                 "ports": [_tcp(RAY_METRICS_PORT)]},
+                # The operator submits the Serve config and reads its status on the dashboard, and
+                # checks the head's Serve proxy (/-/healthz) before labelling it a Serve endpoint.
+                {"from": [{"namespaceSelector": {"matchLabels": KUBERAY_NAMESPACE}}],
+                 "ports": [_tcp(DASHBOARD_PORT), _tcp(SERVE_PORT)]},
+                {"from": gateway_peers, "ports": [_tcp(SERVE_PORT)]},
+            ],
         },
     }
 
@@ -234,8 +428,9 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _ManifestDumper.add_representer(str, _str)
 
 
-def _dump(source: str, data: Any) -> str:
-    return HEADER.format(source=source) + yaml.dump(data, Dumper=_ManifestDumper, sort_keys=False, width=120)
+def _dump(source: str, *documents: Any) -> str:
+    return HEADER.format(source=source) + yaml.dump_all(
+        documents, Dumper=_ManifestDumper, sort_keys=False, width=120)
 
 
 def render(options: RenderOptions, regions_dir: Path = REPO / "regions",
@@ -249,7 +444,9 @@ def render(options: RenderOptions, regions_dir: Path = REPO / "regions",
         region = load_region(source)
         names.append(region.name)
         rel = _source(source)
-        files[INFRA / "kuberay" / "regions" / f"{region.name}.yaml"] = _dump(rel, rayservice(region, parse(source), options))
+        # One file per region, both objects: a region in its own cluster applies just this file.
+        files[INFRA / "kuberay" / "regions" / f"{region.name}.yaml"] = _dump(
+            rel, rayservice(region, parse(source), options), network_policy(region, options))
         files[INFRA / "router" / "config" / "regions" / f"{region.name}.yaml"] = region_file_text(source, options)
     for source in policy_sources:
         policy = load_policy(source)

@@ -5,7 +5,6 @@ and the region application's options."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import inspect
 import re
 from pathlib import Path
@@ -17,7 +16,6 @@ import yaml
 from scheduler.cli import build_parser
 from scheduler.config.loader import default_region, validate
 from scheduler.config.schema import RegionConfig
-from scheduler.serve.app import EngineOptions
 from scheduler.state.factory import OPENERS
 from tests.unit.infra.infra_files import INFRA, Doc, container, flag_value, load_render, manifests, one
 
@@ -68,6 +66,7 @@ def test_router_container_args_parse_as_the_router_command(parser: argparse.Argu
     assert parsed.handler.__module__ == "scheduler.server.cli"
     assert parsed.state.split(":", 1)[0] in OPENERS, "the state URL scheme has no store opener"
     assert parsed.keys is not None, "production routers authenticate (--keys)"
+    assert parsed.ticket_keys is not None and not parsed.insecure_no_tickets, "production routers sign dispatches"
     assert parsed.budgets is not None
     if variant == "tls":
         assert parsed.tls_cert is not None and parsed.tls_key is not None
@@ -86,13 +85,18 @@ def test_files_the_router_reads_are_mounted(parser: argparse.ArgumentParser, var
         patch = yaml.safe_load(TLS_PATCH.read_text())
         mounts += [m["mountPath"] for c in patch["spec"]["template"]["spec"]["containers"] for m in c["volumeMounts"]]
     parsed = _parse(parser, _expand(_router_args(ROUTER_VARIANTS[variant]), {"SCHEDULER_STATE": SAMPLE_REDIS_URL}))
-    paths = [parsed.regions, parsed.policies, parsed.keys, parsed.budgets, parsed.tls_cert, parsed.tls_key]
+    paths = [parsed.regions, parsed.policies, parsed.keys, parsed.ticket_keys, parsed.budgets, parsed.tls_cert,
+             parsed.tls_key]
     for path in (p for p in paths if p is not None):
         assert any(Path(path).is_relative_to(m) for m in mounts), f"{path} is not under a volume mount"
     volumes = {v["name"]: v for v in one("Deployment", "scheduler-router").body["spec"]["template"]["spec"]["volumes"]}
     by_mount = {m["mountPath"]: m["name"] for m in router["volumeMounts"]}
     # The keys file is a secret, not a ConfigMap; the budgets ConfigMap carries the file the flag names.
     assert "secret" in volumes[by_mount[str(parsed.keys.parent)]]
+    # Every region's ticket keys (docs/security.md), from their own secret.
+    tickets = volumes[by_mount[str(parsed.ticket_keys.parent)]]
+    assert tickets["secret"]["secretName"] == "scheduler-tickets-router"
+    assert parsed.ticket_keys.name in {i["path"] for i in tickets["secret"]["items"]}
     assert parsed.budgets.name == "budgets.yaml"
 
 
@@ -138,39 +142,97 @@ def test_serve_config_fits_rays_schema(doc: Doc) -> None:
     assert app.name == doc.name and app.route_prefix == f"/{doc.name}"
 
 
+def _region(doc: Doc) -> RegionConfig:
+    (app,) = _serve_config(doc)["applications"]
+    return validate(RegionConfig, default_region(app["args"]["region"]), f"{doc.path}: args.region")
+
+
+POOL_KEYS = {"device", "model_dir", "served_model", "max_model_len", "max_num_seqs", "gpu_memory_utilization",
+             "enforce_eager", "tensor_parallel", "replicas", "accelerator_type"}
+
+
 @pytest.mark.parametrize("doc", RAYSERVICES, ids=lambda d: d.name)
-def test_serve_args_fit_the_region_application(doc: Doc) -> None:
+def test_serve_args_have_one_deployment_per_pool(doc: Doc) -> None:
+    render = load_render()
     (app,) = _serve_config(doc)["applications"]
     args = app["args"]
-    region = validate(RegionConfig, default_region(args["region"]), f"{doc.path}: args.region")
+    assert set(args) == {"region", "namespace", "tickets", "pools"}
+    assert "local" not in args["region"], "production serves every pool: no local profile in the args"
+    region = _region(doc)
     assert region.name == doc.name
-    assert args["pool"] in {p.name for p in region.pools}
-    fields = {f.name for f in dataclasses.fields(EngineOptions)}
-    assert set(args["engine"]) <= fields, f"unknown EngineOptions: {set(args['engine']) - fields}"
-    options = EngineOptions(**{**args["engine"], "model_dir": Path(args["engine"]["model_dir"])})
-    assert options.device == "gpu"
+    assert args["tickets"] == "required"
+    assert args["namespace"] == render.RenderOptions().key_namespace
+    assert list(args["pools"]) == [p.name for p in region.pools]
+    for pool in region.pools:
+        entry = args["pools"][pool.name]
+        assert set(entry) == POOL_KEYS, pool.name
+        model = next(m for m in pool.models if m.name == entry["served_model"])
+        assert entry["device"] == "gpu"
+        assert entry["model_dir"] == f"/models/{model.name}"
+        assert entry["max_model_len"] == model.max_context
+        assert entry["tensor_parallel"] == model.tensor_parallel
+        assert entry["accelerator_type"] == render.RAY_ACCELERATOR_TYPE[pool.gpu]
+        # No more GPUs than the pool declares, and at least one replica.
+        assert entry["replicas"] >= 1 and entry["replicas"] * entry["tensor_parallel"] <= max(pool.count, model.tensor_parallel)
     # The router reaches the region where its gateway listens: the app's route prefix on Serve's port.
     assert region.endpoint.endswith(app["route_prefix"])
     assert f":{_serve_config(doc)['http_options']['port']}/" in region.endpoint
 
 
 @pytest.mark.parametrize("doc", RAYSERVICES, ids=lambda d: d.name)
-def test_gpu_workers_request_the_gpus_and_the_node_type_of_their_pool(doc: Doc) -> None:
+def test_one_gpu_worker_group_per_pool_advertising_its_accelerator(doc: Doc) -> None:
+    from ray.autoscaler._private.kuberay.autoscaling_config import _get_ray_resources_from_group_spec
+
     render = load_render()
     (app,) = _serve_config(doc)["applications"]
-    region = validate(RegionConfig, default_region(app["args"]["region"]), str(doc.path))
-    pool = next(p for p in region.pools if p.name == app["args"]["pool"])
-    (group,) = doc.body["spec"]["rayClusterConfig"]["workerGroupSpecs"]
-    spec = group["template"]["spec"]
-    assert spec["nodeSelector"]["nvidia.com/gpu.product"] == render.GPU_PRODUCT_LABEL[pool.gpu]
-    (worker,) = spec["containers"]
-    limits, requests = worker["resources"]["limits"], worker["resources"]["requests"]
-    assert int(limits["nvidia.com/gpu"]) >= 1 and limits["nvidia.com/gpu"] == requests["nvidia.com/gpu"]
-    assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+    region = _region(doc)
+    groups = {g["groupName"]: g for g in doc.body["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    assert list(groups) == [f"gpu-{p.name}" for p in region.pools]
+    for pool in region.pools:
+        group, entry = groups[f"gpu-{pool.name}"], app["args"]["pools"][pool.name]
+        spec = group["template"]["spec"]
+        assert spec["nodeSelector"]["nvidia.com/gpu.product"] == render.GPU_PRODUCT_LABEL[pool.gpu]
+        assert group["template"]["metadata"]["labels"]["scheduler/pool"] == pool.name
+        (worker,) = spec["containers"]
+        limits, requests = worker["resources"]["limits"], worker["resources"]["requests"]
+        assert limits["nvidia.com/gpu"] == requests["nvidia.com/gpu"]
+        gpus = int(limits["nvidia.com/gpu"])
+        assert gpus >= entry["tensor_parallel"], "a replica's tensor-parallel GPUs sit on one worker"
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+        # Every replica fits on the group at its largest, and the group is no larger than the pool.
+        assert group["maxReplicas"] * (gpus // entry["tensor_parallel"]) >= entry["replicas"]
+        assert (group["maxReplicas"] - 1) * gpus < pool.count
+        # What the KubeRay autoscaler believes a worker of this group offers, before one exists:
+        # the GPUs and the accelerator type the pool's deployment asks for.
+        offered = _get_ray_resources_from_group_spec(group, is_head=False)
+        assert offered["GPU"] == gpus
+        assert offered.get(f"accelerator_type:{entry['accelerator_type']}") == 1, offered
     head = doc.body["spec"]["rayClusterConfig"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0", "no replicas on the head"
-    env = {e["name"] for c in (worker, head["template"]["spec"]["containers"][0]) for e in c["env"]}
-    assert "SCHEDULER_STATE" in env
+    assert not any(k.startswith("accelerator_type:") for k in _get_ray_resources_from_group_spec(head, is_head=True))
+
+
+def test_accelerator_types_are_rays_names_for_every_catalogue_gpu() -> None:
+    import ray.util.accelerators.accelerators as accelerators
+
+    from scheduler.energy.hardware import GPU_CATALOGUE
+
+    rays = {v for k, v in vars(accelerators).items() if k.isupper() and isinstance(v, str)}
+    mapping = load_render().RAY_ACCELERATOR_TYPE
+    assert set(mapping) == set(GPU_CATALOGUE)
+    assert set(mapping.values()) <= rays, set(mapping.values()) - rays
+    assert mapping["A100-80GB"] == "A100-80G" and mapping["H200-141GB"] == "H200"
+
+
+def test_a_pool_whose_model_spans_nodes_is_refused() -> None:
+    render = load_render()
+    (doc,) = [d for d in RAYSERVICES if d.name == "eu-north"]
+    region = _region(doc)
+    pool = region.pools[0]
+    wide = pool.model_copy(update={"models": tuple(m.model_copy(update={"tensor_parallel": 16}) for m in pool.models),
+                                   "count": 32})
+    with pytest.raises(ValueError, match=r"tensor_parallel=16 GPUs on one node"):
+        render.pool_plan(region, wide, render.RenderOptions())
 
 
 def test_serve_import_path_is_a_ray_application_builder() -> None:
@@ -184,14 +246,30 @@ def test_serve_import_path_is_a_ray_application_builder() -> None:
     assert all(_serve_config(d)["applications"][0]["import_path"] == render.APP_BUILDER for d in RAYSERVICES)
 
 
+@pytest.mark.parametrize("doc", RAYSERVICES, ids=lambda d: d.name)
+def test_pool_entries_are_the_builders_engine_options(doc: Doc) -> None:
+    # Depends on scheduler.serve.app: each args.pools entry is EngineOptions fields.
+    from scheduler.serve.app import EngineOptions
+
+    fields = set(EngineOptions.__dataclass_fields__)
+    for name, entry in _serve_config(doc)["applications"][0]["args"]["pools"].items():
+        assert set(entry) <= fields, f"{name}: unknown EngineOptions {set(entry) - fields}"
+        options = EngineOptions(**{**entry, "model_dir": Path(entry["model_dir"])})
+        assert options.device == "gpu" and options.accelerator_type == entry["accelerator_type"]
+
+
 def test_the_app_builder_rejects_bad_args_naming_the_field() -> None:
+    # Depends on scheduler.serve.app.region_app_builder's validation of the `pools` shape.
     from scheduler.serve.app import region_app_builder
 
     (service,) = [d for d in RAYSERVICES if _serve_config(d)["applications"][0]["args"]["region"]["name"] == "us-east"]
     args = dict(_serve_config(service)["applications"][0]["args"])
-    with pytest.raises(ValueError, match=r"args\.pool: 'h999' is not a pool of region us-east"):
-        region_app_builder({**args, "pool": "h999"})
-    with pytest.raises(ValueError, match=r"args.engine: unknown keys \['warp'\]"):
-        region_app_builder({**args, "engine": {**args["engine"], "warp": 9}})
+    first = next(iter(args["pools"]))
+    with pytest.raises(ValueError, match=r"args\.pools\.h999: not a pool of region us-east"):
+        region_app_builder({**args, "pools": {**args["pools"], "h999": args["pools"][first]}})
+    with pytest.raises(ValueError, match=rf"args\.pools\.{first}: unknown keys \['warp'\]"):
+        region_app_builder({**args, "pools": {first: {**args["pools"][first], "warp": 9}}})
+    with pytest.raises(ValueError, match=r"args\.tickets"):
+        region_app_builder({**args, "tickets": "optional"})
     with pytest.raises(ValueError, match=r"serveConfigV2 args\.region: pue"):
         region_app_builder({**args, "region": {**args["region"], "pue": "high"}})

@@ -59,6 +59,9 @@ def test_tls_overlay_serves_tls_and_probes_plaintext_healthz() -> None:
 def test_everything_lands_in_one_namespace() -> None:
     objects = build(INFRA)
     kinds = {str(o["kind"]) for o in objects}
-    assert {"RayService", "Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "PodMonitor"} <= kinds
+    assert {"RayService", "Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "PodMonitor",
+            "NetworkPolicy"} <= kinds
+    policies = {o["metadata"]["name"] for o in objects if o["kind"] == "NetworkPolicy"}  # type: ignore[index]
+    assert {"default-deny-ingress", "scheduler-router", "redis", "eu-north-ray"} <= policies
     namespaced = [o for o in objects if o["kind"] != "Namespace"]
     assert {o["metadata"].get("namespace") for o in namespaced} == {"llm-scheduler"}  # type: ignore[attr-defined]

@@ -44,8 +44,10 @@ def test_a_new_region_gets_a_rayservice_a_router_file_and_kustomize_entries(conf
     (regions / "uk-west.yaml").write_text(text)
     options = render.RenderOptions(endpoint_template="https://{region}.llm.internal/{region}")
     files = render.render(options, regions, policies)
-    rayservice = yaml.safe_load(files[INFRA / "kuberay" / "regions" / "uk-west.yaml"])
+    rayservice, policy = yaml.safe_load_all(files[INFRA / "kuberay" / "regions" / "uk-west.yaml"])
     assert rayservice["kind"] == "RayService" and rayservice["metadata"]["name"] == "uk-west"
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["podSelector"]["matchLabels"] == {
+        "scheduler/region": "uk-west"}
     router_file = files[INFRA / "router" / "config" / "regions" / "uk-west.yaml"]
     assert "endpoint: https://uk-west.llm.internal/uk-west\n" in router_file
     kustomize = yaml.safe_load(files[INFRA / "router" / "config" / "kustomization.yaml"])
@@ -81,3 +83,67 @@ def test_stale_detection_lists_changed_and_orphaned_files(tmp_path: Path) -> Non
     orphan.write_text("a: 1\n")
     files = {kept: "a: 1\n", changed: "a: 2\n", tmp_path / "missing.yaml": "a: 3\n"}
     assert render.stale_files(files, (tmp_path,)) == sorted([changed, tmp_path / "missing.yaml", orphan])
+
+
+def _without_local(text: str) -> str:
+    """A region file with its trailing `local:` profile (and the comment above it) cut off."""
+    lines = text.splitlines(keepends=True)
+    local = next(i for i, line in enumerate(lines) if line.startswith("local:"))
+    assert all(not line.strip() or line.startswith((" ", "#")) for line in lines[local + 1:]), "local: is not last"
+    start = local
+    while start > 0 and lines[start - 1].startswith("#"):
+        start -= 1
+    return "".join(lines[:start])
+
+
+def test_the_rayservice_does_not_depend_on_the_local_profile(config_dirs: tuple[Path, Path]) -> None:
+    render = load_render()
+    regions, policies = config_dirs
+    source = regions / "eu-north.yaml"
+    assert "local:" in source.read_text()
+    before = render.render(render.RenderOptions(), regions, policies)
+    source.write_text(_without_local(source.read_text()))
+    assert load_region(source).local is None
+    after = render.render(render.RenderOptions(), regions, policies)
+    path = INFRA / "kuberay" / "regions" / "eu-north.yaml"
+    assert after[path] == before[path]
+
+
+def test_gateway_cidrs_open_only_the_serve_port(config_dirs: tuple[Path, Path]) -> None:
+    render = load_render()
+    regions, policies = config_dirs
+    options = render.RenderOptions(gateway_cidrs=("10.20.0.0/16",))
+    files = render.render(options, regions, policies)
+    _, policy = yaml.safe_load_all(files[INFRA / "kuberay" / "regions" / "us-east.yaml"])
+    rules = [r for r in policy["spec"]["ingress"] if {"ipBlock": {"cidr": "10.20.0.0/16"}} in r.get("from", [])]
+    assert len(rules) == 1 and rules[0]["ports"] == [{"protocol": "TCP", "port": render.SERVE_PORT}]
+
+
+def test_tickets_can_be_disabled_for_a_rollout(config_dirs: tuple[Path, Path]) -> None:
+    render = load_render()
+    regions, policies = config_dirs
+    files = render.render(render.RenderOptions(tickets="disabled"), regions, policies)
+    rayservice, _ = yaml.safe_load_all(files[INFRA / "kuberay" / "regions" / "us-east.yaml"])
+    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+    assert app["args"]["tickets"] == "disabled"
+
+
+@pytest.mark.parametrize("count,tp,workers,replicas", [
+    (64, 1, 8, 64),      # 8 workers of 8 GPUs, one GPU a replica
+    (64, 2, 8, 32),
+    (12, 1, 2, 12),      # the last worker half used
+    (12, 8, 2, 1),       # count // tp
+    (4, 1, 1, 4),        # a pool smaller than a worker gets a smaller worker
+    (6, 4, 1, 1),        # one worker of 6 GPUs holds one 4-GPU replica
+])
+def test_pool_plan_sizes(count: int, tp: int, workers: int, replicas: int) -> None:
+    from scheduler.config.schema import ModelDeployment, PoolConfig, RegionConfig
+
+    render = load_render()
+    region = load_region(REPO / "regions" / "us-east.yaml")
+    pool = PoolConfig(name="p", gpu="H100-80GB", count=count, power_cap_w=700,
+                      models=(ModelDeployment(name="llama-3.1-70b", max_context=8192, tensor_parallel=tp),))
+    plan = render.pool_plan(RegionConfig.model_validate({**region.model_dump(), "local": None}), pool,
+                            render.RenderOptions())
+    assert (plan.workers, plan.replicas) == (workers, replicas)
+    assert plan.gpus_per_worker == min(8, count)
