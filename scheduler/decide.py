@@ -7,6 +7,7 @@ imports it."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import statistics
@@ -78,6 +79,10 @@ def register(sub: Any) -> None:
     route.add_argument("--precision", default=None)
     route.add_argument("--task-class", default=None)
     route.add_argument("--seed", type=int, default=0, help="seed of the tie-break salt (orders exact ties)")
+    route.add_argument("--state", metavar="URL",
+                       help="decide on what the routers see now: the regions' live state and the carbon signals "
+                            "in this store (redis://...; --at and --carbon-* then do not apply)")
+    route.add_argument("--namespace", default="default", help="with --state: the store's key namespace")
     route.set_defaults(handler=_route)
 
 
@@ -111,7 +116,13 @@ def _route(args: argparse.Namespace) -> int:
         task_class=args.task_class,
         client_location=args.client_location,
     )
-    snapshot = SnapshotBuilder(fleet.regions, policy).build(args.at, carbon=carbon)
+    builder = SnapshotBuilder(fleet.regions, policy)
+    try:
+        snapshot = asyncio.run(_live_snapshot(builder, args.state, args.namespace)) if args.state else \
+            builder.build(args.at, carbon=carbon)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     scheduler = Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(args.seed))
     decision = scheduler.schedule(request, snapshot)
     if args.json:
@@ -122,6 +133,22 @@ def _route(args: argparse.Namespace) -> int:
         chosen = decision.chosen
         print("unschedulable" if chosen is None else f"{chosen.candidate.region.name}/{chosen.candidate.pool.name}")
     return 0 if decision.schedulable else 3
+
+
+async def _live_snapshot(builder: SnapshotBuilder, url: str, namespace: str) -> FleetSnapshot:
+    """The snapshot a router sharing this store builds now (live states, pools served, signals)."""
+    from scheduler.datalayer.refresher import SnapshotRefresher
+    from scheduler.state.factory import open_store
+
+    store = open_store(url, namespace)
+    try:
+        refresher = SnapshotRefresher(builder, store)
+        snapshot = await refresher.refresh()
+        if refresher.status.last_error:
+            raise RuntimeError(f"--state {url}: the store cannot be read: {refresher.status.last_error}")
+        return snapshot
+    finally:
+        await store.close()
 
 
 def _bench_requests(rng: random.Random, n: int, models: tuple[str, ...]) -> list[Request]:

@@ -189,7 +189,7 @@ class LocalStack:
             self.ticket_keys = options.ticket_keys or TicketKeyRing.generate(options.only)
             for name in options.only:
                 self.ticket_keys.of(name)  # a given key file must cover every region deployed
-        self.say(f"deploying {len(self.regions)} region(s): {', '.join(options.only)} (about a minute)"
+        self.say(f"deploying {len(self.regions)} region(s): {', '.join(options.only)} (a few minutes on 2 cores)"
                  + ("" if options.tickets else "; WARNING: dispatch tickets are OFF (development only)"))
         await asyncio.to_thread(self._deploy_regions)
         self.router = await self._start_router(policy)
