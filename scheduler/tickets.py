@@ -267,10 +267,10 @@ class Ticket:
             raise TicketRejected(401, "malformed ticket: unexpected claims") from None
 
 
-def check(ticket: Ticket, *, region: str, now: float, model: str, max_tokens: int | None,
-          prompt: tuple[str, int] | None, pool: str | None) -> None:
-    """The checks a region makes of a signed ticket against the request it came with;
-    ``TicketRejected`` with the failed check (401 expired, 403 otherwise)."""
+def check(ticket: Ticket, *, region: str, now: float, body: Mapping[str, Any], pool: str | None) -> None:
+    """The checks a region makes of a signed ticket against the OpenAI request body it came
+    with (and the pool the request names, if any); ``TicketRejected`` with the failed check
+    (401 expired, 403 otherwise)."""
     if now > ticket.expires_at:
         raise TicketRejected(401, f"ticket expired {now - ticket.expires_at:.1f} s ago")
     if ticket.expires_at - now > MAX_TICKET_TTL_S + 5.0:
@@ -279,10 +279,21 @@ def check(ticket: Ticket, *, region: str, now: float, model: str, max_tokens: in
         raise TicketRejected(403, f"ticket is for region {ticket.region}, not {region}")
     if pool is not None and pool != ticket.pool:
         raise TicketRejected(403, f"ticket is for pool {ticket.pool}, the request asks for {pool}")
+    model = body.get("model")
     if model != ticket.model:
         raise TicketRejected(403, f"ticket is for model {ticket.model}, the request asks for {model!r}")
-    if max_tokens is None or not isinstance(max_tokens, int) or max_tokens > ticket.max_tokens:
-        raise TicketRejected(403, f"max_tokens {max_tokens!r} exceeds the ticket's {ticket.max_tokens}")
+    # Every field that bounds the output: max_tokens is required, the chat alias may not exceed it.
+    for name, required in (("max_tokens", True), ("max_completion_tokens", False)):
+        value = body.get(name)
+        if value is None and not required:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value > ticket.max_tokens:
+            raise TicketRejected(403, f"{name} {value!r} exceeds the ticket's {ticket.max_tokens}")
+    # Fields that multiply the work of one request: a ticket covers one completion.
+    for name in ("n", "best_of"):
+        if body.get(name, 1) != 1:
+            raise TicketRejected(403, f"{name}={body[name]!r}: a ticket covers one completion")
+    prompt = body_prompt_digest(body)
     if prompt is None:
         raise TicketRejected(403, "the request's prompt is not a string, token ids or messages with string content")
     digest, min_tokens = prompt

@@ -225,7 +225,7 @@ class RegionGateway:
 
     # --- the OpenAI API ---------------------------------------------------------------
 
-    def _admit(self, request: Request, body: dict[str, Any], model: str, scheduler_info: Any) -> tuple[str, Ticket | None]:
+    def _admit(self, request: Request, body: dict[str, Any], scheduler_info: Any) -> tuple[str, Ticket | None]:
         """(pool, ticket) of an admissible request; ``TicketRejected`` otherwise."""
         asked_pool = scheduler_info.get("pool") if isinstance(scheduler_info, dict) else None
         if asked_pool is not None and not isinstance(asked_pool, str):
@@ -236,8 +236,7 @@ class RegionGateway:
         if not token:
             raise TicketRejected(401, f"no dispatch ticket: send the router's ticket in the {tickets.HEADER} header")
         ticket = Ticket.verify(self._keys, token)
-        tickets.check(ticket, region=self._settings.region.name, now=time.time(), model=model,
-                      max_tokens=body.get("max_tokens"), prompt=tickets.body_prompt_digest(body), pool=asked_pool)
+        tickets.check(ticket, region=self._settings.region.name, now=time.time(), body=body, pool=asked_pool)
         return ticket.pool, ticket
 
     async def _generate(self, request: Request, method: str) -> Response:
@@ -253,7 +252,7 @@ class RegionGateway:
         scheduler_info = body.pop("x_scheduler", None)
         region = self._settings.region.name
         try:
-            pool, ticket = self._admit(request, body, model, scheduler_info)
+            pool, ticket = self._admit(request, body, scheduler_info)
         except TicketRejected as exc:
             self._metrics.refused_request(exc.status)
             log.warning("region %s: refused a request: %s", region, exc.reason)

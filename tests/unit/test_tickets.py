@@ -37,9 +37,7 @@ def admit(token: str, body: dict[str, object] = BODY, *, region: str = "eu-north
           pool: str | None = None) -> Ticket:
     """The gateway's checks, in its order."""
     checked = Ticket.verify(RING.of(region), token)
-    tickets.check(checked, region=region, now=now, model=str(body["model"]),
-                  max_tokens=body.get("max_tokens"),  # type: ignore[arg-type]
-                  prompt=body_prompt_digest(body), pool=pool)
+    tickets.check(checked, region=region, now=now, body=body, pool=pool)
     return checked
 
 
@@ -75,6 +73,12 @@ REFUSED = [
      "ticket is for pool h200-long"),
     ("higher max_tokens in the request", lambda: ticket().sign(RING.of("eu-north")),
      {"body": {**BODY, "max_tokens": 65}}, 403, "exceeds the ticket's 64"),
+    ("the chat alias asks for more tokens", lambda: ticket().sign(RING.of("eu-north")),
+     {"body": {**BODY, "max_completion_tokens": 4000}}, 403, "max_completion_tokens 4000 exceeds the ticket's 64"),
+    ("n completions for one ticket", lambda: ticket().sign(RING.of("eu-north")),
+     {"body": {**BODY, "n": 100}}, 403, "n=100: a ticket covers one completion"),
+    ("best_of for one ticket", lambda: ticket().sign(RING.of("eu-north")),
+     {"body": {**BODY, "best_of": 8}}, 403, "best_of=8: a ticket covers one completion"),
     ("another model in the request", lambda: ticket().sign(RING.of("eu-north")),
      {"body": {**BODY, "model": "llama-3.1-70b"}}, 403, "ticket is for model llama-3.1-8b"),
     ("another prompt in the request", lambda: ticket().sign(RING.of("eu-north")),
