@@ -21,11 +21,27 @@ class FieldViolation:
     description: str
 
 
+# An answer about a bad request stays small whatever the request held (a hostile request must
+# not make the router build, or the client receive, megabytes of error details).
+MAX_VIOLATIONS = 20
+MAX_FIELD_CHARS = 120
+MAX_DESCRIPTION_CHARS = 300
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class InvalidRequest(SchedulerError):
-    """The request itself is wrong; retrying it unchanged cannot succeed."""
+    """The request itself is wrong; retrying it unchanged cannot succeed. At most
+    ``MAX_VIOLATIONS`` violations are kept (clipped), the rest summarised in one."""
 
     def __init__(self, violations: tuple[FieldViolation, ...] | list[FieldViolation]) -> None:
-        self.violations = tuple(violations)
+        clipped = [FieldViolation(_clip(v.field, MAX_FIELD_CHARS), _clip(v.description, MAX_DESCRIPTION_CHARS))
+                   for v in violations[:MAX_VIOLATIONS]]
+        if len(violations) > MAX_VIOLATIONS:
+            clipped.append(FieldViolation("request", f"and {len(violations) - MAX_VIOLATIONS:,} more violations"))
+        self.violations = tuple(clipped)
         super().__init__("; ".join(f"{v.field}: {v.description}" for v in self.violations))
 
 

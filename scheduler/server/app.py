@@ -109,6 +109,10 @@ class RouterDeps:
     tickets: TicketIssuer | None = None
     # How many ranked candidates a Route answer carries tickets for (direct mode).
     direct_targets: int = 3
+    # The largest request gRPC accepts (a 4 MiB prompt and its envelope); larger: RESOURCE_EXHAUSTED.
+    max_message_bytes: int = 8 * 2**20
+    # HTTP/2 streams one client connection may have open at once.
+    max_concurrent_streams: int = 1024
     state_backend: str = "memory"
     host_id: str = field(default_factory=socket.gethostname)
     version: str = field(default_factory=_version)
@@ -198,7 +202,9 @@ def create_server(
     not started. ``health``: the health servicer to serve (a new one, NOT_SERVING, if None)."""
     server = grpc.aio.server(
         interceptors=[EdgeInterceptor(deps.keys, deps.limiter, deps.metrics)],
-        options=[("grpc.so_reuseport", 0), ("grpc.keepalive_permit_without_calls", 1)],
+        options=[("grpc.so_reuseport", 0), ("grpc.keepalive_permit_without_calls", 1),
+                 ("grpc.max_receive_message_length", deps.max_message_bytes),
+                 ("grpc.max_concurrent_streams", deps.max_concurrent_streams)],
     )
     # The generated grpc modules carry no type annotations.
     router_pb2_grpc.add_GlobalRouterServicer_to_server(GlobalRouterService(deps), server)  # type: ignore[no-untyped-call]

@@ -16,10 +16,20 @@ from typing import Any
 from scheduler.errors import FieldViolation, InvalidRequest
 from scheduler.framework.explain import objective_text
 from scheduler.server.dispatch import CHAT_COMPLETIONS, COMPLETIONS, RegionCall
+from scheduler.tickets import MAX_TOKEN_BYTES
 from scheduler.types import CarbonUsed, Decision, EnergyReceipt, Fallback, FleetSnapshot, GeoPoint, Request, WorkloadClass
 from scheduler.v1 import messages_pb2 as pb
 
 MAX_TOKENS_LIMIT = 1_048_576
+# Caps on what one request may carry (the gRPC message limit bounds the total; these keep
+# each field to what a real request needs, so nothing is built per entry of a hostile list).
+MAX_ID_CHARS = 128
+MAX_NAME_CHARS = 64
+MAX_PROMPT_BYTES = 4 * 2**20
+MAX_CHAT_MESSAGES = 2048
+MAX_LIST_ENTRIES = 32
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
 # Without a tokenizer in the router: about 4 bytes of UTF-8 per token (English text).
 BYTES_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4
@@ -44,6 +54,24 @@ def _estimate_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.encode()) / BYTES_PER_TOKEN))
 
 
+def show(value: str, limit: int = 40) -> str:
+    """A value quoted for an error message, clipped (never echo a hostile megabyte back)."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}… ({len(value):,} characters)"
+
+
+def _cap_strings(bad: list[FieldViolation], field: str, values: Any, max_entries: int, max_chars: int) -> bool:
+    """One summarised violation when the list or one of its strings is too long; True if fine."""
+    if len(values) > max_entries:
+        bad.append(FieldViolation(field, f"at most {max_entries} entries, got {len(values):,}"))
+        return False
+    long = [i for i, value in enumerate(values) if len(value) > max_chars]
+    if long:
+        more = f" (and {len(long) - 1} more)" if len(long) > 1 else ""
+        bad.append(FieldViolation(f"{field}[{long[0]}]", f"at most {max_chars} characters{more}"))
+        return False
+    return True
+
+
 def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> Incoming:
     """Validate and convert; ``InvalidRequest`` lists every bad field. ``tenant`` is the caller's."""
     bad: list[FieldViolation] = []
@@ -51,30 +79,40 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
     if not msg.model:
         bad.append(FieldViolation("model", "required"))
     elif msg.model not in served:
-        bad.append(FieldViolation("model", f"unknown model {msg.model!r} (served: {', '.join(sorted(served))})"))
-    if len(msg.request_id) > 128:
-        bad.append(FieldViolation("request_id", "at most 128 characters"))
+        bad.append(FieldViolation("model", f"unknown model {show(msg.model)} (served: {', '.join(sorted(served))})"))
+    for name, limit in (("request_id", MAX_ID_CHARS), ("tenant", MAX_ID_CHARS), ("prefix_key", MAX_ID_CHARS * 2)):
+        if len(getattr(msg, name)) > limit:
+            bad.append(FieldViolation(name, f"at most {limit} characters, got {len(getattr(msg, name)):,}"))
 
     body: dict[str, Any]
     input_kind = msg.WhichOneof("input")
+    prompt_bytes = 0
     if input_kind == "prompt":
         if not msg.prompt:
             bad.append(FieldViolation("prompt", "must not be empty"))
+        prompt_bytes = len(msg.prompt.encode())
         body, path, text_tokens = {"prompt": msg.prompt}, COMPLETIONS, _estimate_tokens(msg.prompt)
     elif input_kind == "chat":
         messages = list(msg.chat.messages)
         if not messages:
             bad.append(FieldViolation("chat.messages", "at least one message is required"))
-        for i, message in enumerate(messages):
-            if message.role not in CHAT_ROLES:
-                bad.append(FieldViolation(f"chat.messages[{i}].role",
-                                          f"expected one of {sorted(CHAT_ROLES)}, got {message.role!r}"))
+        if len(messages) > MAX_CHAT_MESSAGES:
+            bad.append(FieldViolation("chat.messages", f"at most {MAX_CHAT_MESSAGES} messages, got {len(messages):,}"))
+            messages = []
+        wrong = [i for i, message in enumerate(messages) if message.role not in CHAT_ROLES]
+        if wrong:
+            more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+            bad.append(FieldViolation(f"chat.messages[{wrong[0]}].role",
+                                      f"expected one of {sorted(CHAT_ROLES)}, got {show(messages[wrong[0]].role)}{more}"))
         body = {"messages": [{"role": m.role, "content": m.content} for m in messages]}
         path = CHAT_COMPLETIONS
+        prompt_bytes = sum(len(m.role.encode()) + len(m.content.encode()) for m in messages)
         text_tokens = sum(_estimate_tokens(m.content) + CHAT_TOKENS_PER_MESSAGE for m in messages)
     else:
         bad.append(FieldViolation("input", "one of prompt or chat is required"))
         body, path, text_tokens = {}, COMPLETIONS, 0
+    if prompt_bytes > MAX_PROMPT_BYTES:
+        bad.append(FieldViolation(input_kind or "input", f"at most {MAX_PROMPT_BYTES:,} bytes, got {prompt_bytes:,}"))
 
     sampling = msg.sampling
     if not 0 < sampling.max_tokens <= MAX_TOKENS_LIMIT:
@@ -88,7 +126,7 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         if not 0.0 < sampling.top_p <= 1.0:
             bad.append(FieldViolation("sampling.top_p", f"must be in (0, 1], got {sampling.top_p:g}"))
         body["top_p"] = sampling.top_p
-    if sampling.stop:
+    if sampling.stop and _cap_strings(bad, "sampling.stop", sampling.stop, MAX_STOP_SEQUENCES, MAX_STOP_CHARS):
         body["stop"] = list(sampling.stop)
     if sampling.HasField("seed"):
         body["seed"] = sampling.seed
@@ -98,10 +136,19 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
             bad.append(FieldViolation(f"slo.{name}", f"must be positive, got {getattr(msg.slo, name):g}"))
     if msg.workload_class not in _WORKLOAD:
         bad.append(FieldViolation("workload_class", f"unknown value {msg.workload_class}"))
-    for i, code in enumerate(msg.compliance.allowed_jurisdictions):
-        if not _JURISDICTION.match(code):
-            bad.append(FieldViolation(f"compliance.allowed_jurisdictions[{i}]",
-                                      f"expected an upper-case code like 'EU', got {code!r}"))
+    compliance = msg.compliance
+    if _cap_strings(bad, "compliance.allowed_jurisdictions", compliance.allowed_jurisdictions, MAX_LIST_ENTRIES, 8):
+        wrong = [i for i, code in enumerate(compliance.allowed_jurisdictions) if not _JURISDICTION.match(code)]
+        if wrong:
+            more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+            bad.append(FieldViolation(f"compliance.allowed_jurisdictions[{wrong[0]}]",
+                                      f"expected an upper-case code like 'EU', got "
+                                      f"{show(compliance.allowed_jurisdictions[wrong[0]])}{more}"))
+    _cap_strings(bad, "compliance.required_certifications", compliance.required_certifications, MAX_LIST_ENTRIES,
+                 MAX_NAME_CHARS)
+    for name in ("precision", "task_class"):
+        if len(getattr(compliance, name)) > MAX_NAME_CHARS:
+            bad.append(FieldViolation(f"compliance.{name}", f"at most {MAX_NAME_CHARS} characters"))
     location = None
     if msg.HasField("client_location"):
         lat, lon = msg.client_location.lat, msg.client_location.lon
@@ -113,6 +160,12 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
     prompt_tokens = text_tokens if estimated else msg.prompt_tokens
     if not estimated and prompt_tokens <= 0:
         bad.append(FieldViolation("prompt_tokens", "must be positive when given"))
+    # No tokenizer here, but no token is longer than MAX_TOKEN_BYTES: a declared count below
+    # ceil(bytes / MAX_TOKEN_BYTES) is impossible (and would dodge the context and energy checks).
+    least = math.ceil(prompt_bytes / MAX_TOKEN_BYTES)
+    if not estimated and 0 < prompt_tokens < least:
+        bad.append(FieldViolation("prompt_tokens", f"{prompt_tokens:,} is fewer than a {prompt_bytes:,}-byte prompt "
+                                                   f"can hold (at least {least:,})"))
     cached = msg.cached_tokens if msg.HasField("cached_tokens") else 0
     if cached > prompt_tokens:
         bad.append(FieldViolation("cached_tokens", f"{cached} exceeds the prompt's {prompt_tokens} tokens"))

@@ -22,11 +22,24 @@ from scheduler import errors
 from scheduler.server.auth import KeyRing, Principal, TenantRateLimiter
 from scheduler.server.metrics import RouterMetrics
 from scheduler.server.status import status_for
+from scheduler.server.wire import GENERATE_REQUEST_FIELDS, RejectedRequest, guarded
+from scheduler.v1 import messages_pb2
 
 log = logging.getLogger(__name__)
 
 ADMIN_PREFIX = "/scheduler.v1.RouterAdmin/"
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+# Methods taking a GenerateRequest: their requests are size-checked on the wire before parsing.
+GUARDED_DESERIALIZERS = {
+    method: guarded(messages_pb2.GenerateRequest.FromString, GENERATE_REQUEST_FIELDS, "scheduler.v1.GenerateRequest")
+    for method in ("/scheduler.v1.GlobalRouter/Route", "/scheduler.v1.GlobalRouter/Generate")
+}
+
+
+def _refuse_rejected(request: Any) -> None:
+    """A request the wire guard refused is answered like any invalid request."""
+    if isinstance(request, RejectedRequest):
+        raise errors.InvalidRequest(request.violations)
 # Without a keys file every caller is this principal (local use; the CLI warns).
 LOCAL_PRINCIPAL = Principal(tenant="local", admin=True)
 
@@ -81,6 +94,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             code = grpc.StatusCode.OK
             try:
                 _principal.set(self.admit(method, context))
+                _refuse_rejected(request)
                 return await inner(request, context)
             except grpc.aio.AbortError:
                 code = grpc.StatusCode.UNKNOWN
@@ -99,6 +113,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             code = grpc.StatusCode.OK
             try:
                 _principal.set(self.admit(method, context))
+                _refuse_rejected(request)
                 async for response in inner(request, context):
                     yield response
             except grpc.aio.AbortError:
@@ -123,6 +138,8 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
+        if method in GUARDED_DESERIALIZERS:
+            handler = handler._replace(request_deserializer=GUARDED_DESERIALIZERS[method])
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=self._unary(method, handler.unary_unary))
         if handler.unary_stream is not None:

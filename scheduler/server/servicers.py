@@ -55,7 +55,7 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
         principal = current_principal()
         tenant = request.tenant or principal.tenant
         if tenant != principal.tenant and not principal.admin:
-            raise errors.PermissionDenied(f"a key of tenant {principal.tenant!r} cannot act for {tenant!r}")
+            raise errors.PermissionDenied(f"a key of tenant {principal.tenant!r} cannot act for {convert.show(tenant)}")
         snapshot = self.deps.refresher.current()
         incoming = convert.incoming(request, tenant, snapshot)
         decision = self.deps.scheduler.schedule(incoming.request, snapshot)
