@@ -6,6 +6,7 @@ no child process is left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -22,6 +23,10 @@ from scheduler.tickets import Ticket, body_prompt_digest, sign
 
 REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_REGIONS", "redis://127.0.0.1:6379/4")
 REGION = "eu-north"
+# Tests' timeouts cover their bodies only (pytest: timeout_func_only): the stack bounds its own
+# start (two vLLM engines on a busy 2-core machine) and stop (Serve, Ray, reaping leftovers).
+STACK_START_TIMEOUT_S = 600.0
+STACK_STOP_TIMEOUT_S = 240.0
 
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -62,10 +67,10 @@ async def stack() -> AsyncIterator[LocalStack]:
     ))
     before = live_children()
     try:
-        await local.start()
+        await asyncio.wait_for(local.start(), STACK_START_TIMEOUT_S)
         yield local
     finally:
-        await local.stop()
+        await asyncio.wait_for(local.stop(), STACK_STOP_TIMEOUT_S)
         leftovers = _wait_for_no_new_children(before, 30.0)
         assert not leftovers, f"processes left behind by Ray: {_describe(leftovers)}"
 

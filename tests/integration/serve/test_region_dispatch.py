@@ -42,8 +42,7 @@ def _forge(headers: dict[str, str], **changes: Any) -> dict[str, str]:
     return {TICKET_HEADER: ".".join((version, kid, forged, mac))}
 
 
-# The first test of the session's Ray stack: its timeout covers starting it (two engines).
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(120)
 async def test_the_region_refuses_every_dispatch_the_router_did_not_sign_for_it(stack: LocalStack) -> None:
     url = f"{stack.endpoint(REGION)}/v1/completions"
     foreign = RegionKeys.generate(REGION, kid="someone-elses")
