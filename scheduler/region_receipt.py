@@ -24,8 +24,31 @@ STREAM = "receipts"
 STREAM_MAXLEN = 100_000
 
 
-def _float(value: object) -> float | None:
+def number(value: object) -> float | None:
+    """A JSON number as float; None for anything else (booleans included)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def energy_fields(energy: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``EnergyReceipt`` fields in a region's ``energy`` object (the final stream event's
+    extension), in either mode: what the region did not report stays None."""
+    phases = _mapping(energy.get("phases"))
+    return {
+        "measurement_source": str(energy.get("measurement_source") or "unknown"),
+        "attribution_method": str(energy.get("attribution_method") or ""),
+        "energy_j": number(energy.get("energy_j")),
+        "energy_j_low": number(energy.get("energy_j_low")),
+        "energy_j_high": number(energy.get("energy_j_high")),
+        "confidence": number(energy.get("confidence")),
+        "waiting_j": number(phases.get("waiting_j")),
+        "prefill_j": number(phases.get("prefill_j")),
+        "decode_j": number(phases.get("decode_j")),
+        "postprocess_j": number(phases.get("postprocess_j")),
+        "idle_allocation_j": number(phases.get("idle_allocation_j")),
+        "batch_size": number(energy.get("batch_size")),
+        "padding_ratio": number(energy.get("padding_ratio")),
+        "avoided_j": number(energy.get("avoided_j")),
+    }
 
 
 def _int(value: object) -> int | None:
@@ -39,7 +62,7 @@ def _mapping(value: object) -> Mapping[str, Any]:
 def receipt_claims(ticket: Ticket, *, pue: float, energy: Mapping[str, Any] | None,
                    usage: Mapping[str, int] | None, at: float, ttft_ms: float | None,
                    duration_ms: float) -> dict[str, Any]:
-    energy_j = _float(energy.get("energy_j")) if energy else None
+    energy_j = number(energy.get("energy_j")) if energy else None
     carbon_g = None
     if energy_j is not None and ticket.carbon_g_per_kwh is not None:
         carbon_g = energy_j / J_PER_KWH * ticket.carbon_g_per_kwh * pue
@@ -83,14 +106,12 @@ class RegionReceipt:
 
     def energy_receipt(self) -> EnergyReceipt:
         claims = self.claims
-        energy = _mapping(claims.get("energy"))
-        phases = _mapping(energy.get("phases"))
         usage = _mapping(claims.get("usage"))
         carbon = claims.get("carbon")
         signal = None
-        if isinstance(carbon, dict) and _float(carbon.get("g_per_kwh")) is not None:
-            observed = _float(carbon.get("observed_at")) or 0.0
-            at = _float(claims.get("at")) or observed
+        if isinstance(carbon, dict) and number(carbon.get("g_per_kwh")) is not None:
+            observed = number(carbon.get("observed_at")) or 0.0
+            at = number(claims.get("at")) or observed
             signal = CarbonUsed(
                 Signal(kind="carbon_intensity", key=str(carbon.get("zone", "")), value=float(carbon["g_per_kwh"]),
                        unit="gCO2eq/kWh", observed_at=observed, fetched_at=observed,
@@ -103,25 +124,13 @@ class RegionReceipt:
             model=str(claims.get("model", "")),
             region=str(claims.get("region", "")),
             pool=str(claims.get("pool", "")),
-            pue=_float(claims.get("pue")) or 1.0,
-            measurement_source=str(energy.get("measurement_source") or "unknown"),
-            attribution_method=str(energy.get("attribution_method") or ""),
-            energy_j=_float(energy.get("energy_j")),
-            energy_j_low=_float(energy.get("energy_j_low")),
-            energy_j_high=_float(energy.get("energy_j_high")),
-            confidence=_float(energy.get("confidence")),
-            waiting_j=_float(phases.get("waiting_j")),
-            prefill_j=_float(phases.get("prefill_j")),
-            decode_j=_float(phases.get("decode_j")),
-            postprocess_j=_float(phases.get("postprocess_j")),
-            idle_allocation_j=_float(phases.get("idle_allocation_j")),
-            batch_size=_float(energy.get("batch_size")),
-            avoided_j=_float(energy.get("avoided_j")),
+            pue=number(claims.get("pue")) or 1.0,
+            **energy_fields(_mapping(claims.get("energy"))),
             prompt_tokens=_int(usage.get("prompt_tokens")),
             completion_tokens=_int(usage.get("completion_tokens")),
             reused_tokens=_int(usage.get("cached_tokens")),
-            carbon_g=_float(claims.get("carbon_g")),
+            carbon_g=number(claims.get("carbon_g")),
             carbon=signal,
-            ttft_ms=_float(claims.get("ttft_ms")),
-            duration_ms=_float(claims.get("duration_ms")) or 0.0,
+            ttft_ms=number(claims.get("ttft_ms")),
+            duration_ms=number(claims.get("duration_ms")) or 0.0,
         )

@@ -30,17 +30,27 @@ from scheduler.client.errors import SchedulerRpcError, from_rpc_error
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
 
 
-class AsyncGeneration(StreamState):
+class _AsyncStream(StreamState):
+    def __init__(self, client: AsyncSchedulerClient, request: messages_pb2.GenerateRequest,
+                 timeout_s: float | None) -> None:
+        super().__init__(request, timeout_s, client.retry)
+        self._client = client
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        raise NotImplementedError
+
+    async def text(self) -> str:
+        """Run to the end; the whole text."""
+        return "".join([part async for part in self])
+
+
+class AsyncGeneration(_AsyncStream):
     """Iterate the text; when the stream ends, ``decision`` and ``receipt`` are set.
 
     A call that fails with UNAVAILABLE before any text arrived is retried (same request id);
     once text has arrived, a failure is raised as it is.
     """
 
-    def __init__(self, client: AsyncSchedulerClient, request: messages_pb2.GenerateRequest,
-                 timeout_s: float | None) -> None:
-        super().__init__(request, timeout_s, client.retry)
-        self._client = client
 
     async def __aiter__(self) -> AsyncIterator[str]:
         client = self._client
@@ -62,19 +72,12 @@ class AsyncGeneration(StreamState):
                     raise error from None
                 await asyncio.sleep(delay)
 
-    async def text(self) -> str:
-        """Run to the end; the whole text."""
-        return "".join([part async for part in self])
 
 
-class AsyncDirectGeneration(StreamState):
+class AsyncDirectGeneration(_AsyncStream):
     """Direct mode: ``Route`` (decision and tickets), then the text straight from the region,
     failing over down the targets before the first token; ``receipt`` is the region's."""
 
-    def __init__(self, client: AsyncSchedulerClient, request: messages_pb2.GenerateRequest,
-                 timeout_s: float | None) -> None:
-        super().__init__(request, timeout_s, client.retry)
-        self._client = client
 
     async def __aiter__(self) -> AsyncIterator[str]:
         import httpx
@@ -108,8 +111,6 @@ class AsyncDirectGeneration(StreamState):
                 failovers.append(direct.failover(target, exc, received))
         raise direct.exhausted(failovers)
 
-    async def text(self) -> str:
-        return "".join([part async for part in self])
 
 
 class AsyncSchedulerClient:

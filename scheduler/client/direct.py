@@ -8,14 +8,13 @@ Only the region's reply carries text, so the router's CPU per request is one ``R
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
 from scheduler.client.errors import InvalidArgumentError, SchedulerRpcError, UnavailableError
-from scheduler.sse import DONE, SseParser
+from scheduler.sse import DONE, MalformedEvent, SseParser, choice_text, openai_error, parse_event
 from scheduler.tickets import HEADER as TICKET_HEADER
 from scheduler.v1 import messages_pb2 as pb
 from scheduler.v1 import router_pb2
@@ -47,10 +46,7 @@ def headers(target: router_pb2.DirectTarget) -> dict[str, str]:
 
 def region_error(target: router_pb2.DirectTarget, status: int, raw: bytes) -> Exception:
     """What a non-200 answer means: the request's fault (raise) or the region's (fail over)."""
-    try:
-        message = str(json.loads(raw)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        message = raw[:200].decode("utf-8", errors="replace")
+    message, _ = openai_error(raw)
     if status in CLIENT_ERRORS:
         return InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"region {target.region} says: {message}")
     return RegionFailed(f"HTTP {status}: {message}", status)
@@ -80,20 +76,12 @@ class DirectStream:
                 self.done = True
                 break
             try:
-                event = json.loads(payload)
-            except json.JSONDecodeError:
-                raise RegionFailed(f"malformed event: {payload[:80]!r}") from None
-            if not isinstance(event, dict):
-                raise RegionFailed(f"malformed event: {payload[:80]!r}")
-            if "error" in event:
-                raise RegionFailed(f"error event: {event['error']}")
+                event = parse_event(payload)
+            except MalformedEvent as exc:
+                raise RegionFailed(str(exc)) from None
             if isinstance(event.get("receipt"), dict):
                 self.receipt_claims = event["receipt"]
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta")
-                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                if text:
-                    texts.append(str(text))
+            texts.append(choice_text(event)[0])
         return "".join(texts)
 
 

@@ -30,14 +30,24 @@ from scheduler.client.errors import SchedulerRpcError, from_rpc_error
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
 
 
-class Generation(StreamState):
-    """Iterate the text; when the stream ends, ``decision`` and ``receipt`` are set.
-    Retried on UNAVAILABLE before any text arrived (same request id)."""
-
+class _Stream(StreamState):
     def __init__(self, client: SchedulerClient, request: messages_pb2.GenerateRequest,
                  timeout_s: float | None) -> None:
         super().__init__(request, timeout_s, client.retry)
         self._client = client
+
+    def __iter__(self) -> Iterator[str]:
+        raise NotImplementedError
+
+    def text(self) -> str:
+        """Run to the end; the whole text."""
+        return "".join(self)
+
+
+class Generation(_Stream):
+    """Iterate the text; when the stream ends, ``decision`` and ``receipt`` are set.
+    Retried on UNAVAILABLE before any text arrived (same request id)."""
+
 
     def __iter__(self) -> Iterator[str]:
         client = self._client
@@ -61,17 +71,11 @@ class Generation(StreamState):
             finally:
                 call.cancel()
 
-    def text(self) -> str:
-        return "".join(self)
 
 
-class DirectGeneration(StreamState):
+class DirectGeneration(_Stream):
     """Direct mode (see ``AsyncDirectGeneration``), blocking."""
 
-    def __init__(self, client: SchedulerClient, request: messages_pb2.GenerateRequest,
-                 timeout_s: float | None) -> None:
-        super().__init__(request, timeout_s, client.retry)
-        self._client = client
 
     def __iter__(self) -> Iterator[str]:
         import httpx
@@ -105,8 +109,6 @@ class DirectGeneration(StreamState):
                 failovers.append(direct.failover(target, exc, received))
         raise direct.exhausted(failovers)
 
-    def text(self) -> str:
-        return "".join(self)
 
 
 class SchedulerClient:

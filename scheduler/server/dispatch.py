@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 
 from scheduler import errors
-from scheduler.sse import DONE, SseParser
+from scheduler.sse import DONE, MalformedEvent, SseParser, choice_text, openai_error, parse_event
 from scheduler.tickets import HEADER as TICKET_HEADER
 from scheduler.types import Candidate, Decision
 
@@ -169,7 +168,7 @@ class RegionStream:
 
     async def _reject(self, response: httpx.Response) -> None:
         raw = await response.aread()
-        message, param = _openai_error(raw)
+        message, param = openai_error(raw)
         if response.status_code in CLIENT_ERRORS:
             raise errors.InvalidRequest([errors.FieldViolation(param or "request", f"region says: {message}")])
         raise _RegionFailed(f"HTTP {response.status_code}: {message}", response.status_code)
@@ -207,26 +206,15 @@ class RegionStream:
 
     def _event(self, payload: str) -> tuple[str, str]:
         try:
-            event = json.loads(payload)
-        except json.JSONDecodeError:
-            raise _RegionFailed(f"malformed event: {payload[:80]!r}") from None
-        if not isinstance(event, dict):
-            raise _RegionFailed(f"malformed event: {payload[:80]!r}")
-        if "error" in event:
-            message, _ = _openai_error(json.dumps(event).encode())
-            raise _RegionFailed(f"error event: {message}")
+            event = parse_event(payload)
+        except MalformedEvent as exc:
+            raise _RegionFailed(str(exc)) from None
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
             energy = event.get("energy", event["usage"].get("energy"))
             if isinstance(energy, dict):
                 self.energy = energy
-        choices = event.get("choices") or []
-        if not choices:
-            return "", ""
-        choice = choices[0]
-        delta = choice.get("delta")
-        text = (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or ""
-        return str(text), str(choice.get("finish_reason") or "")
+        return choice_text(event)
 
 
 class _RegionFailed(Exception):
@@ -234,16 +222,6 @@ class _RegionFailed(Exception):
         self.error = error
         self.http_status = http_status
         super().__init__(error)
-
-
-def _openai_error(raw: bytes) -> tuple[str, str]:
-    """(message, param) from an OpenAI error body, or the raw text."""
-    try:
-        body = json.loads(raw)
-        error = body["error"]
-        return str(error.get("message", "")), str(error.get("param") or "")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return raw[:200].decode("utf-8", errors="replace"), ""
 
 
 @dataclass

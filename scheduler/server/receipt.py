@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.errors import Attempt
+from scheduler.region_receipt import J_PER_KWH, energy_fields, number
 from scheduler.types import Candidate, CarbonUsed, EnergyReceipt, Fallback, FleetSnapshot
 
-J_PER_KWH = 3.6e6
 MODEL_ATTRIBUTION = "model-v1"
 
 
@@ -39,10 +39,6 @@ def _int(value: object) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _float(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 @dataclass(frozen=True)
 class ReceiptInputs:
     decision_id: str
@@ -59,27 +55,6 @@ class ReceiptInputs:
     energy: Mapping[str, Any] | None
     ttft_ms: float | None
     duration_ms: float
-
-
-def _measured_energy(energy: Mapping[str, Any]) -> dict[str, Any]:
-    phases = energy.get("phases") if isinstance(energy.get("phases"), dict) else {}
-    assert isinstance(phases, dict)
-    return {
-        "measurement_source": str(energy.get("measurement_source") or "unknown"),
-        "attribution_method": str(energy.get("attribution_method") or ""),
-        "energy_j": _float(energy.get("energy_j")),
-        "energy_j_low": _float(energy.get("energy_j_low")),
-        "energy_j_high": _float(energy.get("energy_j_high")),
-        "confidence": _float(energy.get("confidence")),
-        "waiting_j": _float(phases.get("waiting_j")),
-        "prefill_j": _float(phases.get("prefill_j")),
-        "decode_j": _float(phases.get("decode_j")),
-        "postprocess_j": _float(phases.get("postprocess_j")),
-        "idle_allocation_j": _float(phases.get("idle_allocation_j")),
-        "batch_size": _float(energy.get("batch_size")),
-        "padding_ratio": _float(energy.get("padding_ratio")),
-        "avoided_j": _float(energy.get("avoided_j")),
-    }
 
 
 def _modelled_energy(inputs: ReceiptInputs, prompt: int, cached: int, completion: int) -> dict[str, Any]:
@@ -110,8 +85,8 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
     completion = usage.completion_tokens if usage.completion_tokens is not None else 0
     candidate, snapshot = inputs.candidate, inputs.snapshot
     energy = (
-        _measured_energy(inputs.energy)
-        if inputs.energy is not None and _float(inputs.energy.get("energy_j")) is not None
+        energy_fields(inputs.energy)
+        if inputs.energy is not None and number(inputs.energy.get("energy_j")) is not None
         else _modelled_energy(inputs, prompt, cached, completion)
     )
     carbon_used = None
