@@ -125,8 +125,12 @@ async def test_two_router_processes_one_poller_and_takeover_when_it_dies(serve, 
         print(f"\nlock handed over {took_over_s:.2f} s after the holder was killed; the lock had {left_s:.2f} s "
               f"of its {TTL_S} s TTL left")
         assert 0 < left_s <= TTL_S
-        # Taken as soon as it lapses: within its remaining TTL plus one contention period.
-        assert took_over_s <= left_s + CONTEND_S + 0.3
+        # Never taken while the dead holder's lock still stands (two pollers at once)...
+        assert took_over_s >= left_s - 0.05
+        # ...and taken once it lapses. The holder may have renewed between our PTTL read and the
+        # kill (then a whole TTL stood), and the other process reports every 0.1 s on a host
+        # that may be busy: hence a whole TTL, one contention period, and a second of slack.
+        assert took_over_s <= TTL_S + CONTEND_S + 1.0
 
         api.values["DE"] = (250.0, observed + 3600.0)  # the provider publishes a new hour
         await wait_for(lambda: (other.state.get("signal") or {}).get("value") == 250.0, timeout_s=5)
