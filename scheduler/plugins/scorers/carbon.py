@@ -3,15 +3,14 @@
 g [gCO2e] = E [J] x intensity(zone) [gCO2e/kWh] x region.pue / 3.6e6 [J/kWh]
 Reads: view.energy_j; per region (prepare, per snapshot): the snapshot's carbon signal for
 its grid zone (value, observed_at), its PUE, snapshot.now and policy.max_age.carbon.
-Abstains when any survivor's zone signal is missing, invalid (not a finite non-negative
-number, or observed in the future) or older than policy.max_age.carbon (age from the
-signal's observed_at): a stale value never moves a cost, and grams known for some
+Abstains when any survivor's zone signal is missing or unusable (scheduler.signal_check: not
+a finite value within physical bounds, dated in the future beyond the clock-skew tolerance,
+or older than policy.max_age.carbon from its observed_at): such a value never moves a cost, and grams known for some
 candidates and not others would favour the unknown ones.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -19,12 +18,11 @@ import numpy as np
 
 from scheduler.framework.columns import BoolArray, FloatArray, IndexArray
 from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
+from scheduler.signal_check import signal_problem
 from scheduler.types import FleetSnapshot
 
 TYPE = "carbon-scorer"
 J_PER_KWH = 3.6e6
-# A signal observed this far after the snapshot's clock is a clock error, not the future.
-CLOCK_SKEW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -51,21 +49,11 @@ class CarbonScorer(Plugin):
         why: list[Abstain | None] = []
         for region in snapshot.regions:
             signal = snapshot.carbon.get(region.grid_zone)
-            problem: Abstain | None
+            problem: Abstain | None = None
             if signal is None:
                 problem = Abstain("carbon", None, max_age, f"no carbon signal for zone {region.grid_zone}")
-            elif not (math.isfinite(signal.value) and signal.value >= 0):
-                problem = Abstain("carbon", snapshot.now - signal.observed_at, max_age,
-                                  f"zone {region.grid_zone} signal from {signal.source} "
-                                  f"is not a valid intensity ({signal.value})")
-            elif signal.observed_at > snapshot.now + CLOCK_SKEW_S:
-                problem = Abstain("carbon", snapshot.now - signal.observed_at, max_age,
-                                  f"zone {region.grid_zone} signal from {signal.source} is dated in the future")
-            elif snapshot.now - signal.observed_at > max_age:
-                problem = Abstain("carbon", snapshot.now - signal.observed_at, max_age,
-                                  f"zone {region.grid_zone} signal from {signal.source}")
-            else:
-                problem = None
+            elif (found := signal_problem(signal, snapshot.now, max_age)) is not None:
+                problem = Abstain("carbon", found.age_s, max_age, f"zone {region.grid_zone}: {found.reason}")
             why.append(problem)
             factors.append(0.0 if problem is not None or signal is None else signal.value * region.pue / J_PER_KWH)
         position = {r.name: i for i, r in enumerate(snapshot.regions)}
