@@ -7,7 +7,7 @@ export VLLM_NO_USAGE_STATS=1
 export DO_NOT_TRACK=1
 export RAY_USAGE_STATS_ENABLED=0
 
-.PHONY: install demo test lint protos infra simulate bench
+.PHONY: install demo test lint protos infra simulate bench fuzz
 
 install:
 	@bash scripts/install.sh $(VENV)
@@ -24,6 +24,10 @@ lint: install
 test: lint
 	@$(PY) -m pytest tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: failing"; fi; exit $$rc
+
+# 10,000 Hypothesis-drawn requests against one live router (make test runs 1,000 of them).
+fuzz: install
+	FUZZ_EXAMPLES=10000 $(PY) -m pytest tests/fuzz -p no:cacheprovider
 
 protos: install
 	$(PY) scripts/gen_protos.py

@@ -92,6 +92,11 @@ class Unavailable(SchedulerError):
         super().__init__(message)
 
 
+class DeadlineExceeded(SchedulerError):
+    """The stream ran past its deadline (the client's, or the router's longest stream
+    duration); what was generated until then is billed with a partial receipt."""
+
+
 class RateLimited(SchedulerError):
     """The tenant sent more requests than its rate allows; ``retry_after_s`` says when to retry."""
 
@@ -100,6 +105,17 @@ class RateLimited(SchedulerError):
         self.limit_rps = limit_rps
         self.retry_after_s = retry_after_s
         super().__init__(f"tenant {tenant!r} is over its rate limit of {limit_rps:g} requests/s")
+
+
+class StreamLimited(SchedulerError):
+    """The tenant already holds as many concurrent Generate streams on this router as it may
+    (fair use of the router's dispatch connections); retry when one of them ends."""
+
+    def __init__(self, tenant: str, limit_streams: int) -> None:
+        self.tenant = tenant
+        self.limit_streams = limit_streams
+        super().__init__(f"tenant {tenant!r} already has {limit_streams} concurrent Generate streams "
+                         f"on this router, its limit")
 
 
 class BudgetExhausted(SchedulerError):

@@ -6,20 +6,28 @@ store's ``receipts`` stream; a router (``scheduler.ledger.region_receipts``) ver
 signature before it books anything, so the ledger only holds what a region vouched for.
 The same claims travel, unsigned, in the stream's final event for the client.
 
-Carbon is priced with the intensity the router signed into the ticket (None when the
-router's signal was stale: then no grams are claimed).
+Carbon is priced with the intensity the router signed into the ticket. When the router had
+no usable signal (the ticket's intensity is None, or not a finite value within the physical
+bounds of ``scheduler.signal_check``), the grams are a conservative bound, never
+0: ``UPPER_BOUND_G_PER_KWH``, marked ``carbon_basis: "upper-bound"`` (as in
+``scheduler.server.receipt``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.signal_check import BOUNDS
 from scheduler.tickets import RegionKeys, Ticket, TicketRejected, sign, verify
 from scheduler.types import CarbonUsed, EnergyReceipt, Signal
 
 J_PER_KWH = 3.6e6
+# The intensity a receipt books when no usable signal exists: no grid's average exceeds
+# ~1,100 gCO2e/kWh (scheduler.signal_check), so the grams are an upper bound, not a guess.
+UPPER_BOUND_G_PER_KWH = 1100.0
 STREAM = "receipts"
 STREAM_MAXLEN = 100_000
 
@@ -63,9 +71,11 @@ def receipt_claims(ticket: Ticket, *, pue: float, energy: Mapping[str, Any] | No
                    usage: Mapping[str, int] | None, at: float, ttft_ms: float | None,
                    duration_ms: float) -> dict[str, Any]:
     energy_j = number(energy.get("energy_j")) if energy else None
-    carbon_g = None
-    if energy_j is not None and ticket.carbon_g_per_kwh is not None:
-        carbon_g = energy_j / J_PER_KWH * ticket.carbon_g_per_kwh * pue
+    intensity, basis = ticket.carbon_g_per_kwh, "signal"
+    low, high = BOUNDS["carbon_intensity"]
+    if intensity is None or not (math.isfinite(intensity) and low <= intensity <= high):
+        intensity, basis = UPPER_BOUND_G_PER_KWH, "upper-bound"
+    carbon_g = None if energy_j is None else energy_j / J_PER_KWH * intensity * pue
     return {
         "decision_id": ticket.decision_id,
         "request_id": ticket.request_id,
@@ -79,6 +89,8 @@ def receipt_claims(ticket: Ticket, *, pue: float, energy: Mapping[str, Any] | No
         "energy": dict(energy) if energy else None,
         "usage": dict(usage) if usage else None,
         "carbon_g": carbon_g,
+        "carbon_basis": basis,
+        "carbon_intensity_g_per_kwh": intensity,
         "carbon": None if ticket.carbon_g_per_kwh is None else {
             "zone": ticket.carbon_zone, "g_per_kwh": ticket.carbon_g_per_kwh,
             "observed_at": ticket.carbon_observed_at, "source": ticket.carbon_source,
@@ -133,4 +145,8 @@ class RegionReceipt:
             carbon=signal,
             ttft_ms=number(claims.get("ttft_ms")),
             duration_ms=number(claims.get("duration_ms")) or 0.0,
+            partial=claims.get("partial") is True,
+            end_reason=str(claims.get("end_reason") or "complete"),
+            carbon_basis=str(claims.get("carbon_basis") or ""),
+            carbon_intensity_g_per_kwh=number(claims.get("carbon_intensity_g_per_kwh")),
         )

@@ -151,6 +151,28 @@ class CandidatePerf:
     live: bool
 
 
+@dataclass(frozen=True, slots=True)
+class StoreStatus:
+    """The shared state store as the router's refresher last found it."""
+
+    reachable: bool
+    # The last successful read (None: none since the router started).
+    last_read_at: float | None
+    # The router's start: an outage that began before any read counts from here.
+    since: float
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """The router's own health probe of a region's endpoint (``GET {endpoint}/health``)."""
+
+    ok: bool
+    checked_at: float
+    # Why not ok (HTTP status, connection error); empty when ok.
+    detail: str = ""
+
+
 @dataclass(frozen=True)
 class FleetSnapshot:
     """Everything a decision may look at, frozen at ``now``.
@@ -168,6 +190,18 @@ class FleetSnapshot:
     carbon: Mapping[str, Signal] = field(default_factory=dict)
     live: Mapping[str, RegionLiveState] = field(default_factory=dict)
     energy_routing_enabled: bool = True
+    # The store behind the live inputs (None: no store: the simulator, offline tools).
+    store: StoreStatus | None = None
+    # region -> the router's own probe of its endpoint (absent: not probed). Judged only while
+    # the store is unreachable (scheduler.plugins.filters.region_health).
+    probes: Mapping[str, ProbeResult] = field(default_factory=dict)
+    # region -> ``observed_at`` of the last state it published, from its last-seen record (no
+    # TTL): a region whose state key expired was seen and stopped, it is not "never seen".
+    last_seen: Mapping[str, float] = field(default_factory=dict)
+    # When the router started reading live state; a region never seen is trusted for the
+    # policy's ``unknown_region_state.missing_warmup`` after it. None: no live source (the
+    # simulator, offline tools): never-seen regions are judged as during the warm-up.
+    live_since: float | None = None
     # Per candidate: queue wait the router's own dispatches add that the live state does not
     # show yet (scheduler.datalayer.pending); None: none pending.
     pending_wait_s: npt.NDArray[np.float64] | None = field(default=None, compare=False)
@@ -207,6 +241,15 @@ class FleetSnapshot:
         for candidate in self.candidates:
             grouped.setdefault((candidate.region.name, candidate.pool.name), []).append(candidate)
         return tuple(tuple(group) for group in grouped.values())
+
+    @property
+    def store_outage_s(self) -> float | None:
+        """Seconds the store has been unreachable (since the last good read); None while it
+        answers, or when no store is behind this snapshot."""
+        store = self.store
+        if store is None or store.reachable:
+            return None
+        return self.now - (store.since if store.last_read_at is None else store.last_read_at)
 
     def fresh_live(self, region: str) -> RegionLiveState | None:
         """The region's live state if it is younger than the policy's limit, else None."""
@@ -385,3 +428,11 @@ class EnergyReceipt:
     failovers: tuple[Attempt, ...] = ()
     ttft_ms: float | None = None
     duration_ms: float = 0.0
+    # False: the region finished. True: the stream ended early (end_reason says why) and the
+    # tokens actually relayed are billed.
+    partial: bool = False
+    end_reason: str = "complete"  # complete | cancelled | deadline | region-error
+    # "signal": carbon_g rests on a usable grid signal; "upper-bound": the signal was stale,
+    # invalid or missing and carbon_g is a conservative bound, not a measurement.
+    carbon_basis: str = ""
+    carbon_intensity_g_per_kwh: float | None = None

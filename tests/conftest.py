@@ -53,3 +53,14 @@ def make_snapshot(default_policy: PolicyConfig) -> SnapshotFactory:
         )
 
     return make
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault suite's table (tests/faults), when any of its scenarios ran."""
+    from tests.faults.load import HEADER, REPORT
+
+    if REPORT:
+        terminalreporter.write_sep("=", "fault suite")
+        terminalreporter.write_line(HEADER)
+        for row in REPORT:
+            terminalreporter.write_line(row.line())

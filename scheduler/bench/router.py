@@ -250,7 +250,9 @@ def start_all(settings: Settings, processes: Processes) -> Setup:
     router = processes.spawn("router", [
         sys.executable, "-m", "scheduler.cli", "router", "--host", "127.0.0.1", "--port", "0",
         "--regions", str(regions_dir), "--state", "memory", "--rate-limit", "1000000",
-        "--ticket-keys", str(keys_file), "--grace", "1"])
+        "--ticket-keys", str(keys_file), "--grace", "1",
+        # A loopback benchmark: no API keys (the router warns), no per-tenant stream cap in reach.
+        "--insecure", "--max-streams-per-tenant", "100000"])
     router_port = int(processes.wait_for_line(router, re.compile(r"router listening on [^:]+:(\d+)")).group(1))
     if vllm is not None:
         processes.wait_for_http(vllm, f"{against_url}/health")

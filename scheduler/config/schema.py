@@ -276,10 +276,15 @@ class FallbackConfig(Strict):
 
 class UnknownRegionState(Strict):
     """How a region counts when its live state is older than ``max_age.region_state``
-    (``stale``: it was publishing and stopped) or was never seen (``missing``)."""
+    (``stale``: it was publishing and stopped; its last-seen record, kept without a TTL, says
+    so after its state key expired) or was never seen (``missing``). A region never seen is
+    trusted during the first ``missing_warmup`` after the router starts (its first reads may
+    not have found every region yet), then judged by ``missing``. While the store itself is
+    unreachable, the router's own probes decide instead (docs/deploying.md)."""
 
     stale: Literal["unhealthy", "assume-healthy"]
     missing: Literal["unhealthy", "assume-healthy"]
+    missing_warmup: Duration
 
 
 class SloClass(Strict):
@@ -308,7 +313,8 @@ class PolicyConfig(Strict):
     unknown_region_state: UnknownRegionState
     slo: SloDefaults
     sensitive_task_classes: tuple[str, ...] = ()
-    # Workload classes a tenant's hard energy budget never blocks.
+    # Workload classes a tenant's hard energy budget never blocks. Budgets bind every class
+    # unless listed here explicitly; the shipped policies list none.
     critical_workload_classes: tuple[Literal["interactive", "batch", "deferrable"], ...] = ()
 
     def slo_for(self, workload_class: str) -> SloClass:

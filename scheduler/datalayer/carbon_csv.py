@@ -3,11 +3,19 @@
 One file per zone, ``<ZONE>_<YEAR>_hourly.csv``, one row per UTC hour. The value for hour
 ``h`` describes ``h`` (its ``observed_at``) and is known from then on; replay at time ``t``
 returns the row of the hour that contains ``t``.
+
+Replaying the file's year in another year maps by calendar date: the same UTC month, day and
+hour (``same_date_in``), never by a fixed number of days, so a leap year on either side does
+not shift the rest of the year by a day. 29 February replayed in a year without one is never
+served; replayed from a file without one, it serves 28 February again. Weekdays are not kept
+(a Tuesday's row may replay on a Wednesday): seasons and hours of daylight matter more to grid
+intensity than the weekday, and a weekday-aligned shift would move dates by up to three days.
 """
 
 from __future__ import annotations
 
 import bisect
+import calendar
 import csv
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,15 +50,30 @@ class ZoneSeries:
             return None
         return self._signal(i, 0.0, t if fetched_at is None else fetched_at)
 
+    @property
+    def year(self) -> int:
+        """The data's year (its first row's)."""
+        return datetime.fromtimestamp(self.times[0], tz=UTC).year
+
+    def replay_row(self, t: float) -> tuple[int, float] | None:
+        """The row replayed at ``t`` (the row for ``t``'s UTC month, day and hour in the data's
+        year) and its ``observed_at`` in ``t``'s frame: ``t`` minus the row's age then, so
+        ages stay true (the start of the hour that contains ``t``, unless the file has a gap).
+        None when that date is before the file's first row."""
+        shifted = same_date_in(t, self.year)
+        i = bisect.bisect_right(self.times, shifted) - 1
+        if i < 0:
+            return None
+        return i, t - (shifted - self.times[i])
+
     def replay(self, t: float) -> Signal:
-        """The file's year replayed at ``t``'s time of year: the row for the same UTC month,
-        day and hour in the data's year, with ``observed_at`` moved into ``t``'s year, so
-        that a 2023 file serves as a live feed today. Ages stay true: the value describes
-        the start of the hour that contains ``t``."""
-        offset = _year_start(t) - _year_start(self.times[0])
-        i = bisect.bisect_right(self.times, t - offset) - 1
-        i = min(max(i, 0), len(self.times) - 1)
-        return self._signal(i, offset, t)
+        """The file's year replayed at ``t``'s date (see the module docstring), so that a 2023
+        file serves as a live feed today; before the file's first row, that row."""
+        row = self.replay_row(t)
+        if row is None:
+            return self._signal(0, t - same_date_in(t, self.year), t)
+        i, observed_at = row
+        return self._signal(i, observed_at - self.times[i], t)
 
     def _signal(self, i: int, offset: float, fetched_at: float) -> Signal:
         return Signal(
@@ -65,9 +88,13 @@ class ZoneSeries:
         )
 
 
-def _year_start(t: float) -> float:
-    year = datetime.fromtimestamp(t, tz=UTC).year
-    return datetime(year, 1, 1, tzinfo=UTC).timestamp()
+def same_date_in(t: float, year: int) -> float:
+    """``t``'s UTC month, day and time of day in ``year``; 29 February in a year without one
+    is 28 February."""
+    at = datetime.fromtimestamp(t, tz=UTC)
+    if (at.month, at.day) == (2, 29) and not calendar.isleap(year):
+        at = at.replace(day=28)
+    return at.replace(year=year).timestamp()
 
 
 def zone_file(directory: Path, zone: str, year: int | None = None) -> Path:

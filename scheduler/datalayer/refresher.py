@@ -8,24 +8,35 @@ router sent since a region last published counts in later decisions (no herding 
 refreshes; scheduler.datalayer.pending). When the store is down (or a record is malformed) the last
 good inputs are kept and the snapshot is still rebuilt with the new ``now``, so their age
 grows and the policy's max-age limits make them stale in the open (never silently fresh).
+
+A store outage is not a region outage: each snapshot also carries the store's status
+(``StoreStatus``: reachable, last good read), the router's own probes of each region's
+endpoint (``RegionProbes``, started and stopped with the refresher when given) and the router's
+start (``live_since``). While the store is unreachable, the region-health filter judges a
+region by its last known state plus its probe, not by the age of that state alone. The
+refresher also reads each region's last-seen record (``keys.region_seen``, no TTL, written by
+the region's publisher), so a region whose state key expired counts as stale, not never seen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from scheduler.datalayer.pending import PendingDispatches
+from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.state import codec, keys
 from scheduler.state.store import StateStore, StateUnavailable
-from scheduler.types import Candidate, FleetSnapshot, RegionLiveState, Request, Signal
+from scheduler.types import Candidate, FleetSnapshot, RegionLiveState, Request, Signal, StoreStatus
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +57,22 @@ def parse_flags(raw: bytes) -> bool:
     return enabled
 
 
+def encode_seen(observed_at: float) -> bytes:
+    """The last-seen record: the epoch seconds of the region's last published state."""
+    return f"{observed_at:.3f}".encode()
+
+
+def decode_seen(raw: bytes) -> float:
+    """ValueError when the record is not a finite number of epoch seconds."""
+    try:
+        seen = float(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"last-seen record must be epoch seconds, got {raw[:40]!r}") from None
+    if not math.isfinite(seen):
+        raise ValueError(f"last-seen record must be finite, got {seen}")
+    return seen
+
+
 @dataclass
 class RefresherStatus:
     """What the last refresh saw, for ``GetStatus`` and health."""
@@ -56,6 +83,11 @@ class RefresherStatus:
     refreshes: int = 0
     failures: int = 0
 
+    @property
+    def reachable(self) -> bool:
+        """The last read succeeded (False before the first one)."""
+        return self.last_error == "" and self.last_success_at is not None
+
 
 @dataclass
 class SnapshotRefresher:
@@ -64,9 +96,12 @@ class SnapshotRefresher:
     clock: Callable[[], float] = time.time
     # Half a second so that a kill switch set on any router holds everywhere within 1 s.
     interval_s: float = 0.5
+    # The router's own probes of each region (None: none; routing then has only the store).
+    probes: RegionProbes | None = None
     status: RefresherStatus = field(default_factory=RefresherStatus, init=False)
     _carbon: dict[str, Signal] = field(default_factory=dict, init=False, repr=False)
     _live: dict[str, RegionLiveState] = field(default_factory=dict, init=False, repr=False)
+    _seen: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _energy_routing: bool = field(default=True, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _bad_records: dict[str, str] = field(default_factory=dict, init=False, repr=False)
@@ -75,6 +110,9 @@ class SnapshotRefresher:
     def __post_init__(self) -> None:
         regions = self.builder.regions
         self._region_keys = {region.name: keys.region_state(region.name) for region in regions}
+        self._seen_keys = {region.name: keys.region_seen(region.name) for region in regions}
+        # The router's start: never-seen regions are trusted for the policy's warm-up after it.
+        self._live_since = self.clock()
         # store key of the zone's signal -> the grid zones the scorer looks it up under
         self._signal_zones: dict[str, list[str]] = {}
         for region in regions:
@@ -101,18 +139,21 @@ class SnapshotRefresher:
         """Read the store once and rebuild; on ``StateUnavailable`` keep the last inputs."""
         self.status.last_attempt_at = self.clock()
         region_keys = list(self._region_keys.values())
+        seen_keys = list(self._seen_keys.values())
         signal_keys = list(self._signal_zones)
         try:
-            values = await self.store.mget([*region_keys, *signal_keys, keys.FLAGS])
+            values = await self.store.mget([*region_keys, *seen_keys, *signal_keys, keys.FLAGS])
         except StateUnavailable as exc:
             self.status.failures += 1
             if self.status.last_error != str(exc):
                 log.warning("state store unavailable, keeping the last snapshot inputs (they age): %s", exc)
             self.status.last_error = str(exc)
         else:
-            self._apply_regions(dict(zip(self._region_keys, values[: len(region_keys)], strict=True)))
+            n_regions = len(region_keys)
+            self._apply_regions(dict(zip(self._region_keys, values[:n_regions], strict=True)))
+            self._apply_seen(dict(zip(self._seen_keys, values[n_regions : 2 * n_regions], strict=True)))
             self.pending.settle(self._live, self.clock())
-            self._apply_signals(dict(zip(signal_keys, values[len(region_keys) : -1], strict=True)))
+            self._apply_signals(dict(zip(signal_keys, values[2 * n_regions : -1], strict=True)))
             self._apply_flags(values[-1])
             self.status.last_success_at = self.status.last_attempt_at
             self.status.last_error = ""
@@ -121,12 +162,37 @@ class SnapshotRefresher:
         return self._snapshot
 
     def _build(self) -> FleetSnapshot:
-        return self.builder.build(
+        snapshot = self.builder.build(
             now=self.clock(),
             carbon=dict(self._carbon),
             live=dict(self._live),
             energy_routing_enabled=self._energy_routing,
         )
+        status = self.status
+        return dataclasses.replace(
+            snapshot,
+            store=StoreStatus(status.reachable, status.last_success_at, self._live_since, status.last_error),
+            probes={} if self.probes is None else self.probes.results(),
+            last_seen=self._last_seen(),
+            live_since=self._live_since,
+            # Health verdicts are cached per live_key: new inputs, a new key.
+            live_key=object(),
+        )
+
+    def _last_seen(self) -> dict[str, float]:
+        """Per region: the later of its last-seen record and the state we hold."""
+        seen = dict(self._seen)
+        for region, state in self._live.items():
+            seen[region] = max(seen.get(region, state.observed_at), state.observed_at)
+        return seen
+
+    def _apply_seen(self, raw_by_region: Mapping[str, bytes | None]) -> None:
+        for region, raw in raw_by_region.items():
+            if raw is None:
+                continue
+            seen = self._decode(self._seen_keys[region], raw, decode_seen)
+            if seen is not None:
+                self._seen[region] = seen
 
     def _apply_regions(self, raw_by_region: Mapping[str, bytes | None]) -> None:
         for region, raw in raw_by_region.items():
@@ -178,6 +244,9 @@ class SnapshotRefresher:
         """One refresh now (so the first request sees the store), then every ``interval_s``."""
         if self._task is not None:
             return
+        self._live_since = self.clock()
+        if self.probes is not None:
+            await self.probes.start()
         await self.refresh()
         self._task = asyncio.create_task(self._run(), name="snapshot-refresher")
 
@@ -192,8 +261,9 @@ class SnapshotRefresher:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.probes is not None:
+            await self.probes.stop()

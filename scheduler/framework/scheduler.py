@@ -18,6 +18,10 @@ injected RNG (it only orders exact ties). The router, the simulator and
    recorded as a fallback and its term dropped; if it belongs to the energy layer (or the
    kill switch is on) the policy's fallback objective (performance only) ranks instead, so
    no stale value moves a cost.
+
+While the shared state store cannot be read (``snapshot.store_outage_s``), every decision
+records a ``state-store`` fallback: regions are then judged by their last known state and the
+router's own probes (scheduler.plugins.filters.region_health), and the answer says so.
 """
 
 from __future__ import annotations
@@ -43,6 +47,20 @@ from scheduler.types import Decision, Fallback, FleetSnapshot, Rejection, Reques
 log = logging.getLogger(__name__)
 
 KILL_SWITCH = "energy_routing_disabled"
+# The fallback recorded while the shared state store cannot be read.
+STATE_STORE = "state-store"
+
+
+def store_fallbacks(snapshot: FleetSnapshot) -> tuple[Fallback, ...]:
+    """The state-store fallback while the store is unreachable (the region-health filter then
+    judges regions by their last known state and the router's own probes), else none."""
+    outage_s = snapshot.store_outage_s
+    if outage_s is None:
+        return ()
+    return (Fallback(signal=STATE_STORE, scorer="region-health", age_s=outage_s,
+                     max_age_s=snapshot.policy.max_age.region_state,
+                     detail=f"running without the state store for {outage_s:.0f} s: last known region state "
+                            "+ the router's own probes"),)
 # Mixes a candidate's key hash with the request's into a tie-break key (splitmix64's constant).
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -196,11 +214,12 @@ class Scheduler:
                 request_id=request.request_id, decided_at=snapshot.now, policy=policy.name,
                 fleet=snapshot.candidates, survivor_index=(), order=(), totals=(), scorer_names=(), units=(),
                 rates=(), rates_written=(), quantities=(), eager_rejections=tuple(eager_rejections),
-                lazy_rejections=tuple(lazy), fallbacks=(), energy_ranking=False, plugin_timings_ns=timings,
+                lazy_rejections=tuple(lazy), fallbacks=store_fallbacks(snapshot), energy_ranking=False,
+                plugin_timings_ns=timings,
             )
 
         positions: Positions = slice(None) if alive is None else np.flatnonzero(alive)
-        fallbacks: list[Fallback] = []
+        fallbacks: list[Fallback] = list(store_fallbacks(snapshot))
         energy_ranking = snapshot.energy_routing_enabled
         if not energy_ranking:
             fallbacks.append(Fallback(signal=KILL_SWITCH, scorer="*", age_s=None, max_age_s=0.0,

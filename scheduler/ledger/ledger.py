@@ -5,12 +5,17 @@ Store format (docs: shared_formats.md): hash ``keys.ledger(tenant, "YYYY-MM")`` 
 HINCRBYFLOAT, so any number of routers add to the same hash. The month is the UTC month of
 the receipt.
 
-Receipts recorded while the store is unreachable wait in a bounded queue, in order, and are
-written when it returns (the next ``record`` or ``flush`` after a back-off). An entry's three
-fields are written one by one and the queue remembers how many of the head entry's fields
-went through, so a failure in the middle never writes a field twice. When the queue is full,
-its oldest entries are folded into per-field sums (memory stays bounded by the number of
-distinct tenant/month/region/rule fields; no joule is dropped).
+Idempotent: an entry is written with the store's ``ledger_add`` (one Lua script on Redis):
+its three fields and a marker ``ledger_booked:{decision_id}`` (kept ``BOOKED_TTL_S``) land
+together or not at all, and not when the marker exists. A receipt booked twice (a retry
+after a lost reply, a direct-mode batch re-read by the next ingest holder) counts once.
+
+Receipts recorded while the store is unreachable or answers errors (OOM, READONLY: all
+``StateUnavailable``) wait in a bounded queue, in order, and are written when it returns (the
+next ``record`` or ``flush`` after a back-off). When the queue is full, its oldest entries are
+folded into per-field sums (memory stays bounded by the number of distinct
+tenant/month/region/rule fields; no joule is dropped, but folded sums carry no decision id,
+so they are written without the once-only marker).
 
 ``check(tenant, workload_class)`` reads the tenant's month (plus this router's unwritten
 queue) and compares it with the tenant's budget: soft -> a warning, counted in
@@ -37,6 +42,13 @@ from scheduler.state.store import StateStore, StateUnavailable
 log = logging.getLogger(__name__)
 
 FIELDS = ("energy_j", "carbon_g", "requests")
+# How long a booked decision id is remembered: past the month it is booked in, and past any
+# re-read of the direct-mode receipts stream.
+BOOKED_TTL_S = 40 * 86400.0
+
+
+def booked_key(decision_id: str) -> str:
+    return f"ledger_booked:{decision_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +114,6 @@ class Ledger:
     on_soft_limit: Callable[[BudgetStatus], None] | None = None
     soft_limit_warnings: int = field(default=0, init=False)
     _queue: deque[LedgerEntry] = field(default_factory=deque, init=False, repr=False)
-    # Fields of the head entry already written (a failure mid-entry resumes after them).
-    _head_written: int = field(default=0, init=False, repr=False)
     # Oldest entries folded into per-field sums when the queue overflowed: (key, field) -> amount.
     _folded: dict[tuple[str, str], float] = field(default_factory=dict, init=False, repr=False)
     _retry_at: float = field(default=0.0, init=False, repr=False)
@@ -116,12 +126,16 @@ class Ledger:
         """Entries (and folded fields) not yet in the store."""
         return len(self._queue) + len(self._folded)
 
-    async def record(self, entry: LedgerEntry) -> bool:
-        """Queue ``entry`` and write what the store takes now; True when nothing is left waiting."""
+    def enqueue(self, entry: LedgerEntry) -> None:
+        """Queue ``entry`` (no I/O); the next ``flush`` writes it."""
         self._queue.append(entry)
         if len(self._queue) > self.max_pending and not self._lock.locked():
             # (While a flush runs it owns the head of the queue; it is draining anyway.)
             self._fold_oldest()
+
+    async def record(self, entry: LedgerEntry) -> bool:
+        """Queue ``entry`` and write what the store takes now; True when nothing is left waiting."""
+        self.enqueue(entry)
         if self._lock.locked() or self.clock() < self._retry_at:
             return False
         await self.flush()
@@ -134,15 +148,16 @@ class Ledger:
             written = 0
             try:
                 for (key, name), amount in list(self._folded.items()):
-                    await self.store.hincrbyfloat(key, name, amount)
+                    await self.store.ledger_add(key, {name: amount}, None, BOOKED_TTL_S)
                     del self._folded[(key, name)]
                 while self._queue:
-                    writes = self._queue[0].writes()
-                    for key, name, amount in writes[self._head_written:]:
-                        await self.store.hincrbyfloat(key, name, amount)
-                        self._head_written += 1
+                    entry = self._queue[0]
+                    writes = entry.writes()
+                    once = booked_key(entry.decision_id) if entry.decision_id else None
+                    if not await self.store.ledger_add(writes[0][0], {n: a for _, n, a in writes}, once,
+                                                       BOOKED_TTL_S):
+                        log.info("ledger: decision %s already booked; not counted again", entry.decision_id)
                     self._queue.popleft()
-                    self._head_written = 0
                     written += 1
             except StateUnavailable as exc:
                 self._retry_s = min(self.retry_max_s, max(self.retry_initial_s, self._retry_s * 2))
@@ -208,6 +223,5 @@ class Ledger:
             log.error("ledger: more than %d receipts queued; folding the oldest into per-field sums",
                       self.max_pending)
         entry = self._queue.popleft()
-        for key, name, amount in entry.writes()[self._head_written:]:
+        for key, name, amount in entry.writes():
             self._folded[(key, name)] = self._folded.get((key, name), 0.0) + amount
-        self._head_written = 0

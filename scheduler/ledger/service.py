@@ -89,11 +89,12 @@ class LedgerService:
                 log.exception("ledger: background pass failed; retrying")
 
     async def _drain(self) -> None:
+        # Every entry moves to the ledger's queue before anything is written: a write that
+        # fails (however) leaves them queued there, never dropped with this batch.
         entries, self._inbox = self._inbox, []
         for entry in entries:
-            await self.ledger.record(entry)
-        if self.ledger.pending:
-            await self.ledger.flush()
+            self.ledger.enqueue(entry)
+        await self.ledger.flush()
 
     async def _refresh(self) -> None:
         for tenant in self.ledger.budgets:

@@ -13,6 +13,16 @@ from typing import Any
 
 from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError
 from scheduler.serve import DEFAULT_LOCAL_REGIONS
+from scheduler.server.auth import KeyRing, NewKey, create_key
+
+# The local stack's key: an admin of tenant "local" (the demo's requests name other tenants),
+# with a rate no replay reaches; made fresh for every run and kept in memory only.
+LOCAL_TENANT = "local"
+LOCAL_RATE_RPS = 10_000.0
+
+
+def local_key() -> NewKey:
+    return create_key(LOCAL_TENANT, admin=True, rate_limit_rps=LOCAL_RATE_RPS)
 
 
 def register(sub: Any) -> None:
@@ -32,6 +42,8 @@ def register(sub: Any) -> None:
                     help="the regions' dispatch-ticket keys (default: fresh keys for this run, kept in memory)")
     up.add_argument("--insecure-no-tickets", action="store_true",
                     help="regions accept requests without a dispatch ticket (development only)")
+    up.add_argument("--insecure", action="store_true",
+                    help="the router accepts calls without an API key (default: a fresh admin key per run, printed)")
     up.add_argument("--demo", action="store_true", help="replay a trace slice, print a report, shut down, exit")
     up.add_argument("--demo-requests", type=int, default=150, help="requests to replay with --demo")
     up.set_defaults(handler=_up)
@@ -55,12 +67,14 @@ async def _ttft(region: str, probes: int) -> int:
     from scheduler.serve.stack import LocalStack, StackOptions
     from scheduler.serve.tiny_model import ensure_tiny_model
 
+    api_key = local_key()
     stack = LocalStack(StackOptions(only=(region,), state_url="memory", dashboard=False, http_port=0,
-                                    router_address="127.0.0.1:0"), say=_say)
+                                    router_address="127.0.0.1:0", api_keys=KeyRing.of([api_key.entry])), say=_say)
     try:
         await stack.start()
         tokenizer = Tokenizer.from_file(str(ensure_tiny_model() / "tokenizer.json"))
-        result = await demo.probe_ttft(stack.router_target, tokenizer, demo.DemoOptions(probes=probes))
+        result = await demo.probe_ttft(stack.router_target, tokenizer,
+                                       demo.DemoOptions(probes=probes, api_key=api_key.key))
     finally:
         await stack.stop()
     for name, samples in (("proxy mode", result.router_s), ("direct mode", result.direct_mode_s),
@@ -83,6 +97,10 @@ def _up(args: argparse.Namespace) -> int:
     if args.insecure_no_tickets:
         _say("WARNING: --insecure-no-tickets: anyone who reaches a region can run requests on it, unbilled")
 
+    api_key = None if args.insecure else local_key()
+    if api_key is None:
+        _say("WARNING: --insecure: the router accepts calls without an API key (local development only)")
+
     host, _, port = args.router.rpartition(":")
     router_port = free_port(int(port)) if port != "0" else 0
     options = StackOptions(
@@ -91,9 +109,10 @@ def _up(args: argparse.Namespace) -> int:
         state_url=args.state, namespace=args.namespace or ("local" if not args.demo else None),
         clean_namespace=args.demo, router_address=f"{host or '127.0.0.1'}:{router_port}",
         http_port=args.http_port, tickets=not args.insecure_no_tickets, ticket_keys=ticket_keys,
+        api_keys=None if api_key is None else KeyRing.of([api_key.entry]),
     )
     try:
-        return asyncio.run(_run(options, args))
+        return asyncio.run(_run(options, args, api_key))
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -109,7 +128,7 @@ def _say(message: str) -> None:
     print(f"[up] {message}", flush=True)
 
 
-async def _run(options: Any, args: argparse.Namespace) -> int:
+async def _run(options: Any, args: argparse.Namespace, api_key: NewKey | None) -> int:
     from scheduler.serve.stack import LocalStack
 
     stack = LocalStack(options, say=_say)
@@ -118,11 +137,13 @@ async def _run(options: Any, args: argparse.Namespace) -> int:
         await stack.start()
         _say(f"ready in {time.monotonic() - started:.0f} s")
         _say(f"router (gRPC)   {stack.router_target}")
+        _say(f"API key         {api_key.key if api_key else 'none (--insecure)'}  (this run only; "
+             "send it as `authorization: Bearer <key>`, SDK: api_key=...)")
         _say("regions (HTTP)  " + ", ".join(stack.endpoint(r.name) for r in stack.regions))
         _say(f"Ray dashboard   {stack.dashboard_url or 'off'}")
         _say(f"state           {stack.state_url} (namespace {stack.namespace})")
         if args.demo:
-            return await _demo(stack, args.demo_requests)
+            return await _demo(stack, args.demo_requests, api_key.key if api_key else None)
         _say("serving; Ctrl-C to stop")
         await _until_signalled()
         return 0
@@ -140,14 +161,14 @@ async def _until_signalled() -> None:
     await stop.wait()
 
 
-async def _demo(stack: Any, requests: int) -> int:
+async def _demo(stack: Any, requests: int, api_key: str | None) -> int:
     import httpx
     from tokenizers import Tokenizer
 
     from scheduler.serve import dashboard, demo
     from scheduler.serve.tiny_model import tiny_model_dir
 
-    options = demo.DemoOptions(requests=requests)
+    options = demo.DemoOptions(requests=requests, api_key=api_key)
     tokenizer = Tokenizer.from_file(str(tiny_model_dir() / "tokenizer.json"))
     trace = demo.build_requests(options, tokenizer)
     async with httpx.AsyncClient() as client:

@@ -42,6 +42,8 @@ class DemoOptions:
     direct_share: float = 0.25
     probes: int = 20
     seed: int = 0
+    # The router's API key (None: a router running without authentication).
+    api_key: str | None = None
     trace: Path = TRACE
 
 
@@ -163,7 +165,7 @@ async def replay(target: str, requests: Sequence[TraceRequest], options: DemoOpt
 
     semaphore = asyncio.Semaphore(options.concurrency)
     started = time.monotonic()
-    async with AsyncSchedulerClient(target, timeout_s=120.0) as client:
+    async with AsyncSchedulerClient(target, api_key=options.api_key, timeout_s=120.0) as client:
 
         async def at_offset(request: TraceRequest) -> Outcome:
             await asyncio.sleep(max(0.0, started + request.offset_s - time.monotonic()))
@@ -200,7 +202,8 @@ async def probe_ttft(target: str, tokenizer: Any, options: DemoOptions) -> TtftP
     rng = random.Random(options.seed + 1)
     vocabulary = _vocabulary(tokenizer)
     result = TtftProbe()
-    async with AsyncSchedulerClient(target) as client, httpx.AsyncClient(timeout=30) as http:
+    async with (AsyncSchedulerClient(target, api_key=options.api_key) as client,
+                httpx.AsyncClient(timeout=30) as http):
         for _ in range(options.probes):
             for mode, samples in (("proxy", result.router_s), ("direct", result.direct_mode_s)):
                 prompt = tokenizer.decode(_words(tokenizer, rng, vocabulary, 200))

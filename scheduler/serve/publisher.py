@@ -10,6 +10,13 @@ itself) and ``HttpStateSource``, which reads a gateway's ``GET /state`` (a singl
 stack on the in-memory store, where the region cannot reach the router's memory). A source
 that fails publishes nothing: the region's state then ages and the router's health filter
 treats it as the policy says for stale regions.
+
+Each publication also writes the region's last-seen record, ``keys.region_seen(region)``: the
+state's ``observed_at``, with no TTL. After the state key expired, that record is how a router
+(one that restarted, or that started later) tells "was here and stopped publishing: stale,
+down" from "never seen". The region writes it, not the routers: it is the one writer that
+knows when it published, the record is written exactly as often as the state (no extra
+writer per router), and it holds even when no router was running to see the region.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from scheduler.datalayer.refresher import encode_seen
 from scheduler.state import codec, keys
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.types import RegionLiveState
@@ -28,6 +36,7 @@ from scheduler.types import RegionLiveState
 log = logging.getLogger(__name__)
 
 StateSource = Callable[[], Awaitable[RegionLiveState | None]]
+
 
 
 @dataclass
@@ -46,6 +55,7 @@ class RegionStatePublisher:
             return None
         try:
             await self.store.set(keys.region_state(self.region), codec.encode_region_state(state), ttl_s=self.ttl_s)
+            await self.store.set(keys.region_seen(self.region), encode_seen(state.observed_at))
         except StateUnavailable as exc:
             if not self._store_down:
                 log.warning("region %s: state store unavailable (%s); retrying every %.1f s",

@@ -28,6 +28,7 @@ from scheduler.config.schema import RegionConfig
 from scheduler.plugins import load_checked_fleet
 from scheduler.serve import DEFAULT_LOCAL_REGIONS
 from scheduler.serve.app import EngineOptions, build_region_app, local_pools
+from scheduler.server.auth import KeyRing
 from scheduler.tickets import TicketKeyRing
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,8 @@ class StackOptions:
     tickets: bool = True
     # The regions' ticket keys (None: fresh keys for this run, in memory only).
     ticket_keys: TicketKeyRing | None = None
+    # The router's tenant API keys (None: no authentication; `scheduler up` makes a key per run).
+    api_keys: KeyRing | None = None
 
 
 @dataclass
@@ -283,7 +286,8 @@ class LocalStack:
         store = open_store(self.state_url, self.namespace)
         backend = "memory" if self.state_url == "memory" else "redis"
         deps = build_deps(SnapshotBuilder(self.regions, policy), store, backend,
-                          refresh_interval_s=self.options.refresh_interval_s, ticket_keys=self.ticket_keys)
+                          refresh_interval_s=self.options.refresh_interval_s, ticket_keys=self.ticket_keys,
+                          keys=self.options.api_keys)
         if self.state_url == "memory":
             endpoints = {r.name: self.endpoint(r.name) for r in self.regions}
             deps.background.append(StateBridge(endpoints, store, interval_s=self.options.publish_interval_s))

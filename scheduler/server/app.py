@@ -24,6 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from scheduler.datalayer.carbon.metrics import signal_gauges as carbon_signal_gauges
+from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
@@ -36,8 +38,10 @@ from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
 from scheduler.server.issuer import TicketIssuer
 from scheduler.server.metrics import MetricsEndpoint, RouterMetrics, Sample
+from scheduler.server.rate_limit import SharedRateLimiter
 from scheduler.server.region_receipts import RegionReceiptIngest
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
+from scheduler.server.stream_slots import StreamSlots
 from scheduler.state.store import StateStore
 from scheduler.tickets import TicketKeyRing
 from scheduler.types import EnergyReceipt, Request
@@ -89,9 +93,14 @@ class RouterDeps:
     store: StateStore
     dispatcher: RegionDispatcher
     audit: AuditLog
-    # None: no authentication (every caller is the local admin; local use only).
+    # None: no authentication (every caller is the local admin; local use only). Replaced
+    # when the keys file is reloaded (scheduler.server.keys_reload); the edge reads it per call.
     keys: KeyRing | None = None
-    limiter: TenantRateLimiter = field(default_factory=TenantRateLimiter)
+    # Requests/s per tenant (a key may set its own), shared by the routers through the store.
+    rate_limit_rps: float = 50.0
+    limiter: SharedRateLimiter = field(init=False)
+    # Concurrent Generate streams per tenant on this router (a key may set its own).
+    slots: StreamSlots = field(default_factory=StreamSlots)
     tls: TlsFiles | None = None
     # Extra tasks run with the server (e.g. carbon pollers): append before start_router.
     background: list[BackgroundTask] = field(default_factory=list)
@@ -100,8 +109,9 @@ class RouterDeps:
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
     # Gauges read at scrape time (the ledger's queue, the carbon pollers' counters, ...).
     gauges: list[Callable[[], Iterable[Sample]]] = field(default_factory=list)
-    # Plaintext /metrics and /healthz port (None: not served; 0: any free port).
+    # Plaintext /metrics and /healthz port (None: not served; 0: any free port) and address.
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     # Called before a Generate is dispatched (e.g. the tenant's energy budget); may raise a
     # SchedulerError (BudgetExhausted -> RESOURCE_EXHAUSTED); must not block.
     admission: list[Callable[[Request], object]] = field(default_factory=list)
@@ -120,6 +130,9 @@ class RouterDeps:
     monotonic: Callable[[], float] = time.monotonic
     active_streams: int = 0
 
+    def __post_init__(self) -> None:
+        self.limiter = SharedRateLimiter(self.store, TenantRateLimiter(default_rps=self.rate_limit_rps))
+
     def book(self, receipt: EnergyReceipt) -> None:
         """Audit and every receipt sink (the ledger): the end of every answered request."""
         self.audit.record(receipt)
@@ -128,7 +141,7 @@ class RouterDeps:
 
     def lifecycle(self) -> list[BackgroundTask]:
         """Start order; stopped in reverse."""
-        return [self.refresher, self.audit, *self.background]
+        return [self.refresher, self.audit, self.limiter, *self.background]
 
 
 def build_deps(
@@ -150,12 +163,15 @@ def build_deps(
         tickets=None if ticket_keys is None else TicketIssuer(ticket_keys),
         metrics_port=metrics_port,
         scheduler=Scheduler.from_registry(default_scheduler_registry()),
-        refresher=SnapshotRefresher(builder, store, interval_s=refresh_interval_s),
+        # The router's own probes of each region: what routing rests on while a shared store
+        # is unreachable (an embedded memory store cannot be).
+        refresher=SnapshotRefresher(builder, store, interval_s=refresh_interval_s,
+                                    probes=None if state_backend == "memory" else RegionProbes.of(builder.regions)),
         store=store,
         dispatcher=RegionDispatcher(),
         audit=AuditLog(store),
         keys=keys,
-        limiter=TenantRateLimiter(default_rps=rate_limit_rps),
+        rate_limit_rps=rate_limit_rps,
         tls=tls,
         state_backend=state_backend,
     )
@@ -201,7 +217,7 @@ def create_server(
     """The gRPC server with every service, bound to ``address`` (``127.0.0.1:0``: any free port);
     not started. ``health``: the health servicer to serve (a new one, NOT_SERVING, if None)."""
     server = grpc.aio.server(
-        interceptors=[EdgeInterceptor(deps.keys, deps.limiter, deps.metrics)],
+        interceptors=[EdgeInterceptor(lambda: deps.keys, deps.limiter, deps.metrics, deps.slots)],
         options=[("grpc.so_reuseport", 0), ("grpc.keepalive_permit_without_calls", 1),
                  ("grpc.max_receive_message_length", deps.max_message_bytes),
                  ("grpc.max_concurrent_streams", deps.max_concurrent_streams)],
@@ -231,9 +247,12 @@ def router_gauges(deps: RouterDeps) -> list[Sample]:
     ]
     for zone, signal in sorted(snapshot.carbon.items()):
         samples.append(("scheduler_carbon_signal_age_seconds", {"zone": zone}, snapshot.now - signal.observed_at))
+    samples.extend(carbon_signal_gauges(snapshot))  # usable now (signal_check), else why not
     for region in snapshot.regions:
         healthy = region_verdict(snapshot, region.name) is None
         samples.append(("scheduler_router_region_healthy", {"region": region.name}, float(healthy)))
+    samples.extend(deps.limiter.samples())
+    samples.extend(deps.slots.samples())
     for gauge in deps.gauges:
         samples.extend(gauge())
     return samples
@@ -275,7 +294,7 @@ async def start_router(address: str, deps: RouterDeps) -> RunningRouter:
             running._started.append(task)
         if deps.metrics_port is not None:
             endpoint = MetricsEndpoint(lambda: deps.metrics.exposition(router_gauges(deps)), lambda: running.serving,
-                                       port=deps.metrics_port)
+                                       host=deps.metrics_host, port=deps.metrics_port)
             await endpoint.start()
             running.metrics_endpoint = endpoint
             running._started.append(endpoint)

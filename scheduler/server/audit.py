@@ -2,9 +2,12 @@
 
 ``record`` only appends to an in-memory queue; a background task ``xadd``s to the store's
 audit stream (MAXLEN ~ 100000). While the store is down, entries wait (bounded: beyond
-``max_pending`` the oldest are dropped and counted) and are flushed when it is back.
+``max_pending`` the oldest are dropped and counted) and are flushed when it is back. The
+writer survives any failure (an error answer such as OOM or READONLY included): the entry
+stays queued and is retried. Each entry is appended once per decision id (``xadd_once``): a
+write that timed out on our side but reached Redis is not appended again by the retry.
 Fields (shared format): decision_id, tenant, region, pool, energy_j, carbon_g, fallbacks
-(JSON). Never the prompt text.
+(JSON), partial ("1" / "0"), end_reason, carbon_basis. Never the prompt text.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from scheduler.types import EnergyReceipt
 log = logging.getLogger(__name__)
 
 AUDIT_MAXLEN = 100_000
+# How long an appended entry's marker is kept: far longer than any retry of the same entry.
+AUDIT_ONCE_TTL_S = 86_400.0
 
 
 def audit_fields(receipt: EnergyReceipt) -> dict[str, str]:
@@ -37,6 +42,9 @@ def audit_fields(receipt: EnergyReceipt) -> dict[str, str]:
             [{"signal": f.signal, "scorer": f.scorer, "age_s": f.age_s} for f in receipt.fallbacks]
             + [{"failover": a.region, "pool": a.pool, "error": a.error} for a in receipt.failovers]
         ),
+        "partial": "1" if receipt.partial else "0",
+        "end_reason": receipt.end_reason,
+        "carbon_basis": receipt.carbon_basis,
     }
 
 
@@ -66,7 +74,10 @@ class AuditLog:
     async def flush(self) -> None:
         """Write what is queued; on ``StateUnavailable`` leave the rest queued and re-raise."""
         while self._pending:
-            await self.store.xadd(keys.AUDIT, self._pending[0], maxlen=AUDIT_MAXLEN)
+            entry = self._pending[0]
+            # Once per decision: an append that timed out on our side may still have landed.
+            await self.store.xadd_once(keys.AUDIT, entry, AUDIT_MAXLEN, keys.audit_once(entry["decision_id"]),
+                                       AUDIT_ONCE_TTL_S)
             self._pending.popleft()
             self.written += 1
 
@@ -78,6 +89,11 @@ class AuditLog:
                 await self.flush()
             except StateUnavailable as exc:
                 log.warning("audit: store unavailable, %d entries queued: %s", len(self._pending), exc)
+                await asyncio.sleep(self.retry_s)
+                self._wake.set()
+            except Exception:
+                # Never let one failure end the writer: the entry stays queued and is retried.
+                log.exception("audit: write failed, %d entries queued; retrying", len(self._pending))
                 await asyncio.sleep(self.retry_s)
                 self._wake.set()
 

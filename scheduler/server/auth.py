@@ -5,8 +5,11 @@ role, a random salt and ``sha256(salt + secret)``, never the key itself
 (``scheduler keys create`` prints a new key once, and the entry to add). Clients send it as
 ``authorization: Bearer <key>``. Checking a key is one dict lookup and one hash.
 
-Rates are limited per tenant with a token bucket in this process (no store call on the
-request path): with N routers a tenant can reach N times its rate.
+A key may carry limits for its tenant (``rate_limit_rps``, ``max_concurrent_streams``) and bind
+it to jurisdictions (``jurisdictions: [EU]``): ``scope_jurisdictions`` intersects a request's
+allowed jurisdictions with the key's. ``TenantRateLimiter`` is the per-process token bucket;
+``scheduler.server.rate_limit`` shares a tenant's rate among routers through the store and
+falls back to this one when the store is unreachable.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import Field
@@ -39,6 +42,11 @@ class ApiKeyEntry(Strict):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     # Requests per second this key's tenant may send to one router; default: the router's.
     rate_limit_rps: float | None = Field(default=None, gt=0)
+    # Generate streams this key's tenant may hold open at once on one router; default: the router's.
+    max_concurrent_streams: int | None = Field(default=None, gt=0)
+    # The only jurisdictions this key's requests may run in (unset: any the request allows).
+    jurisdictions: tuple[Annotated[str, Field(pattern=r"^[A-Z]{2,8}$")], ...] | None = Field(
+        default=None, min_length=1)
 
 
 class KeysFile(Strict):
@@ -53,6 +61,8 @@ class Principal:
     admin: bool
     key_id: str = ""
     rate_limit_rps: float | None = None
+    max_concurrent_streams: int | None = None
+    jurisdictions: tuple[str, ...] = ()
 
 
 def _digest(salt: str, secret: str) -> str:
@@ -65,15 +75,22 @@ class NewKey:
     entry: ApiKeyEntry
 
     def entry_yaml(self) -> str:
-        return yaml.safe_dump([self.entry.model_dump(exclude_none=True)], sort_keys=False)
+        return yaml.safe_dump([self.entry_dict()], sort_keys=False)
+
+    def entry_dict(self) -> dict[str, object]:
+        """The entry as the keys file holds it (unset limits left out)."""
+        data: dict[str, object] = self.entry.model_dump(mode="json", exclude_none=True)
+        return data
 
 
-def create_key(tenant: str, admin: bool = False, rate_limit_rps: float | None = None) -> NewKey:
+def create_key(tenant: str, admin: bool = False, rate_limit_rps: float | None = None,
+               max_concurrent_streams: int | None = None, jurisdictions: Sequence[str] = ()) -> NewKey:
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     salt = secrets.token_hex(16)
     entry = ApiKeyEntry(id=key_id, tenant=tenant, role="admin" if admin else "tenant", salt=salt,
-                        sha256=_digest(salt, secret), rate_limit_rps=rate_limit_rps)
+                        sha256=_digest(salt, secret), rate_limit_rps=rate_limit_rps,
+                        max_concurrent_streams=max_concurrent_streams, jurisdictions=tuple(jurisdictions) or None)
     return NewKey(key=f"{KEY_PREFIX}{key_id}.{secret}", entry=entry)
 
 
@@ -105,7 +122,26 @@ class KeyRing:
         if entry is None or not hmac.compare_digest(_digest(entry.salt, secret), entry.sha256):
             raise errors.Unauthenticated("unknown API key")
         return Principal(tenant=entry.tenant, admin=entry.role == "admin", key_id=entry.id,
-                         rate_limit_rps=entry.rate_limit_rps)
+                         rate_limit_rps=entry.rate_limit_rps, max_concurrent_streams=entry.max_concurrent_streams,
+                         jurisdictions=entry.jurisdictions or ())
+
+
+def scope_jurisdictions(principal: Principal, requested: Sequence[str]) -> tuple[str, ...]:
+    """The jurisdictions a request may run in under ``principal``'s key: the request's list
+    intersected with the key's (an empty request list: the key's list; a key without a list:
+    the request's). ``PermissionDenied`` naming them when the request allows only others."""
+    bound = principal.jurisdictions
+    if not bound:
+        return tuple(requested)
+    if not requested:
+        return bound
+    kept = tuple(code for code in requested if code in bound)
+    if not kept:
+        outside = ", ".join(sorted(set(requested)))
+        raise errors.PermissionDenied(
+            f"the key of tenant {principal.tenant!r} may only run in {', '.join(bound)}; "
+            f"the request allows only {outside}")
+    return kept
 
 
 @dataclass

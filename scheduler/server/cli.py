@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,22 +18,36 @@ log = logging.getLogger(__name__)
 
 def register(sub: Any) -> None:
     router = sub.add_parser("router", help="run the global router (gRPC)")
-    router.add_argument("--host", default="0.0.0.0", help="address to bind (default: all interfaces)")
+    router.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: loopback only; 0.0.0.0: all interfaces)")
     router.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one (printed)")
     add_config_dirs(router)
     router.add_argument("--policy", default="default", help="routing policy name (a file in --policies)")
     router.add_argument("--state", default="memory", help="memory | redis://HOST:PORT/DB")
     router.add_argument("--namespace", default="default", help="key namespace in the state store")
-    router.add_argument("--keys", type=Path, help="API keys file (without it: no authentication)")
+    router.add_argument("--keys", type=Path,
+                        help="API keys file (`scheduler keys create --append FILE`); re-read when it changes "
+                             "or on SIGHUP. Required unless --insecure")
+    router.add_argument("--insecure", action="store_true",
+                        help="run WITHOUT authentication: every caller is an admin (local development only; "
+                             "warned at every start)")
+    router.add_argument("--keys-reload-interval", type=float, default=2.0,
+                        help="seconds between checks of the keys file for changes (default 2)")
+    router.add_argument("--max-streams-per-tenant", type=int, default=None,
+                        help="concurrent Generate streams one tenant may hold on this router; a key's "
+                             "max_concurrent_streams overrides it (default: a quarter of the dispatch pool, 256)")
     router.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     router.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     router.add_argument("--tls-client-ca", type=Path, help="CA for client certificates: mutual TLS")
-    router.add_argument("--rate-limit", type=float, default=50.0, help="requests/s per tenant (default 50)")
+    router.add_argument("--rate-limit", type=float, default=50.0,
+                        help="requests/s per tenant, shared by all routers on the state store (default 50)")
     router.add_argument("--refresh-interval", type=float, default=0.5, help="snapshot refresh period, s")
     router.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get at shutdown")
     router.add_argument("--budgets", type=Path, help="tenant energy/carbon budgets (YAML; see docs/deploying.md)")
     router.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics and /healthz over plain HTTP on this port (0: any free port)")
+    router.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address of the /metrics endpoint (default: loopback only; 0.0.0.0 for scrapers)")
     router.add_argument("--no-carbon-pollers", action="store_true",
                         help="do not poll carbon providers (another process writes the signals)")
     router.add_argument("--ticket-keys", type=Path, default=os.environ.get(KEYS_FILE_ENV) or None,
@@ -41,6 +56,9 @@ def register(sub: Any) -> None:
                         help="dispatch without tickets (regions must run with tickets disabled; development only)")
     router.add_argument("--direct-targets", type=int, default=3,
                         help="ranked candidates a Route answer signs tickets for (direct mode; default 3)")
+    router.add_argument("--max-stream-s", type=float, default=600.0,
+                        help="longest a Generate stream may last, whatever the client's deadline; past it "
+                             "the stream ends with DEADLINE_EXCEEDED and a partial receipt (0: no limit; default 600)")
     router.set_defaults(handler=_router)
 
     tickets = sub.add_parser("tickets", help="manage the regions' dispatch-ticket keys")
@@ -66,6 +84,11 @@ def register(sub: Any) -> None:
     create.add_argument("--tenant", required=True)
     create.add_argument("--admin", action="store_true", help="may use RouterAdmin (kill switch, status)")
     create.add_argument("--rate-limit", type=float, help="requests/s for this tenant (default: the router's)")
+    create.add_argument("--max-streams", type=int,
+                        help="concurrent Generate streams for this tenant per router (default: the router's)")
+    create.add_argument("--jurisdictions", type=_codes, default=(),
+                        help="comma-separated jurisdictions this key's requests may run in, e.g. EU "
+                             "(default: any the request allows)")
     create.add_argument("--append", type=Path, metavar="FILE", help="also add the entry to this keys file")
     create.set_defaults(handler=_keys_create)
 
@@ -79,6 +102,8 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.plugins import load_checked_fleet
     from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
+    from scheduler.server.keys_reload import KeysReloader
+    from scheduler.server.stream_slots import StreamSlots
     from scheduler.state.factory import open_store
     from scheduler.tickets import TicketKeyRing, TicketKeysError
 
@@ -105,8 +130,20 @@ def _router(args: argparse.Namespace) -> int:
     except BudgetError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if keys is None and not args.insecure:
+        print("no --keys file: make one with `scheduler keys create --tenant NAME --append keys.yaml`, "
+              "or pass --insecure to run without authentication (local development only)", file=sys.stderr)
+        return 2
+    if not args.max_stream_s >= 0:
+        print(f"--max-stream-s: expected seconds >= 0 (0: no limit), got {args.max_stream_s}", file=sys.stderr)
+        return 2
+    if args.max_streams_per_tenant is not None and args.max_streams_per_tenant < 1:
+        print(f"--max-streams-per-tenant: expected at least 1, got {args.max_streams_per_tenant}", file=sys.stderr)
+        return 2
     if keys is None:
-        log.warning("no --keys file: authentication is OFF, every caller is an admin (local use only)")
+        log.warning("--insecure: authentication is OFF, every caller is an admin (local development only)")
+    elif args.insecure:
+        log.warning("--insecure ignored: --keys %s is given, callers must present a key", args.keys)
     if ticket_keys is None and not args.insecure_no_tickets:
         print(f"no --ticket-keys (or ${KEYS_FILE_ENV}): make them with `scheduler tickets keygen`, "
               "or pass --insecure-no-tickets for development", file=sys.stderr)
@@ -118,32 +155,59 @@ def _router(args: argparse.Namespace) -> int:
                       rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
                       metrics_port=args.metrics_port, ticket_keys=ticket_keys)
     deps.direct_targets = args.direct_targets
+    deps.metrics_host = args.metrics_host
+    from dataclasses import replace
+    deps.dispatcher.settings = replace(deps.dispatcher.settings, max_stream_s=args.max_stream_s or None)
+    if args.max_streams_per_tenant is not None:
+        deps.slots = StreamSlots(args.max_streams_per_tenant)
+    reloader = None
+    if args.keys:
+        def use(ring: KeyRing) -> None:
+            deps.keys = ring
+
+        reloader = KeysReloader(args.keys, use, interval_s=args.keys_reload_interval)
+        deps.background.append(reloader)
     with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets)
 
     async def serve() -> None:
         running = await start_router(f"{args.host}:{args.port}", deps)
+        if reloader is not None:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.reload)
         print(f"router listening on {args.host}:{running.port}", flush=True)
         if running.metrics_endpoint is not None:
-            print(f"metrics on http://{args.host}:{running.metrics_endpoint.port}/metrics", flush=True)
+            print(f"metrics on http://{args.metrics_host}:{running.metrics_endpoint.port}/metrics", flush=True)
         await serve_until_signalled(running, args.grace)
 
     asyncio.run(serve())
     return 0
 
 
+def _codes(text: str) -> tuple[str, ...]:
+    """``EU,US`` -> ("EU", "US") (upper-cased; the keys file checks each code)."""
+    return tuple(code.strip().upper() for code in text.split(",") if code.strip())
+
+
 def _keys_create(args: argparse.Namespace) -> int:
+    import pydantic
     import yaml
 
     from scheduler.server.auth import create_key
 
-    new = create_key(args.tenant, admin=args.admin, rate_limit_rps=args.rate_limit)
+    try:
+        new = create_key(args.tenant, admin=args.admin, rate_limit_rps=args.rate_limit,
+                         max_concurrent_streams=args.max_streams, jurisdictions=args.jurisdictions)
+    except pydantic.ValidationError as exc:
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            print(f"keys create: {field}: {error['msg']} (got {error['input']!r})", file=sys.stderr)
+        return 2
     print(f"key (shown once, give it to {args.tenant}):\n  {new.key}\n")
     print("entry for the keys file (under `keys:`):")
     print(new.entry_yaml())
     if args.append:
         existing = yaml.safe_load(args.append.read_text()) if args.append.exists() else None
         data = existing if isinstance(existing, dict) else {"keys": []}
-        data.setdefault("keys", []).append(new.entry.model_dump(exclude_none=True))
+        data.setdefault("keys", []).append(new.entry_dict())
         args.append.write_text(yaml.safe_dump(data, sort_keys=False))
         print(f"added to {args.append}")
     return 0

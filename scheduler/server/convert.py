@@ -250,7 +250,7 @@ def carbon_to_proto(used: CarbonUsed) -> pb.CarbonSignal:
 _OPTIONAL_RECEIPT_FIELDS = (
     "energy_j", "energy_j_low", "energy_j_high", "confidence", "waiting_j", "prefill_j", "decode_j",
     "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens",
-    "reused_tokens", "avoided_j", "carbon_g", "ttft_ms",
+    "reused_tokens", "avoided_j", "carbon_g", "ttft_ms", "carbon_intensity_g_per_kwh",
 )
 
 
@@ -268,6 +268,9 @@ def receipt_to_proto(receipt: EnergyReceipt) -> pb.EnergyReceipt:
         fallbacks=[fallback_to_proto(f) for f in receipt.fallbacks],
         failovers=[pb.Failover(region=a.region, pool=a.pool, error=a.error, http_status=a.http_status)
                    for a in receipt.failovers],
+        partial=receipt.partial,
+        end_reason=receipt.end_reason,
+        carbon_basis=receipt.carbon_basis,
     )
     for name in _OPTIONAL_RECEIPT_FIELDS:
         value = getattr(receipt, name)

@@ -7,6 +7,15 @@ failure) before the first text reaches the client moves on to the next candidate
 recorded; once text has been relayed, a failure ends the stream with a non-retryable
 ``Unavailable``. A 400/422 from the region is the request's fault: ``InvalidRequest``.
 
+Every stream has a total deadline: the client's gRPC deadline, capped by the router-wide
+``DispatchSettings.max_stream_s`` (``scheduler router --max-stream-s``), so a region that keeps
+streaming cannot hold a router connection forever. Past it the stream ends with
+``DeadlineExceeded`` (each read is bounded by the time left, not only by the silence between
+reads).
+
+While relaying, the stream counts the content events it passed on (``content_events``): a
+partial receipt bills those when the region's usage (sent only in the final event) never came.
+
 Text that arrives in one network read is relayed as one chunk (coalescing without delay).
 """
 
@@ -33,6 +42,8 @@ COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 # Region answers that mean "this request is wrong" rather than "this region is unwell".
 CLIENT_ERRORS = frozenset({400, 422})
+# Longest region error message kept (in failover records, receipts and statuses).
+REGION_MESSAGE_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,8 @@ class DispatchSettings:
     read_timeout_s: float = 60.0
     max_connections: int = 1024
     keepalive_connections: int = 256
+    # Longest a Generate stream may last, whatever the client's deadline (None: no limit).
+    max_stream_s: float | None = 600.0
 
 
 @dataclass
@@ -78,6 +91,10 @@ class RegionStream:
     energy: Mapping[str, Any] | None = None
     failovers: list[errors.Attempt] = field(default_factory=list)
     first_text_at: float | None = None
+    # The candidate being tried (after the first text: the one answering).
+    current: Candidate | None = None
+    # SSE events with text relayed to the client (about one token each; see the module doc).
+    content_events: int = 0
     _deltas: AsyncGenerator[TextDelta, None] | None = field(default=None, init=False, repr=False)
     _first: asyncio.Future[TextDelta | None] | None = field(default=None, init=False, repr=False)
 
@@ -120,6 +137,7 @@ class RegionStream:
 
     async def _failover(self) -> AsyncGenerator[TextDelta, None]:
         for candidate in self.decision.ranked_candidates:
+            self.current = candidate
             try:
                 async for delta in self._attempt(candidate):
                     yield delta
@@ -127,6 +145,8 @@ class RegionStream:
                 return
             except _RegionFailed as failure:
                 attempt = errors.Attempt(candidate.region.name, candidate.pool.name, failure.error, failure.http_status)
+                if self.deadline_s is not None and self.clock() >= self.deadline_s:
+                    raise self._deadline_exceeded(f"{candidate.key}: {failure.error}") from None
                 if self.first_text_at is not None:
                     raise errors.Unavailable(
                         f"region {candidate.key} failed after the first token: {failure.error}",
@@ -169,6 +189,8 @@ class RegionStream:
     async def _reject(self, response: httpx.Response) -> None:
         raw = await response.aread()
         message, param = openai_error(raw)
+        # A region's error body may carry a whole traceback: keep what names the problem.
+        message = message if len(message) <= REGION_MESSAGE_CHARS else message[:REGION_MESSAGE_CHARS] + " …"
         if response.status_code in CLIENT_ERRORS:
             raise errors.InvalidRequest([errors.FieldViolation(param or "request", f"region says: {message}")])
         raise _RegionFailed(f"HTTP {response.status_code}: {message}", response.status_code)
@@ -180,9 +202,16 @@ class RegionStream:
         stream = response.aiter_bytes()
         while not done:
             try:
-                data = await anext(stream)
+                if self.deadline_s is None:
+                    data = await anext(stream)
+                else:
+                    # Bounds the whole stream, not only the silence between two reads.
+                    async with asyncio.timeout(max(0.0, self.deadline_s - self.clock())):
+                        data = await anext(stream)
             except StopAsyncIteration:
                 break
+            except TimeoutError:
+                raise self._deadline_exceeded("") from None
             texts = []
             for payload in parser.feed(data):
                 if payload == DONE:
@@ -190,6 +219,7 @@ class RegionStream:
                     break
                 text, reason = self._event(payload)
                 texts.append(text)
+                self.content_events += 1 if text else 0
                 finish = reason or finish
             text = "".join(texts)
             if text or (finish and done):
@@ -203,6 +233,14 @@ class RegionStream:
         # then, else every stream would pay a new TCP (and TLS) handshake.
         async for _ in stream:
             pass
+
+    def _deadline_exceeded(self, detail: str) -> errors.DeadlineExceeded:
+        limit = self.settings.max_stream_s
+        what = "the client's deadline" if limit is None else \
+            f"the client's deadline or the router's max_stream_s ({limit:g} s), whichever came first"
+        return errors.DeadlineExceeded(
+            f"the stream passed its deadline ({what}) after {self.content_events} content events"
+            + (f"; last failure {detail}" if detail else ""))
 
     def _event(self, payload: str) -> tuple[str, str]:
         try:
@@ -240,7 +278,12 @@ class RegionDispatcher:
 
     def stream(self, decision: Decision, call: RegionCall, deadline_s: float | None,
                x_scheduler: Mapping[str, str], ticket_for: Callable[[Candidate], str] | None = None) -> RegionStream:
-        """``deadline_s``: on this dispatcher's clock (None: no deadline)."""
+        """``deadline_s``: the client's, on this dispatcher's clock (None: none); the stream's
+        deadline is the earlier of it and ``settings.max_stream_s`` from now."""
+        limit = self.settings.max_stream_s
+        if limit is not None:
+            cap = self.clock() + limit
+            deadline_s = cap if deadline_s is None else min(deadline_s, cap)
         return RegionStream(decision, call, self.client, self.settings, deadline_s, x_scheduler, self.clock,
                             ticket_for)
 

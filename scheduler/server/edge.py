@@ -1,15 +1,19 @@
 """The router's edge: one interceptor that admits each call and maps its failure once.
 
-For every scheduler.v1 method it (1) authenticates the ``authorization: Bearer`` key,
-(2) requires the admin role for ``RouterAdmin``, (3) applies the tenant's rate limit, then
-runs the servicer with the caller's ``Principal`` available through ``current_principal()``,
-and (4) turns any ``scheduler.errors`` outcome (or an unexpected exception) into a gRPC
-status with ``google.rpc`` details (``scheduler.server.status``). Health and reflection stay
-open, as load balancers and grpcurl expect.
+For every scheduler.v1 method it (1) authenticates the ``authorization: Bearer`` key (from
+the current key ring: the keys file is reloaded without a restart), (2) requires the admin
+role for ``RouterAdmin``, (3) applies the tenant's rate limit (shared by the routers through
+the store), (3b) for streaming methods (Generate) takes one of the tenant's concurrent-stream
+slots, given back however the stream ends, then runs the servicer with the caller's
+``Principal`` available through ``current_principal()``, and (4) turns any
+``scheduler.errors`` outcome (or an unexpected exception) into a gRPC status with
+``google.rpc`` details (``scheduler.server.status``). Health and reflection stay open, as
+load balancers and grpcurl expect.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,10 +23,12 @@ from typing import Any
 import grpc
 
 from scheduler import errors
-from scheduler.server.auth import KeyRing, Principal, TenantRateLimiter
+from scheduler.server.auth import KeyRing, Principal
 from scheduler.server.metrics import RouterMetrics
+from scheduler.server.rate_limit import SharedRateLimiter
 from scheduler.server.status import status_for
-from scheduler.server.wire import GENERATE_REQUEST_FIELDS, RejectedRequest, guarded
+from scheduler.server.stream_slots import StreamSlots
+from scheduler.server.wire import GENERATE_REQUEST_FIELDS, RejectedRequest, decoded, guarded
 from scheduler.v1 import messages_pb2
 
 log = logging.getLogger(__name__)
@@ -68,19 +74,22 @@ Streaming = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[An
 
 @dataclass
 class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    keys: KeyRing | None
-    limiter: TenantRateLimiter
+    # The current key ring, read on every call (None: no authentication, --insecure).
+    keys: Callable[[], KeyRing | None]
+    limiter: SharedRateLimiter
     metrics: RouterMetrics
+    slots: StreamSlots
 
-    def admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
-        if self.keys is None:
+    async def admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        keys = self.keys()
+        if keys is None:
             return LOCAL_PRINCIPAL
-        principal = self.keys.authenticate(_authorization(context))
+        principal = keys.authenticate(_authorization(context))
         admin_method = method.startswith(ADMIN_PREFIX)
         if admin_method and not principal.admin:
             raise errors.PermissionDenied(f"{method} needs an admin key; tenant {principal.tenant!r} has none")
         if not admin_method:
-            self.limiter.check(principal)
+            await self.limiter.check(principal)
         return principal
 
     def _status(self, exc: Exception) -> grpc.Status:
@@ -93,7 +102,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             code = grpc.StatusCode.OK
             try:
-                _principal.set(self.admit(method, context))
+                _principal.set(await self.admit(method, context))
                 _refuse_rejected(request)
                 return await inner(request, context)
             except grpc.aio.AbortError:
@@ -111,11 +120,18 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def _streaming(self, method: str, inner: Streaming) -> Streaming:
         async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             code = grpc.StatusCode.OK
+            slot: Principal | None = None
             try:
-                _principal.set(self.admit(method, context))
+                principal = await self.admit(method, context)
+                _principal.set(principal)
                 _refuse_rejected(request)
+                self.slots.acquire(principal)
+                slot = principal
                 async for response in inner(request, context):
                     yield response
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
             except grpc.aio.AbortError:
                 code = grpc.StatusCode.UNKNOWN
                 raise
@@ -124,6 +140,8 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 code = status.code
                 await _abort(context, status)
             finally:
+                if slot is not None:
+                    self.slots.release(slot)
                 self.metrics.request(method, code.name)
 
         return behavior
@@ -140,6 +158,8 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             return handler
         if method in GUARDED_DESERIALIZERS:
             handler = handler._replace(request_deserializer=GUARDED_DESERIALIZERS[method])
+        elif handler.request_deserializer is not None:
+            handler = handler._replace(request_deserializer=decoded(handler.request_deserializer, f"request to {method}"))
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=self._unary(method, handler.unary_unary))
         if handler.unary_stream is not None:

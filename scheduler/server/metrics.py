@@ -91,7 +91,8 @@ class MetricsEndpoint:
 
     render: Callable[[], str]
     serving: Callable[[], bool]
-    host: str = "0.0.0.0"
+    # Loopback by default: open it (the router's --metrics-host) only where scrapers need it.
+    host: str = "127.0.0.1"
     port: int = 0
     _server: asyncio.Server | None = field(default=None, init=False, repr=False)
 

@@ -2,10 +2,24 @@
 
 Energy comes from the region's ``energy`` object (measured: ``nvml`` or ``node-share``) when
 it sends one; otherwise from the energy model's estimate for the pool that answered, with
-the token counts the region reported (``measurement_source: model``). Carbon is that energy
-x the grid's carbon intensity (the snapshot's signal for the region's zone) x the region's
-PUE, and only when the signal is within the policy's max age: a stale signal is shown but
-never used. A field nothing measured stays ``None`` (absent in the proto).
+the token counts the region reported (``measurement_source: model``). A field nothing
+measured stays ``None`` (absent in the proto).
+
+Partial receipts: a stream that relayed text and then ended early (the client cancelled, a
+deadline passed, the region failed) is billed too (``partial``, ``end_reason``). The region
+sends its usage only in the final event, so the completion tokens are then the number of
+content events the router relayed: vLLM streams about one token per event, so this is an
+approximation (a detokenizer that merges tokens makes it low; never high by more than the
+events that carried no new token). Energy is the model's estimate for those tokens.
+
+Carbon is that energy x a carbon intensity x the region's PUE. The intensity is the
+snapshot's signal for the region's zone when ``signal_check.signal_problem`` accepts it
+(``carbon_basis: "signal"``). When the signal is stale, dated in the future, invalid or
+missing, a request still emitted carbon, so it is booked at a conservative bound, never 0:
+the larger of the last usable value seen (if the value itself is valid) and
+``UPPER_BOUND_G_PER_KWH`` (1,100 gCO2e/kWh: no grid's average exceeds it; see
+``scheduler.signal_check``), marked ``carbon_basis: "upper-bound"`` so it is never mistaken
+for a measurement. Direct-mode receipts do the same (``scheduler.region_receipt``).
 """
 
 from __future__ import annotations
@@ -15,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.errors import Attempt
-from scheduler.region_receipt import J_PER_KWH, energy_fields, number
+from scheduler.region_receipt import J_PER_KWH, UPPER_BOUND_G_PER_KWH, energy_fields, number
+from scheduler.signal_check import signal_problem, value_problem
 from scheduler.types import Candidate, CarbonUsed, EnergyReceipt, Fallback, FleetSnapshot
 
 MODEL_ATTRIBUTION = "model-v1"
@@ -55,6 +70,10 @@ class ReceiptInputs:
     energy: Mapping[str, Any] | None
     ttft_ms: float | None
     duration_ms: float
+    # Content events relayed to the client (the token count when the region sent no usage).
+    relayed_events: int = 0
+    # complete | cancelled | deadline | region-error; anything but complete is partial.
+    end_reason: str = "complete"
 
 
 def _modelled_energy(inputs: ReceiptInputs, prompt: int, cached: int, completion: int) -> dict[str, Any]:
@@ -82,7 +101,7 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
     usage = Usage.from_region(inputs.usage)
     prompt = usage.prompt_tokens if usage.prompt_tokens is not None else inputs.prompt_tokens
     cached = usage.cached_tokens if usage.cached_tokens is not None else inputs.cached_tokens
-    completion = usage.completion_tokens if usage.completion_tokens is not None else 0
+    completion = usage.completion_tokens if usage.completion_tokens is not None else inputs.relayed_events
     candidate, snapshot = inputs.candidate, inputs.snapshot
     energy = (
         energy_fields(inputs.energy)
@@ -90,14 +109,18 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         else _modelled_energy(inputs, prompt, cached, completion)
     )
     carbon_used = None
-    carbon_g = None
     signal = snapshot.carbon.get(candidate.region.grid_zone)
+    intensity, basis = UPPER_BOUND_G_PER_KWH, "upper-bound"
     if signal is not None:
-        age = snapshot.age(signal.observed_at)
-        stale = age > snapshot.policy.max_age.carbon
-        carbon_used = CarbonUsed(signal, age, stale)
-        if not stale and energy["energy_j"] is not None:
-            carbon_g = energy["energy_j"] / J_PER_KWH * signal.value * candidate.region.pue
+        problem = signal_problem(signal, snapshot.now, snapshot.policy.max_age.carbon)
+        carbon_used = CarbonUsed(signal, snapshot.age(signal.observed_at), problem is not None)
+        if problem is None:
+            intensity, basis = signal.value, "signal"
+        elif value_problem(signal) is None:
+            intensity = max(intensity, signal.value)
+    carbon_g = None
+    if energy["energy_j"] is not None:
+        carbon_g = energy["energy_j"] / J_PER_KWH * intensity * candidate.region.pue
     return EnergyReceipt(
         decision_id=inputs.decision_id,
         request_id=inputs.request_id,
@@ -107,7 +130,7 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         pool=candidate.pool.name,
         pue=candidate.region.pue,
         prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
+        completion_tokens=usage.completion_tokens if usage.completion_tokens is not None else inputs.relayed_events,
         reused_tokens=usage.cached_tokens,
         carbon_g=carbon_g,
         carbon=carbon_used,
@@ -115,5 +138,9 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         failovers=inputs.failovers,
         ttft_ms=inputs.ttft_ms,
         duration_ms=inputs.duration_ms,
+        partial=inputs.end_reason != "complete",
+        end_reason=inputs.end_reason,
+        carbon_basis=basis,
+        carbon_intensity_g_per_kwh=intensity,
         **energy,
     )

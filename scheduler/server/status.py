@@ -4,6 +4,8 @@
 - Unschedulable    -> FAILED_PRECONDITION + PreconditionFailure (every candidate's rejection)
 - Unavailable      -> UNAVAILABLE        + ErrorInfo (retryable, attempts) [+ RetryInfo]
 - RateLimited      -> RESOURCE_EXHAUSTED + QuotaFailure + RetryInfo
+- StreamLimited    -> RESOURCE_EXHAUSTED + QuotaFailure (concurrent streams)
+- DeadlineExceeded -> DEADLINE_EXCEEDED
 - Unauthenticated  -> UNAUTHENTICATED;  PermissionDenied -> PERMISSION_DENIED
 - Internal / anything else -> INTERNAL (the message of an unexpected exception is not shown)
 """
@@ -25,6 +27,18 @@ from scheduler import errors
 log = logging.getLogger(__name__)
 
 ERROR_DOMAIN = "scheduler.v1"
+# A status travels in trailing metadata (grpc-message + base64 grpc-status-details-bin), which
+# clients refuse beyond 8 KiB by default: the message is clipped, lists are cut with a count of
+# what was left out, and as a last resort details that do not fit are dropped (the code and
+# the clipped message always arrive).
+MAX_MESSAGE_CHARS = 1000
+MAX_STATUS_BYTES = 4000
+MAX_LISTED = 20
+MAX_ATTEMPT_ERROR_CHARS = 300
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 12] + " …(clipped)"
 
 
 def _pack(*details: object) -> list[any_pb2.Any]:
@@ -58,17 +72,19 @@ def _unschedulable(exc: errors.SchedulerError) -> status_pb2.Status:
     failure = error_details_pb2.PreconditionFailure(
         violations=[
             error_details_pb2.PreconditionFailure.Violation(type=r.plugin, subject=r.subject, description=r.reason)
-            for r in exc.rejections
+            for r in exc.rejections[:MAX_LISTED]
         ]
     )
+    if len(exc.rejections) > MAX_LISTED:
+        failure.violations.add(type="", subject="", description=f"{len(exc.rejections) - MAX_LISTED} more not listed")
     info = error_details_pb2.ErrorInfo(reason="UNSCHEDULABLE", domain=ERROR_DOMAIN, metadata={"plugin": exc.plugin})
     return status_pb2.Status(code=code_pb2.FAILED_PRECONDITION, message=str(exc), details=_pack(failure, info))
 
 
 def _unavailable(exc: errors.SchedulerError) -> status_pb2.Status:
     assert isinstance(exc, errors.Unavailable)
-    attempts = [{"region": a.region, "pool": a.pool, "error": a.error, "http_status": a.http_status}
-                for a in exc.attempts]
+    attempts = [{"region": a.region, "pool": a.pool, "error": clip(a.error, MAX_ATTEMPT_ERROR_CHARS),
+                 "http_status": a.http_status} for a in exc.attempts[:MAX_LISTED]]
     info = error_details_pb2.ErrorInfo(
         reason="REGIONS_UNAVAILABLE" if exc.retryable else "STREAM_INTERRUPTED",
         domain=ERROR_DOMAIN,
@@ -88,6 +104,15 @@ def _rate_limited(exc: errors.SchedulerError) -> status_pb2.Status:
     )
     return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc),
                              details=_pack(quota, _retry_info(exc.retry_after_s)))
+
+
+def _stream_limited(exc: errors.SchedulerError) -> status_pb2.Status:
+    assert isinstance(exc, errors.StreamLimited)
+    quota = error_details_pb2.QuotaFailure(
+        violations=[error_details_pb2.QuotaFailure.Violation(
+            subject=f"tenant:{exc.tenant}", description=f"limit {exc.limit_streams} concurrent streams")]
+    )
+    return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc), details=_pack(quota))
 
 
 def _budget_exhausted(exc: errors.SchedulerError) -> status_pb2.Status:
@@ -113,10 +138,12 @@ STATUS_BUILDERS: Mapping[type[errors.SchedulerError], Callable[[errors.Scheduler
         errors.Unschedulable: _unschedulable,
         errors.Unavailable: _unavailable,
         errors.RateLimited: _rate_limited,
+        errors.StreamLimited: _stream_limited,
         errors.BudgetExhausted: _budget_exhausted,
         errors.Unauthenticated: _plain(code_pb2.UNAUTHENTICATED),
         errors.PermissionDenied: _plain(code_pb2.PERMISSION_DENIED),
         errors.Internal: _plain(code_pb2.INTERNAL),
+        errors.DeadlineExceeded: _plain(code_pb2.DEADLINE_EXCEEDED),
     })
 )
 
@@ -129,5 +156,12 @@ def status_for(exc: BaseException) -> grpc.Status:
         status = status_pb2.Status(code=code_pb2.INTERNAL, message="internal error in the router")
     else:
         status = builder(exc)
+    status.message = clip(status.message, MAX_MESSAGE_CHARS)
+    if status.ByteSize() > MAX_STATUS_BYTES:
+        kept = [d for d in status.details]
+        del status.details[:]
+        for detail in kept:
+            if status.ByteSize() + detail.ByteSize() + 8 <= MAX_STATUS_BYTES:
+                status.details.append(detail)
     result: grpc.Status = rpc_status.to_status(status)
     return result

@@ -6,7 +6,9 @@ request deserializer first walks the message's top-level fields on the wire (a h
 length prefixes, no allocation per entry) and refuses any field longer than a real request
 needs, then parses. Whatever it refuses, or the parser cannot decode (invalid UTF-8 in a
 string, a truncated message), becomes a ``RejectedRequest``, which the edge answers with
-INVALID_ARGUMENT naming the field, instead of the parser's exception as UNKNOWN.
+INVALID_ARGUMENT naming the field, instead of the parser's exception as UNKNOWN. The other
+scheduler.v1 methods' requests get only the second half (``decoded``): undecodable bytes are
+refused the same way.
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ def oversized_fields(data: bytes, limits: Mapping[int, tuple[str, int]]) -> list
     return violations
 
 
+def _undecodable(what: str, exc: Exception) -> RejectedRequest:
+    detail = str(exc)[:120] or type(exc).__name__
+    return RejectedRequest((FieldViolation("request", f"not a valid {what}: {detail}"),))
+
+
 def guarded(parse: Callable[[bytes], Any], limits: Mapping[int, tuple[str, int]], what: str) -> Callable[[bytes], Any]:
     """A request deserializer: the message, or a ``RejectedRequest`` saying why not."""
 
@@ -95,7 +102,19 @@ def guarded(parse: Callable[[bytes], Any], limits: Mapping[int, tuple[str, int]]
                 return RejectedRequest(tuple(violations))
             return parse(data)
         except (DecodeError, ValueError) as exc:
-            detail = str(exc)[:120] or type(exc).__name__
-            return RejectedRequest((FieldViolation("request", f"not a valid {what}: {detail}"),))
+            return _undecodable(what, exc)
+
+    return deserialize
+
+
+def decoded(parse: Callable[[bytes], Any], what: str) -> Callable[[bytes], Any]:
+    """A request deserializer for the small messages (ListRegions, the admin methods): no size
+    walk, but bytes the parser cannot decode become a ``RejectedRequest`` too, not UNKNOWN."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return _undecodable(what, exc)
 
     return deserialize

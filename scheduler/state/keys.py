@@ -10,6 +10,11 @@ def region_state(region: str) -> str:
 REGION_STATE_PREFIX = "region:"
 
 
+def region_seen(region: str) -> str:
+    """When the region last published (no TTL: outlives its expired state key)."""
+    return f"region_seen:{region}"
+
+
 def signal(kind: str, zone: str) -> str:
     return f"signal:{kind}:{zone}"
 
@@ -24,6 +29,11 @@ def ledger(tenant: str, month: str) -> str:
 
 FLAGS = "flags"
 AUDIT = "audit"
+
+
+def audit_once(decision_id: str) -> str:
+    """Marks a decision's audit entry as appended (a retried XADD lands once)."""
+    return f"audit_once:{decision_id}"
 
 
 def lock(name: str) -> str:

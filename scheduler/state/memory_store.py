@@ -8,6 +8,7 @@ inside, so each is atomic on the event loop.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,12 @@ class MemoryStore:
         del entries[: max(0, len(entries) - maxlen)]
         return entry_id
 
+    async def xadd_once(self, stream: str, fields: Mapping[str, str], maxlen: int, once_key: str,
+                        once_ttl_s: float) -> str | None:
+        if not await self.set_nx(once_key, b"1", once_ttl_s):
+            return None
+        return await self.xadd(stream, fields, maxlen)
+
     async def xrange(self, stream: str, count: int, after: str | None = None) -> list[tuple[str, dict[str, str]]]:
         if not self._live(stream):
             return []
@@ -116,6 +123,26 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+    async def take_tokens(self, key: str, wanted: int, rate_per_s: float, capacity: float) -> tuple[int, float]:
+        now = self.clock()
+        state = self._hashes.get(key) if self._live(key) else None
+        tokens, at = (capacity, now) if state is None else (state["tokens"], state["at"])
+        tokens = min(capacity, tokens + max(0.0, now - at) * rate_per_s)
+        granted = max(0, min(math.floor(tokens), wanted))
+        tokens -= granted
+        self._drop(key)
+        self._hashes[key] = {"tokens": tokens, "at": now}
+        self._expires[key] = now + capacity / rate_per_s + 1.0
+        return granted, tokens
+
+    async def ledger_add(self, key: str, fields: Mapping[str, float], once_key: str | None,
+                         once_ttl_s: float) -> bool:
+        if once_key is not None and not await self.set_nx(once_key, b"1", once_ttl_s):
+            return False
+        for name, amount in fields.items():
+            await self.hincrbyfloat(key, name, amount)
+        return True
 
     def _next_stream_id(self) -> str:
         # Redis-style "<ms>-<seq>" ids, strictly increasing even within one millisecond.

@@ -2,9 +2,9 @@
 
 Every key is prefixed ``sched:{namespace}:`` here, so callers pass the relative names of
 ``scheduler.state.keys``. Locks are ``SET NX PX`` plus Lua compare-and-extend and
-compare-and-delete, so only the owner extends or releases a lock. Connection failures and
-timeouts surface as ``StateUnavailable``; callers decide whether to keep their last value
-(the snapshot refresher) or queue (the ledger).
+compare-and-delete, so only the owner extends or releases a lock. Connection failures,
+timeouts and error answers (OOM, READONLY ...) surface as ``StateUnavailable``; callers
+decide whether to keep their last value (the snapshot refresher) or queue (the ledger).
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from redis import exceptions as redis_errors
 from scheduler.state import keys
 from scheduler.state.store import StateUnavailable
 
-# Errors that mean "the store is not there right now", not "the call was wrong".
-_UNAVAILABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.BusyLoadingError, OSError)
+# Every Redis failure: unreachable (connection, timeout, loading) and error answers alike
+# (OOM, READONLY replica, MISCONF, NOSCRIPT ...): the store cannot take the call right now.
+# Callers keep their data queued and retry; none may lose it or die on an error answer.
+_UNAVAILABLE = (redis_errors.RedisError, OSError)
 
 # KEYS[1] lock key; ARGV[1] owner; ARGV[2] ttl ms. Extends only the owner's lock.
 _EXTEND_IF_OWNER = """
@@ -43,6 +45,51 @@ if n == 1 or redis.call('PTTL', KEYS[1]) < 0 then
 end
 return n
 """
+# KEYS[1] bucket hash; ARGV[1] wanted; ARGV[2] rate per s; ARGV[3] capacity. One atomic token
+# bucket on the server's clock (TIME), so routers' clocks need not agree. Returns {granted, left}.
+_TAKE_TOKENS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local rate = tonumber(ARGV[2])
+local capacity = tonumber(ARGV[3])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1])
+local at = tonumber(state[2])
+if tokens == nil or at == nil then
+  tokens = capacity
+  at = now
+end
+tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
+local granted = math.max(0, math.min(math.floor(tokens), tonumber(ARGV[1])))
+tokens = tokens - granted
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
+return {granted, tostring(tokens)}
+"""
+
+# KEYS[1] ledger hash; KEYS[2] once marker ('' none); ARGV[1] marker ttl ms; ARGV[2..] field,
+# amount pairs. The marker and every increment land together or not at all.
+_LEDGER_ADD = """
+if KEYS[2] ~= '' and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then
+  return 0
+end
+for i = 2, #ARGV, 2 do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+return 1
+"""
+
+# KEYS[1] stream; KEYS[2] once marker; ARGV[1] marker ttl ms; ARGV[2] maxlen; ARGV[3..] field,
+# value pairs. Appends only when the marker is new: an entry whose XADD timed out on the client
+# but reached Redis is not appended again by the retry.
+_XADD_ONCE = """
+if not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then
+  return false
+end
+local body = {}
+for i = 3, #ARGV do body[#body + 1] = ARGV[i] end
+return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(body))
+"""
 
 # Redis glob metacharacters that must be escaped in a SCAN MATCH prefix.
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
@@ -63,6 +110,9 @@ class RedisStore:
         self._extend = client.register_script(_EXTEND_IF_OWNER)
         self._delete_if_owner = client.register_script(_DELETE_IF_OWNER)
         self._incr_window = client.register_script(_INCR_WINDOW)
+        self._take_tokens = client.register_script(_TAKE_TOKENS)
+        self._ledger_add = client.register_script(_LEDGER_ADD)
+        self._xadd_once = client.register_script(_XADD_ONCE)
 
     @classmethod
     def from_url(cls, url: str, namespace: str, timeout_s: float = 3.0, connect_timeout_s: float = 1.0) -> RedisStore:
@@ -87,7 +137,7 @@ class RedisStore:
         try:
             return await make()
         except _UNAVAILABLE as exc:
-            raise StateUnavailable(f"redis ({self._prefix}*): {exc}") from exc
+            raise StateUnavailable(f"redis ({self._prefix}*): {type(exc).__name__}: {exc}") from exc
 
     async def ping(self) -> bool:
         try:
@@ -156,6 +206,15 @@ class RedisStore:
         )
         return _text(entry_id)
 
+    async def xadd_once(self, stream: str, fields: Mapping[str, str], maxlen: int, once_key: str,
+                        once_ttl_s: float) -> str | None:
+        args: list[Any] = [_ms(once_ttl_s), maxlen]
+        for name, value in fields.items():
+            args += [name, value]
+        entry_id = await self._call(
+            lambda: self._xadd_once(keys=[self._key(stream), self._key(once_key)], args=args))
+        return None if entry_id is None else _text(entry_id)
+
     async def xrange(self, stream: str, count: int, after: str | None = None) -> list[tuple[str, dict[str, str]]]:
         # "(" makes the start exclusive (Redis >= 6.2).
         start = "-" if after is None else f"({after}"
@@ -170,6 +229,20 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    async def take_tokens(self, key: str, wanted: int, rate_per_s: float, capacity: float) -> tuple[int, float]:
+        raw: list[Any] = await self._call(
+            lambda: self._take_tokens(keys=[self._key(key)], args=[wanted, repr(rate_per_s), repr(capacity)]))
+        return int(raw[0]), float(_text(raw[1]))
+
+    async def ledger_add(self, key: str, fields: Mapping[str, float], once_key: str | None,
+                         once_ttl_s: float) -> bool:
+        args: list[Any] = [_ms(once_ttl_s)]
+        for name, amount in fields.items():
+            args += [name, repr(float(amount))]
+        marker = "" if once_key is None else self._key(once_key)
+        added = await self._call(lambda: self._ledger_add(keys=[self._key(key), marker], args=args))
+        return bool(added)
 
 
 def _text(value: bytes | str) -> str:

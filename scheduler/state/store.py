@@ -54,6 +54,12 @@ class StateStore(Protocol):
 
     async def xadd(self, stream: str, fields: Mapping[str, str], maxlen: int) -> str: ...
 
+    async def xadd_once(self, stream: str, fields: Mapping[str, str], maxlen: int, once_key: str,
+                        once_ttl_s: float) -> str | None:
+        """``xadd`` only if ``once_key`` did not exist (it is then set for ``once_ttl_s``),
+        atomically: a retried append lands once. The entry id, or None if already appended."""
+        ...
+
     async def xrange(self, stream: str, count: int, after: str | None = None) -> list[tuple[str, dict[str, str]]]:
         """Up to ``count`` entries, oldest first; with ``after``, only those with a later id."""
         ...
@@ -63,3 +69,16 @@ class StateStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    async def take_tokens(self, key: str, wanted: int, rate_per_s: float, capacity: float) -> tuple[int, float]:
+        """Take up to ``wanted`` whole tokens from a token bucket shared by every user of the
+        store, refilled at ``rate_per_s`` up to ``capacity`` (a new bucket starts full), atomically.
+        Returns ``(granted, tokens_left)``; ``granted`` is 0 when the bucket holds less than one."""
+        ...
+
+    async def ledger_add(self, key: str, fields: Mapping[str, float], once_key: str | None,
+                         once_ttl_s: float) -> bool:
+        """Add each amount of ``fields`` to hash ``key`` (HINCRBYFLOAT) atomically, all or none,
+        and only if ``once_key`` did not exist (it is then set for ``once_ttl_s``): a retried
+        entry counts once. True if added; ``once_key`` None: always added."""
+        ...

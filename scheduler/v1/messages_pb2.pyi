@@ -276,7 +276,7 @@ class Failover(_message.Message):
     def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., error: _Optional[str] = ..., http_status: _Optional[int] = ...) -> None: ...
 
 class EnergyReceipt(_message.Message):
-    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms")
+    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms", "partial", "end_reason", "carbon_basis", "carbon_intensity_g_per_kwh")
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_LOW_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_HIGH_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +306,10 @@ class EnergyReceipt(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
+    CARBON_BASIS_FIELD_NUMBER: _ClassVar[int]
+    CARBON_INTENSITY_G_PER_KWH_FIELD_NUMBER: _ClassVar[int]
     energy_j: float
     energy_j_low: float
     energy_j_high: float
@@ -335,7 +339,11 @@ class EnergyReceipt(_message.Message):
     request_id: str
     ttft_ms: float
     duration_ms: float
-    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ...) -> None: ...
+    partial: bool
+    end_reason: str
+    carbon_basis: str
+    carbon_intensity_g_per_kwh: float
+    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., partial: _Optional[bool] = ..., end_reason: _Optional[str] = ..., carbon_basis: _Optional[str] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("decision", "chunk", "receipt")

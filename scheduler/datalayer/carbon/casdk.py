@@ -10,8 +10,15 @@ src/CarbonAware.WebApi/src/README.md and its OpenAPI): ``GET /emissions/bylocati
 "timestamp", "duration", "value"}]}]``. Errors are ASP.NET ``ValidationProblemDetails``:
 ``{"type", "title", "status", "traceId", "errors": {"location": [...]}}`` (400), or
 ``{"title", "status", "detail"}`` from its exception filter (5xx). No data: 204 or ``[]``.
-The ``location`` is the cloud region name the SDK was configured with (``eastus``, ...): it is
-the region's carbon ``zone`` here.
+The ``location`` asked for is the cloud region name the SDK was configured with (``eastus``,
+...): it is the region's carbon ``zone`` here. The SDK maps it to its data source's region and
+answers with *that* name in ``location`` when backed by WattTime (``eastus`` -> ``PJM_ROANOKE``,
+``westus`` -> ``CAISO_NORTH``), so the answer rarely repeats the name asked for. An answer is
+accepted when every item names the requested location, or when every item names one and the
+same other location: one location asked for, one answered, so it is the SDK's name for it (we
+always ask for one location per request). Answers naming several locations are refused
+(``unknown_zone``). The provider's region name is recorded in the signal's ``source``
+(``casdk:/emissions/bylocation@CAISO_NORTH``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.datalayer.carbon import fields as f
-from scheduler.datalayer.carbon.base import KIND, UNIT, Fetched, fetch_parts, parsing
+from scheduler.datalayer.carbon.base import KIND, NO_SKIP, UNIT, Fetched, fetch_parts, parsing
 from scheduler.datalayer.carbon.errors import ProviderError
 from scheduler.datalayer.carbon.http import Clock, JsonHttp
 from scheduler.types import Signal
@@ -35,33 +42,42 @@ FORECAST = "/emissions/forecasts/current"
 LOOKBACK_S = 3 * 3600.0
 
 
-def _signal(point: Mapping[str, Any], zone: str, endpoint: str, where: str, fetched_at: float, value: str,
+def _signal(point: Mapping[str, Any], zone: str, source: str, where: str, fetched_at: float, value: str,
             at: str, is_forecast: bool) -> Signal:
     return Signal(
         kind=KIND, key=zone, value=f.intensity(f.number(point, value, where), f"{where}.{value}"), unit=UNIT,
-        observed_at=f.timestamp(point, at, where), fetched_at=fetched_at, source=f"{NAME}:{endpoint}",
-        is_forecast=is_forecast,
+        observed_at=f.timestamp(point, at, where), fetched_at=fetched_at, source=source, is_forecast=is_forecast,
     )
+
+
+def answered_location(items: list[Mapping[str, Any]], zone: str, endpoint: str, where: str) -> str:
+    """The one location ``items`` are for: ``zone`` itself, or the data source's name for it
+    (see the module docstring); raises ``unknown_zone`` when they name several."""
+    names = {f.text(item, "location", f"{where}[{i}]") for i, item in enumerate(items)}
+    if len(names) == 1:  # ``zone`` itself, or the one name the SDK's data source gives it
+        return names.pop()
+    raise ProviderError(NAME, endpoint, "unknown_zone",
+                        f"asked for {zone!r}, the answer is for several locations {sorted(names)}")
+
+
+def source(endpoint: str, zone: str, answered: str) -> str:
+    return f"{NAME}:{endpoint}" if answered == zone else f"{NAME}:{endpoint}@{answered}"
 
 
 def _list(body: Any, endpoint: str, zone: str) -> list[Mapping[str, Any]]:
     items = f.array(body, "response")
     if not items:
         raise ProviderError(NAME, endpoint, "no_data", f"no data for location {zone!r}")
-    out = [f.obj(item, f"response[{i}]") for i, item in enumerate(items)]
-    for i, item in enumerate(out):
-        answered = f.text(item, "location", f"response[{i}]")
-        if answered != zone:
-            raise ProviderError(NAME, endpoint, "unknown_zone", f"asked for {zone!r}, the answer is for {answered!r}")
-    return out
+    return [f.obj(item, f"response[{i}]") for i, item in enumerate(items)]
 
 
 def parse_emissions(body: Any, zone: str, fetched_at: float) -> list[Signal]:
     """Every interval, oldest first."""
     with parsing(NAME, BY_LOCATION):
         items = _list(body, BY_LOCATION, zone)
+        src = source(BY_LOCATION, zone, answered_location(items, zone, BY_LOCATION, "response"))
         signals = [
-            _signal(item, zone, BY_LOCATION, f"response[{i}]", fetched_at, "rating", "time", False)
+            _signal(item, zone, src, f"response[{i}]", fetched_at, "rating", "time", False)
             for i, item in enumerate(items)
         ]
         return sorted(signals, key=lambda s: s.observed_at)
@@ -69,13 +85,16 @@ def parse_emissions(body: Any, zone: str, fetched_at: float) -> list[Signal]:
 
 def parse_forecast(body: Any, zone: str, fetched_at: float) -> list[Signal]:
     with parsing(NAME, FORECAST):
-        first = _list(body, FORECAST, zone)[0]
-        points = f.array(f.field(first, "forecastData", "response[0]"), "response[0].forecastData")
-        if not points:
+        forecasts = _list(body, FORECAST, zone)
+        answered_location(forecasts, zone, FORECAST, "response")
+        first = forecasts[0]
+        raw_points = f.array(f.field(first, "forecastData", "response[0]"), "response[0].forecastData")
+        if not raw_points:
             raise ProviderError(NAME, FORECAST, "no_data", f"empty forecastData for {zone!r}")
+        points = [f.obj(p, f"forecastData[{i}]") for i, p in enumerate(raw_points)]
+        src = source(FORECAST, zone, answered_location(points, zone, FORECAST, "forecastData"))
         return [
-            _signal(f.obj(p, f"forecastData[{i}]"), zone, FORECAST, f"forecastData[{i}]", fetched_at, "value",
-                    "timestamp", True)
+            _signal(p, zone, src, f"forecastData[{i}]", fetched_at, "value", "timestamp", True)
             for i, p in enumerate(points)
         ]
 
@@ -109,8 +128,8 @@ class CarbonAwareSdkProvider:
     async def history(self, zone: str) -> list[Signal]:
         return await self._emissions(zone, 86400.0)
 
-    async def fetch(self, zone: str) -> Fetched:
-        return await fetch_parts(lambda: self.latest(zone), lambda: self.forecast(zone))
+    async def fetch(self, zone: str, skip: frozenset[str] = NO_SKIP) -> Fetched:
+        return await fetch_parts(lambda: self.latest(zone), lambda: self.forecast(zone), skip)
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -1,8 +1,9 @@
 """Replay of the Electricity Maps data-portal hourly CSVs shipped with the project: the
 embedded default provider, needing no network or key.
 
-The file's year is replayed at the current time of year (as ``ZoneSeries.replay``): the value for
-10:00 on 3 March is the 2023 row for 10:00 on 3 March, observed at 10:00 today. With
+The file's year is replayed at the current date (as ``ZoneSeries.replay``): the value for
+10:00 on 3 March is the 2023 row for 10:00 on 3 March, observed at 10:00 today, in leap years
+too (29 February replays 28 February from a file without one; see ``scheduler.datalayer.carbon_csv``). With
 ``speed`` > 1 the replay runs faster than the wall clock, from ``origin`` (when the provider
 was made): after one wall minute at speed 60 it serves the row an hour later. Times are
 mapped back to the wall clock, so ages stay true: a row is at most one hour / ``speed`` old.
@@ -13,13 +14,11 @@ file's next hours: perfect foresight, and its ``source`` says so.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
-from scheduler.datalayer.carbon.base import Fetched, fetch_parts
+from scheduler.datalayer.carbon.base import NO_SKIP, Fetched, fetch_parts
 from scheduler.datalayer.carbon.errors import ProviderError
 from scheduler.datalayer.carbon.http import Clock
 from scheduler.datalayer.carbon_csv import (
@@ -35,10 +34,6 @@ from scheduler.types import Signal
 NAME = "csv"
 ENDPOINT = "replay"
 FORECAST_HOURS = 24
-
-
-def _year_start(t: float) -> float:
-    return datetime(datetime.fromtimestamp(t, tz=UTC).year, 1, 1, tzinfo=UTC).timestamp()
 
 
 @dataclass
@@ -84,18 +79,25 @@ class CsvReplayProvider:
         return f"{NAME}:{series.path.name}{speed}{what}"
 
     async def rows(self, zone: str, start: int, stop: int) -> list[Signal]:
-        """Rows ``start``..``stop`` relative to the current one (0), on the wall clock."""
+        """The rows replayed at the hours ``start``..``stop`` from now (0: the current one), on
+        the wall clock; an hour that replays the same row as the one before (a gap in the file)
+        is left out."""
         series = await self._load(zone)
         replay_now, now = self._frame(self.clock())
-        offset = _year_start(replay_now) - _year_start(series.times[0])
-        current = min(max(bisect.bisect_right(series.times, replay_now - offset) - 1, 0), len(series.times) - 1)
-        out = []
-        for i in range(max(0, current + start), min(len(series.times), current + stop + 1)):
-            ahead = i > current
+        out: list[Signal] = []
+        before = series.replay_row(replay_now + (start - 1) * 3600.0)
+        previous = None if before is None else before[1]
+        for hour in range(start, stop + 1):
+            row = series.replay_row(replay_now + hour * 3600.0)
+            if row is None or row[1] == previous:
+                continue  # before the file's first row, or the same row again
+            i, observed_at = row
+            previous = observed_at
+            ahead = hour > 0
             out.append(
                 Signal(
                     kind="carbon_intensity", key=zone, value=series.values[i], unit="gCO2eq/kWh",
-                    observed_at=self._to_wall(series.times[i] + offset, replay_now, now), fetched_at=now,
+                    observed_at=self._to_wall(observed_at, replay_now, now), fetched_at=now,
                     source=self._source(series, " (file's next hours)" if ahead else ""), is_forecast=ahead,
                     is_estimated=series.estimated[i],
                 )
@@ -103,19 +105,22 @@ class CsvReplayProvider:
         return out
 
     async def latest(self, zone: str) -> list[Signal]:
-        return await self.rows(zone, 0, 0)
+        current = await self.rows(zone, 0, 0)
+        if not current:
+            raise ProviderError(NAME, ENDPOINT, "no_data", f"zone {zone}: now is before the file's first row")
+        return current
 
     async def forecast(self, zone: str) -> list[Signal]:
         ahead = await self.rows(zone, 1, FORECAST_HOURS)
         if not ahead:
-            raise ProviderError(NAME, ENDPOINT, "no_data", f"zone {zone}: the file ends here, nothing ahead")
+            raise ProviderError(NAME, ENDPOINT, "no_data", f"zone {zone}: no row ahead in the file")
         return ahead
 
     async def history(self, zone: str) -> list[Signal]:
         return await self.rows(zone, -24, 0)
 
-    async def fetch(self, zone: str) -> Fetched:
-        return await fetch_parts(lambda: self.latest(zone), lambda: self.forecast(zone))
+    async def fetch(self, zone: str, skip: frozenset[str] = NO_SKIP) -> Fetched:
+        return await fetch_parts(lambda: self.latest(zone), lambda: self.forecast(zone), skip)
 
     async def aclose(self) -> None:
         return None

@@ -1,6 +1,7 @@
 """Electricity Maps API v3: grid carbon intensity per zone, in gCO2eq/kWh.
 
-Requests (Electricity Maps API reference, portal.electricitymaps.com/docs, "Carbon intensity"):
+Requests (Electricity Maps API reference, portal.electricitymaps.com/developer-hub/api/reference,
+"Carbon intensity"; base URL ``https://api.electricitymaps.com``):
 ``GET /v3/carbon-intensity/latest|history|forecast?zone=Z`` with the key in the ``auth-token``
 header. ``zone`` is always sent: without it the API answers for the caller's IP location,
 which is never what a region means. ``emissionFactorType=lifecycle`` (the API's default,
@@ -22,13 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.datalayer.carbon import fields as f
-from scheduler.datalayer.carbon.base import KIND, UNIT, Fetched, fetch_parts, parsing
+from scheduler.datalayer.carbon.base import KIND, NO_SKIP, UNIT, Fetched, fetch_parts, parsing
 from scheduler.datalayer.carbon.errors import ProviderError
 from scheduler.datalayer.carbon.http import Clock, JsonHttp
 from scheduler.types import Signal
 
 NAME = "electricitymaps"
-DEFAULT_BASE_URL = "https://api.electricitymap.org"
+# The host the API reference documents (portal.electricitymaps.com/developer-hub/api/reference);
+# api.electricitymap.org (no "s") is the older host some clients still name.
+DEFAULT_BASE_URL = "https://api.electricitymaps.com"
 LATEST = "/v3/carbon-intensity/latest"
 HISTORY = "/v3/carbon-intensity/history"
 FORECAST = "/v3/carbon-intensity/forecast"
@@ -108,8 +111,8 @@ class ElectricityMapsProvider:
     async def history(self, zone: str) -> list[Signal]:
         return parse_series(await self._get(HISTORY, zone), zone, self.clock(), HISTORY, "history")
 
-    async def fetch(self, zone: str) -> Fetched:
-        return await fetch_parts(lambda: self.latest(zone), lambda: self.forecast(zone))
+    async def fetch(self, zone: str, skip: frozenset[str] = NO_SKIP) -> Fetched:
+        return await fetch_parts(lambda: self.latest(zone), lambda: self.forecast(zone), skip)
 
     async def aclose(self) -> None:
         await self.http.aclose()

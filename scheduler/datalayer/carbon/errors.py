@@ -26,13 +26,20 @@ Reason = Literal[
 class ProviderError(Exception):
     """One endpoint of one provider failed; ``status`` is the HTTP status when there was one."""
 
-    def __init__(self, provider: str, endpoint: str, reason: Reason, detail: str, status: int | None = None) -> None:
+    def __init__(self, provider: str, endpoint: str, reason: Reason, detail: str, status: int | None = None,
+                 part: str | None = None) -> None:
         super().__init__(f"{provider} {endpoint}: {reason}: {detail}")
         self.provider = provider
         self.endpoint = endpoint
         self.reason: Reason = reason
         self.detail = detail
         self.status = status
+        # Which part of a fetch failed (``base.LATEST``, ``FORECAST``, ``INDEX``); set by
+        # ``base.attempt``, None for a failure outside any part.
+        self.part = part
+
+    def in_part(self, part: str) -> ProviderError:
+        return ProviderError(self.provider, self.endpoint, self.reason, self.detail, self.status, part)
 
 
 class FieldError(ValueError):

@@ -9,9 +9,11 @@ from datetime import datetime
 from typing import Any
 
 from scheduler.datalayer.carbon.errors import FieldError
+from scheduler.signal_check import BOUNDS
 
-# Plausible grid carbon intensity, gCO2eq/kWh: the dirtiest grids are near 1,200.
-MAX_INTENSITY_G_PER_KWH = 3000.0
+# Plausible grid carbon intensity, gCO2eq/kWh: the same bound the poller and the scorers check
+# (scheduler.signal_check), so a parsed value is never one they would refuse for its size.
+MAX_INTENSITY_G_PER_KWH = BOUNDS["carbon_intensity"][1]
 
 
 def obj(value: Any, where: str) -> Mapping[str, Any]:

@@ -2,7 +2,7 @@
 factory per provider. Base URLs and credentials come from the constructor arguments, else
 from the environment:
 
-  electricitymaps  ELECTRICITYMAPS_API_KEY, ELECTRICITYMAPS_URL (default api.electricitymap.org)
+  electricitymaps  ELECTRICITYMAPS_API_KEY, ELECTRICITYMAPS_URL (default api.electricitymaps.com)
   watttime         WATTTIME_USERNAME, WATTTIME_PASSWORD, WATTTIME_URL (default api.watttime.org)
   ukci             UKCI_URL (default api.carbonintensity.org.uk)
   casdk            CARBON_AWARE_SDK_URL (no default: the WebAPI is self-hosted)

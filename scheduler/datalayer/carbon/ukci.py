@@ -8,7 +8,11 @@ forward from ``from``), ``GET /intensity/{from}/pt24h`` (24 h back); ``from`` is
 "2018-01-20T12:30Z", "intensity": {"forecast": 266, "actual": 263, "index": "moderate"}}]}``.
 ``actual`` is null for a half hour not yet settled (the current one, and every future one):
 then the value is the ``forecast``, and the signal says so (``is_forecast``, ``is_estimated``).
-``from`` (the start of the half hour) is ``observed_at``. Errors: ``{"error": {"code": "400
+``from`` (the start of the half hour) is ``observed_at``. As served, ``/intensity`` answers
+with the latest *complete* half hour (at 12:10 the slot 11:30-12:00), so its ``from`` is up to an
+hour old; and ``/intensity/{from}/fw24h`` starts with the slot that *ends* at ``from`` (already
+past). The latest signal is dated by its slot's ``from``, whichever slot that is, and the
+forecast keeps only the slots that have not ended by the time of the fetch. Errors: ``{"error": {"code": "400
 Bad Request", "message": ...}}``. The API covers the national zone ``GB`` only here (its
 regional endpoints are forecast-only and keyed by region id, not grid zone).
 """
@@ -22,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.datalayer.carbon import fields as f
-from scheduler.datalayer.carbon.base import KIND, UNIT, Fetched, fetch_parts, parsing
+from scheduler.datalayer.carbon.base import KIND, NO_SKIP, UNIT, Fetched, fetch_parts, parsing
 from scheduler.datalayer.carbon.errors import ProviderError
 from scheduler.datalayer.carbon.http import Clock, JsonHttp
 from scheduler.types import Signal
@@ -54,15 +58,23 @@ def period_signal(period: Mapping[str, Any], zone: str, endpoint: str, where: st
     )
 
 
-def parse_periods(body: Any, zone: str, fetched_at: float, endpoint: str, ahead: bool) -> list[Signal]:
+def parse_periods(body: Any, zone: str, fetched_at: float, endpoint: str, ahead: bool,
+                  ended_by: float | None = None) -> list[Signal]:
+    """Every slot, or with ``ended_by`` only those whose ``to`` is after it."""
     with parsing(NAME, endpoint):
         periods = f.array(f.field(f.obj(body, "response"), "data", "response"), "response.data")
         if not periods:
             raise ProviderError(NAME, endpoint, "no_data", "empty data list")
-        return [
-            period_signal(f.obj(p, f"data[{i}]"), zone, endpoint, f"data[{i}]", fetched_at, ahead)
-            for i, p in enumerate(periods)
-        ]
+        signals = []
+        for i, raw in enumerate(periods):
+            period = f.obj(raw, f"data[{i}]")
+            if ended_by is not None and f.timestamp(period, "to", f"data[{i}]") <= ended_by:
+                continue  # a slot already over is no forecast
+            signals.append(period_signal(period, zone, endpoint, f"data[{i}]", fetched_at, ahead))
+        if not signals:
+            ended = datetime.fromtimestamp(ended_by or 0.0, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            raise ProviderError(NAME, endpoint, "no_data", f"every slot had ended by {ended}")
+        return signals
 
 
 def half_hour(t: float) -> str:
@@ -89,8 +101,9 @@ class UkCarbonIntensityProvider:
     async def forecast(self, zone: str) -> list[Signal]:
         endpoint = f"{INTENSITY}/{{from}}/fw24h"
         self._check_zone(zone, endpoint)
-        body = await self.http.get_json(f"{INTENSITY}/{half_hour(self.clock())}/fw24h")
-        return parse_periods(body, zone, self.clock(), endpoint, ahead=True)
+        now = self.clock()
+        body = await self.http.get_json(f"{INTENSITY}/{half_hour(now)}/fw24h")
+        return parse_periods(body, zone, self.clock(), endpoint, ahead=True, ended_by=now)
 
     async def history(self, zone: str) -> list[Signal]:
         endpoint = f"{INTENSITY}/{{from}}/pt24h"
@@ -98,8 +111,8 @@ class UkCarbonIntensityProvider:
         body = await self.http.get_json(f"{INTENSITY}/{half_hour(self.clock())}/pt24h")
         return parse_periods(body, zone, self.clock(), endpoint, ahead=False)
 
-    async def fetch(self, zone: str) -> Fetched:
-        return await fetch_parts(lambda: self.latest(zone), lambda: self.forecast(zone))
+    async def fetch(self, zone: str, skip: frozenset[str] = NO_SKIP) -> Fetched:
+        return await fetch_parts(lambda: self.latest(zone), lambda: self.forecast(zone), skip)
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -2,8 +2,10 @@
 
 Requests and responses (docs.watttime.org, OpenAPI "WattTime Data API (V3)"):
 - ``GET /login`` with HTTP Basic (username, password) -> ``{"token": "..."}``, a bearer token
-  valid for 30 minutes (``Authorization: Bearer <token>``); a request with an expired token
-  gets 401, and we log in again once. Limits: 100 logins and 3,000 requests per 5 minutes,
+  valid for 30 minutes (``Authorization: Bearer <token>``). An expired token gets 401, or a
+  403 whose body may not even be JSON (an HTML page from the gateway): on either we log in
+  again once and repeat the request; refused again with the fresh token, it is an ``auth``
+  failure that says so (wrong plan or scope, not an old token). Limits: 100 logins and 3,000 requests per 5 minutes,
   then 429.
 - ``GET /v3/signal-index?region=R&signal_type=co2_moer`` -> ``{"data": [{"point_time",
   "value"}], "meta": {"region", "signal_type", "units": "percentile", "data_point_period_seconds",
@@ -31,7 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.datalayer.carbon import fields as f
-from scheduler.datalayer.carbon.base import KIND, UNIT, Fetched, attempt, parsing
+from scheduler.datalayer.carbon.base import INDEX, KIND, LATEST, NO_SKIP, UNIT, Fetched, attempt, parsing
 from scheduler.datalayer.carbon.errors import ProviderError
 from scheduler.datalayer.carbon.http import Clock, JsonHttp
 from scheduler.types import Signal
@@ -50,6 +52,8 @@ INDEX_KIND = "moer_index"
 INDEX_UNIT = "percent"
 # Tokens last 30 minutes; renew a little before, so a poll rarely meets a 401.
 TOKEN_RENEW_AFTER_S = 25 * 60.0
+# A refused token: 401, or 403 (with a JSON error or an HTML page).
+TOKEN_REFUSED = frozenset({401, 403})
 
 
 def _data(body: Any, region: str, endpoint: str, units: str) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]]:
@@ -144,12 +148,20 @@ class WattTimeProvider:
         try:
             return await self.http.get_json(endpoint, params, headers={"Authorization": f"Bearer {token}"})
         except ProviderError as exc:
-            if exc.status != 401 or fresh:
+            if exc.status not in TOKEN_REFUSED or fresh:
                 raise
-        log.info("watttime %s: token refused (401), logging in again", endpoint)
-        self._token = None
+            log.info("watttime %s: token refused (HTTP %s), logging in again", endpoint, exc.status)
+        async with self._login_lock:
+            if self._token == token:  # not already renewed by a concurrent request
+                self._token = None
         token, _ = await self._valid_token()
-        return await self.http.get_json(endpoint, params, headers={"Authorization": f"Bearer {token}"})
+        try:
+            return await self.http.get_json(endpoint, params, headers={"Authorization": f"Bearer {token}"})
+        except ProviderError as exc:
+            if exc.status not in TOKEN_REFUSED:
+                raise
+            raise ProviderError(NAME, endpoint, "auth", f"{exc.detail} (refused again right after a fresh login: "
+                                f"the account's plan does not cover this request)", exc.status) from None
 
     async def index(self, region: str) -> Signal:
         body = await self._get(SIGNAL_INDEX, {"region": region, "signal_type": SIGNAL_TYPE})
@@ -164,10 +176,11 @@ class WattTimeProvider:
         params = {"region": zone, "signal_type": SIGNAL_TYPE, "start": _iso(end - 86400.0), "end": _iso(end)}
         return parse_moer(await self._get(HISTORICAL, params), zone, self.clock(), HISTORICAL)
 
-    async def fetch(self, zone: str) -> Fetched:
-        # The forecast's first point is the current intensity; the index is a separate kind.
-        ahead, ahead_error = await attempt(lambda: self.forecast(zone))
-        index, index_error = await attempt(lambda: self.index(zone))
+    async def fetch(self, zone: str, skip: frozenset[str] = NO_SKIP) -> Fetched:
+        # The forecast's first point is the current intensity, so the forecast endpoint is the
+        # main part (LATEST); the index is a separate kind, a secondary part.
+        ahead, ahead_error = await attempt(lambda: self.forecast(zone), LATEST)
+        index, index_error = await attempt(lambda: self.index(zone), INDEX, skip)
         latest = ([nowcast(ahead)] if ahead else []) + ([index] if index is not None else [])
         return Fetched(
             latest=tuple(latest),

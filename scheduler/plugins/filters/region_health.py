@@ -1,9 +1,20 @@
-"""Health filter: the region is up, as its last published live state says.
+"""Health filter: the region is up, as its last published live state, its last-seen record
+and, while the store is unreachable, the router's own probe of it say.
 
-keep c  iff  live[region] is fresh (age <= policy.max_age.region_state) and healthy,
+While the store answers (or there is none: simulator, offline tools):
+  keep  iff  live[region] is fresh (age <= policy.max_age.region_state) and healthy,
         or   it is stale and policy.unknown_region_state.stale == "assume-healthy",
-        or   it was never seen and policy.unknown_region_state.missing == "assume-healthy"
-Reads: snapshot.live (observed_at, healthy), snapshot.now, policy.max_age.region_state,
+        or   its state key expired but its last-seen record (no TTL) is there: stale, as above,
+        or   it was never seen and the router started at most unknown_region_state.missing_warmup
+             ago (or the snapshot has no router: live_since None),
+        or   it was never seen and unknown_region_state.missing == "assume-healthy".
+While the store is unreachable (snapshot.store_outage_s not None) and the region has a probe
+no older than max_age.region_state:
+  drop  if   the probe failed (whatever the last known state says);
+  keep  if   the probe answered and the last known state said healthy (however old it is);
+  else       as above.
+Reads: snapshot.live (observed_at, healthy), snapshot.last_seen, snapshot.probes,
+snapshot.store, snapshot.live_since, snapshot.now, policy.max_age.region_state,
 policy.unknown_region_state. Judged once per region per snapshot (prepare), spread to its
 candidates.
 """
@@ -56,12 +67,41 @@ class RegionHealthFilter(Plugin):
 
 def region_verdict(snapshot: FleetSnapshot, region: str) -> Verdict:
     """None when ``region`` may take requests, else why not."""
-    unknown = snapshot.policy.unknown_region_state
+    policy = snapshot.policy
+    max_age = policy.max_age.region_state
+    state = snapshot.live.get(region)
+    outage_s = snapshot.store_outage_s
+    if outage_s is not None:
+        probe = snapshot.probes.get(region)
+        if probe is not None and snapshot.now - probe.checked_at <= max_age:
+            if not probe.ok:
+                return ("state store unreachable for {:.0f} s and the router's probe failed: {}",
+                        (outage_s, probe.detail))
+            if state is not None and state.healthy:
+                return None
+    return _by_state(snapshot, region)
+
+
+def _by_state(snapshot: FleetSnapshot, region: str) -> Verdict:
+    """The verdict from the region's published state and last-seen record alone."""
+    policy = snapshot.policy
+    unknown = policy.unknown_region_state
+    max_age = policy.max_age.region_state
     state = snapshot.live.get(region)
     if state is None:
-        return None if unknown.missing == "assume-healthy" else ("no live state ever seen", ())
+        seen = snapshot.last_seen.get(region)
+        if seen is not None:
+            age = snapshot.now - seen
+            if unknown.stale == "assume-healthy":
+                return None
+            return ("no live state (its key expired); last seen {:.1f} s ago, limit {:.1f} s", (age, max_age))
+        if snapshot.live_since is None or snapshot.now - snapshot.live_since <= unknown.missing_warmup:
+            return None
+        if unknown.missing == "assume-healthy":
+            return None
+        return ("no live state seen in the {:.0f} s since the router started (warm-up {:.0f} s)",
+                (snapshot.now - snapshot.live_since, unknown.missing_warmup))
     age = snapshot.now - state.observed_at
-    max_age = snapshot.policy.max_age.region_state
     if age > max_age:
         return None if unknown.stale == "assume-healthy" else ("live state {:.1f} s old > limit {:.1f} s", (age, max_age))
     return None if state.healthy else ("region reports unhealthy", ())

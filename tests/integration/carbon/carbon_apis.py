@@ -130,6 +130,9 @@ class ElectricityMapsApi:
     plan_zones: set[str] | None = None
     ip_zone: str = "NL"
     estimated: bool = False
+    # Endpoints the key's plan covers (None: all); others answer 403, as a free-tier key's
+    # forecast does.
+    plan_paths: set[str] | None = None
 
     def point(self, zone: str, value: float, at: float) -> dict[str, Any]:
         return {
@@ -146,6 +149,8 @@ class ElectricityMapsApi:
             return Reply(401, EM_BAD_TOKEN)
         zone = seen.query.get("zone", self.ip_zone)
         if self.plan_zones is not None and zone not in self.plan_zones:
+            return Reply(403, "Access denied")
+        if self.plan_paths is not None and seen.path not in self.plan_paths:
             return Reply(403, "Access denied")
         if zone not in self.values:
             return Reply(404, {"status": "error", "message": f"Zone '{zone}' does not exist."})
@@ -166,7 +171,9 @@ class ElectricityMapsApi:
 @dataclass
 class WattTimeApi:
     """Basic-auth ``/login`` issuing tokens; ``expire_tokens()`` makes every issued token
-    answer 401 (as after its 30 minutes). ``moer``: lbs/MWh; ``percentile``: 0-100."""
+    answer 401 (as after its 30 minutes), or ``expire_tokens(html_403=True)`` the 403 HTML page
+    an expired token can also get. ``moer``: lbs/MWh; ``percentile``: 0-100. ``plan_paths``:
+    the endpoints the plan covers (others: 403 "Invalid scope", whatever the token)."""
 
     username: str
     password: str
@@ -175,11 +182,16 @@ class WattTimeApi:
     now: float
     plan_regions: set[str] | None = None
     units: str = "lbs_co2_per_mwh"
+    plan_paths: set[str] | None = None
     tokens: set[str] = field(default_factory=set)
+    expired: set[str] = field(default_factory=set)
+    expired_html_403: bool = False
     logins: int = 0
 
-    def expire_tokens(self) -> None:
+    def expire_tokens(self, html_403: bool = False) -> None:
+        self.expired |= self.tokens
         self.tokens.clear()
+        self.expired_html_403 = html_403
 
     def meta(self, region: str, units: str) -> dict[str, Any]:
         return {"region": region, "signal_type": "co2_moer", "units": units, "data_point_period_seconds": 300,
@@ -195,8 +207,14 @@ class WattTimeApi:
             self.tokens.add(token)
             return Reply(200, {"token": token})
         bearer = seen.headers.get("authorization", "").removeprefix("Bearer ")
+        if bearer in self.expired and self.expired_html_403:
+            return Reply(403, "<html><head><title>403 Forbidden</title></head><body><h1>403 Forbidden</h1>"
+                         "</body></html>", {"Content-Type": "text/html"})
         if bearer not in self.tokens:
             return Reply(401, {"error": "Unauthorized", "message": "Token is invalid or expired"})
+        if self.plan_paths is not None and seen.path not in self.plan_paths:
+            return Reply(403, {"error": "Invalid query parameters", "message": "Invalid scope. You do not have "
+                               "sufficient access to this resource."})
         region = seen.query.get("region", "")
         if seen.query.get("signal_type") != "co2_moer" or not region:
             return Reply(400, {"error": "Invalid query parameters", "message": "region and signal_type are required"})
@@ -228,9 +246,12 @@ UKCI_BAD_DATE = {"error": {"code": "400 Bad Request",
 
 @dataclass
 class UkciApi:
+    """As served: ``/intensity`` answers with the latest *complete* half hour (at 12:10 the slot
+    11:30-12:00), and ``/intensity/{from}/fw24h`` starts with the slot that ends at ``from``."""
+
     now: float
     forecast: float
-    actual: float | None  # the current half hour's actual (None: not settled, as is usual)
+    actual: float | None  # the answered half hour's actual (None: not settled yet)
 
     def period(self, start: float, forecast: float, actual: float | None) -> dict[str, Any]:
         return {"from": iso(start, "%Y-%m-%dT%H:%MZ"), "to": iso(start + 1800, "%Y-%m-%dT%H:%MZ"),
@@ -239,7 +260,7 @@ class UkciApi:
     def __call__(self, seen: Seen) -> Reply:
         current = self.now - self.now % 1800
         if seen.path == "/intensity":
-            return Reply(200, {"data": [self.period(current, self.forecast, self.actual)]})
+            return Reply(200, {"data": [self.period(current - 1800, self.forecast, self.actual)]})
         parts = seen.path.strip("/").split("/")
         if len(parts) == 3 and parts[0] == "intensity" and parts[2] in ("fw24h", "pt24h"):
             try:
@@ -247,7 +268,8 @@ class UkciApi:
             except ValueError:
                 return Reply(400, UKCI_BAD_DATE)
             if parts[2] == "fw24h":
-                return Reply(200, {"data": [self.period(start + 1800 * i, self.forecast + i, None) for i in range(48)]})
+                return Reply(200, {"data": [self.period(start + 1800 * i, self.forecast + i, None)
+                                            for i in range(-1, 47)]})
             return Reply(200, {"data": [self.period(start - 1800 * i, self.forecast - i, self.forecast - i + 3)
                                         for i in range(48, 0, -1)]})
         return Reply(400, {"error": {"code": "400 Bad Request", "message": f"Invalid route {seen.path}"}})
@@ -264,8 +286,12 @@ def validation_problem(field_name: str, message: str) -> dict[str, Any]:
 
 @dataclass
 class CasdkApi:
+    """``region``: the data source's region name the SDK answers with in ``location`` (as when
+    backed by WattTime: ``westus`` -> ``CAISO_NORTH``); None: the location asked for."""
+
     now: float
     ratings: dict[str, float]
+    region: str | None = None
 
     def __call__(self, seen: Seen) -> Reply:
         location = seen.query.get("location")
@@ -274,12 +300,13 @@ class CasdkApi:
         if location not in self.ratings:
             return Reply(400, validation_problem("location", f"Location '{location}' not found"))
         rating = self.ratings[location]
+        answered = self.region or location
         start = self.now - self.now % 300
         if seen.path == "/emissions/bylocation":
-            return Reply(200, [{"location": location, "time": iso(start - 300 * i, "%Y-%m-%dT%H:%M:%S+00:00"),
+            return Reply(200, [{"location": answered, "time": iso(start - 300 * i, "%Y-%m-%dT%H:%M:%S+00:00"),
                                 "rating": rating - i, "duration": "00:05:00"} for i in range(3)])
         if seen.path == "/emissions/forecasts/current":
-            points = [{"location": "CAISO_NORTH", "timestamp": iso(start + 300 * i, "%Y-%m-%dT%H:%M:%S+00:00"),
+            points = [{"location": answered, "timestamp": iso(start + 300 * i, "%Y-%m-%dT%H:%M:%S+00:00"),
                        "duration": 5, "value": rating + i} for i in range(12)]
             return Reply(200, [{"generatedAt": iso(start, "%Y-%m-%dT%H:%M:%S+00:00"),
                                 "requestedAt": iso(self.now, "%Y-%m-%dT%H:%M:%S+00:00"), "location": location,

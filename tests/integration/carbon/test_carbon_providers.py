@@ -195,8 +195,11 @@ async def test_ukci_open_period_uses_the_forecast_and_says_so(serve, options):
     assert fetched.failures == ()
     (latest,) = fetched.latest
     assert latest.value == 180.0 and latest.is_forecast and latest.is_estimated
-    assert latest.observed_at == now - now % 1800
-    assert len(fetched.forecast) == 48 and all(s.is_forecast for s in fetched.forecast)
+    # /intensity answers with the last complete half hour: dated by that slot's ``from``.
+    assert latest.observed_at == now - now % 1800 - 1800
+    # fw24h's first slot (it ends at ``from``, already past) is no forecast.
+    assert len(fetched.forecast) == 47 and all(s.is_forecast for s in fetched.forecast)
+    assert fetched.forecast[0].observed_at == now - now % 1800
     start = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(now - now % 1800))
     assert server.paths() == ["/intensity", f"/intensity/{start}/fw24h"]
 

@@ -132,7 +132,9 @@ async def test_two_router_processes_one_poller_and_takeover_when_it_dies(serve, 
         # that may be busy: hence a whole TTL, one contention period, and a second of slack.
         assert took_over_s <= TTL_S + CONTEND_S + 1.0
 
-        api.values["DE"] = (250.0, observed + 3600.0)  # the provider publishes a new hour
+        # The provider publishes a newer value (dated now: a value dated in the future would
+        # be rejected at ingest, see test_carbon_ingest.py).
+        api.values["DE"] = (250.0, time.time())
         await wait_for(lambda: (other.state.get("signal") or {}).get("value") == 250.0, timeout_s=5)
         assert other.state["polls"] >= 1
     finally:

@@ -9,6 +9,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from scheduler.client import (
     AsyncSchedulerClient,
+    InvalidArgumentError,
     PermissionDeniedError,
     RateLimitedError,
     TlsConfig,
@@ -53,6 +54,10 @@ async def test_admin_api_needs_the_admin_role(stub_fleet: Fleet, make_router: Ro
         with pytest.raises(PermissionDeniedError):
             await tenant.route("hi", model="llama-3.1-8b", max_tokens=2, tenant="globex")
     async with AsyncSchedulerClient(target, api_key=keys.admin.key) as admin:
+        # The reason is logged and stored: a sentence, not a payload.
+        with pytest.raises(InvalidArgumentError):
+            await admin.set_energy_routing(False, reason="x" * 100_000)
+        assert (await admin.status()).energy_routing
         response = await admin.set_energy_routing(False, reason="test")
         assert not response.enabled and response.updated_by.startswith("ops@")
         status = await admin.status()

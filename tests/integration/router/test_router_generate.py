@@ -62,8 +62,10 @@ async def test_chat_and_model_energy_when_the_region_reports_none(stub_fleet: Fl
     assert receipt.measurement_source == "model" and receipt.attribution_method == "model-v1"
     assert receipt.energy_j > 0 and receipt.energy_j_low < receipt.energy_j < receipt.energy_j_high
     assert not receipt.HasField("confidence")
-    # No carbon signal in the store: the receipt does not make one up.
-    assert not receipt.HasField("carbon_g") and not receipt.HasField("carbon_signal")
+    # No carbon signal in the store: the receipt makes no signal up, and books the grams at the
+    # marked upper bound (never 0).
+    assert not receipt.HasField("carbon_signal") and receipt.carbon_basis == "upper-bound"
+    assert receipt.carbon_g == pytest.approx(receipt.energy_j / 3.6e6 * 1100.0 * receipt.pue)
 
 
 async def test_carbon_uses_the_fresh_signal_times_pue(stub_fleet: Fleet, make_router: RouterFactory) -> None:
@@ -86,6 +88,7 @@ async def test_carbon_uses_the_fresh_signal_times_pue(stub_fleet: Fleet, make_ro
     assert generation.decision.energy_ranking
     assert receipt.carbon_signal.value == 200.0 and not receipt.carbon_signal.stale
     assert receipt.carbon_g == pytest.approx(receipt.energy_j / 3.6e6 * 200.0 * receipt.pue)
+    assert receipt.carbon_basis == "signal" and not receipt.partial and receipt.end_reason == "complete"
     # The audit entry is written in the background, with no prompt text.
     for _ in range(100):
         entries = await store.xrange(store_keys.AUDIT, 10)

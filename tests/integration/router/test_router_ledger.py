@@ -1,5 +1,5 @@
 """The ledger inside the router: every receipt lands in the tenant's month; a hard budget
-refuses new work with RESOURCE_EXHAUSTED, except for the policy's critical workload classes."""
+refuses new work with RESOURCE_EXHAUSTED, of every class unless the policy exempts one explicitly."""
 
 from __future__ import annotations
 
@@ -52,5 +52,7 @@ async def test_receipts_fill_the_ledger_and_a_hard_budget_refuses_batch_work(
         assert refused is not None and refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "hard energy_j budget" in refused.message
 
-        # Interactive is critical in the default policy: never refused by a budget.
-        assert await client.generate("urgent", model="llama-3.1-8b", max_tokens=2, workload_class="interactive").text()
+        # The default policy exempts no class: interactive work is refused too.
+        with pytest.raises(SchedulerRpcError) as caught:
+            await client.generate("urgent", model="llama-3.1-8b", max_tokens=2, workload_class="interactive").text()
+        assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -1,5 +1,6 @@
-"""``SnapshotRefresher``: the background snapshot follows the store, and ages in the open when
-the store is down."""
+"""``SnapshotRefresher``: the background snapshot follows the store, ages in the open when the
+store is down (routing then rests on the router's own probes), and remembers regions that were
+seen and stopped."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ import pytest
 import redis.asyncio as aioredis
 
 from scheduler.config.loader import load_fleet
+from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.framework.scheduler import Scheduler
+from scheduler.framework.scheduler import STATE_STORE, Scheduler
 from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.filters.region_health import region_verdict
+from scheduler.serve.publisher import RegionStatePublisher
+from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.state import codec, keys
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore
@@ -128,31 +133,77 @@ async def redis_store() -> AsyncIterator[RedisStore]:
 
 
 @pytest.mark.integration
-async def test_redis_down_keeps_the_last_inputs_which_then_go_stale(redis_store: RedisStore) -> None:
+async def test_redis_down_keeps_the_last_inputs_and_routes_on_the_routers_own_probes(
+    redis_store: RedisStore,
+) -> None:
+    """A store outage is not a region outage: three hours without Redis, every input is stale,
+    yet a region last known healthy whose probe answers still takes requests; one whose probe
+    fails does not; and the decision says it runs without the store."""
     clock, b = ManualClock(), builder()
-    refresher = SnapshotRefresher(b, redis_store, clock=clock)
-    await publish_fleet(redis_store, b, clock.t)
-    await refresher.refresh()
-    scheduler = Scheduler.from_registry(default_scheduler_registry())
-    request = Request(request_id="r1", model="llama-3.1-8b", prompt_tokens=500, max_tokens=200)
-    assert scheduler.schedule(request, refresher.current()).fallbacks == ()
+    async with StubRegion(StubRegionSettings(name="eu-north")) as alive:
+        endpoints = {r.name: f"http://127.0.0.1:{_closed_port()}" for r in b.regions}
+        endpoints["eu-north"] = alive.endpoint
+        probes = RegionProbes(endpoints, clock=clock, timeout_s=1.0)
+        refresher = SnapshotRefresher(b, redis_store, clock=clock, probes=probes)
+        await publish_fleet(redis_store, b, clock.t)
+        await refresher.refresh()
+        scheduler = Scheduler.from_registry(default_scheduler_registry())
+        request = Request(request_id="r1", model="llama-3.1-8b", prompt_tokens=500, max_tokens=200)
+        assert scheduler.schedule(request, refresher.current()).fallbacks == ()
 
-    down = RedisStore.from_url(f"redis://127.0.0.1:{_closed_port()}/1", redis_store.namespace)
-    refresher.store = down
-    try:
-        clock.t += 3 * 3600  # three hours without Redis: past the 2 h carbon limit
-        snapshot = await refresher.refresh()
-    finally:
-        await down.close()
+        down = RedisStore.from_url(f"redis://127.0.0.1:{_closed_port()}/1", redis_store.namespace)
+        refresher.store = down
+        try:
+            clock.t += 3 * 3600  # three hours without Redis: past the 2 h carbon limit
+            await probes.probe_all()
+            snapshot = await refresher.refresh()
+        finally:
+            await down.close()
+            await probes.stop()
     assert refresher.status.failures == 1 and refresher.status.last_error
     assert refresher.status.last_success_at == T0
     assert snapshot.now == T0 + 3 * 3600
+    assert snapshot.store_outage_s == 3 * 3600
     assert snapshot.carbon["NO"].value == 100.0  # kept, not dropped ...
     assert snapshot.fresh_live("eu-north") is None  # ... but judged by its age
     assert not any(p.live for p in snapshot.perf)
     assert snapshot.age(snapshot.carbon["NO"].observed_at) > snapshot.policy.max_age.carbon
-    # The default policy counts a region whose state went stale as down: nothing is schedulable,
-    # and each rejection says so (rather than routing on three-hour-old load).
+    assert snapshot.probes["eu-north"].ok and not snapshot.probes["us-east"].ok
+
     decision = scheduler.schedule(request, snapshot)
-    assert not decision.schedulable
-    assert {r.plugin for r in decision.rejected} >= {"region-health"}
+    print("\nafter 3 h without Redis: ranked", [c.key for c in decision.ranked_candidates],
+          "fallbacks", [(f.signal, f.detail) for f in decision.fallbacks])
+    assert decision.schedulable
+    assert {c.region.name for c in decision.ranked_candidates} == {"eu-north"}
+    assert [f.signal for f in decision.fallbacks][:1] == [STATE_STORE]
+    assert "running without the state store for 10800 s" in decision.fallbacks[0].detail
+    assert any(f.signal == "carbon" for f in decision.fallbacks)  # stale carbon abstains as before
+    down_regions = {r.candidate.region.name for r in decision.rejected if r.plugin == "region-health"}
+    assert "us-east" in down_regions and "eu-north" not in down_regions
+
+
+async def test_region_seen_then_gone_is_down_after_a_router_restart() -> None:
+    """A region published (its state and its last-seen record), stopped, and its state key
+    expired; a router that starts afterwards judges it stale from the record, not "never seen,
+    trusted", even inside its warm-up; a region with no record at all is trusted then."""
+    clock, store, b = ManualClock(), MemoryStore(), builder()
+    state = RegionLiveState("eu-north", True, clock.t, {p.name: PoolLiveState() for p in b.regions[0].pools})
+
+    async def source() -> RegionLiveState:
+        return state
+
+    publisher = RegionStatePublisher("eu-north", source, store, ttl_s=60.0)
+    await publisher.publish_once()
+    assert await store.get(keys.region_seen("eu-north")) is not None
+    clock.t += 600
+    await store.delete(keys.region_state("eu-north"))  # as its TTL would have
+
+    refresher = SnapshotRefresher(b, store, clock=clock)  # the restarted router
+    snapshot = await refresher.refresh()
+    assert "eu-north" not in snapshot.live
+    assert snapshot.last_seen["eu-north"] == pytest.approx(T0, abs=0.01)
+    verdict = region_verdict(snapshot, "eu-north")
+    assert verdict is not None and "last seen 600.0 s ago" in verdict[0].format(*verdict[1])
+    assert region_verdict(snapshot, "us-east") is None  # never seen, inside the 30 s warm-up
+    clock.t += 31
+    assert region_verdict(await refresher.refresh(), "us-east") is not None  # warm-up over

@@ -195,6 +195,17 @@ async def test_stream_reads_after_an_id(subject: StoreUnderTest) -> None:
     assert [body["n"] for _, body in await store.xrange("s", count=1, after=ids[0])] == ["1"]
 
 
+async def test_stream_append_once_per_marker(subject: StoreUnderTest) -> None:
+    store = subject.store
+    first = await store.xadd_once("s", {"decision_id": "d1"}, 1000, "once:d1", once_ttl_s=60)
+    assert first is not None
+    # The retry of an append that did land: not appended again.
+    assert await store.xadd_once("s", {"decision_id": "d1"}, 1000, "once:d1", once_ttl_s=60) is None
+    assert await store.xadd_once("s", {"decision_id": "d2", "n": "2"}, 1000, "once:d2", once_ttl_s=60) is not None
+    assert [body for _, body in await store.xrange("s", count=10)] == [{"decision_id": "d1"},
+                                                                      {"decision_id": "d2", "n": "2"}]
+
+
 async def test_set_nx_sets_once_until_it_expires(subject: StoreUnderTest) -> None:
     store = subject.store
     assert await store.set_nx("ticket:d1", b"1", ttl_s=0.3)
@@ -280,3 +291,58 @@ async def test_redis_keys_carry_the_namespace_prefix() -> None:
         await store.delete("flags")
         await store.close()
         await raw.aclose()
+
+
+async def test_take_tokens_is_one_shared_bucket(subject: StoreUnderTest) -> None:
+    store = subject.store
+    try:
+        # A new bucket starts full (capacity 5); grants are whole tokens, never more than it holds.
+        assert (await store.take_tokens("rate:acme", 3, rate_per_s=10.0, capacity=5.0))[0] == 3
+        assert (await store.take_tokens("rate:acme", 5, rate_per_s=10.0, capacity=5.0))[0] == 2
+        granted, left = await store.take_tokens("rate:acme", 1, rate_per_s=10.0, capacity=5.0)
+        assert granted == 0 and left < 1.0
+        # Another key is another bucket.
+        assert (await store.take_tokens("rate:globex", 4, rate_per_s=10.0, capacity=5.0))[0] == 4
+        # Refilled at the rate, up to the capacity only (1 s at 10/s would be 10).
+        await subject.advance(1.0)
+        assert (await store.take_tokens("rate:acme", 50, rate_per_s=10.0, capacity=5.0))[0] == 5
+    finally:
+        await store.delete("rate:acme")
+        await store.delete("rate:globex")
+
+
+async def test_take_tokens_concurrent_callers_never_overdraw(subject: StoreUnderTest) -> None:
+    store = subject.store
+    try:
+        # 40 callers, 3 tokens each, on a bucket of 20 refilled very slowly: exactly 20 granted.
+        grants = await asyncio.gather(*(store.take_tokens("rate:race", 3, rate_per_s=0.001, capacity=20.0)
+                                        for _ in range(40)))
+        assert sum(granted for granted, _ in grants) == 20
+    finally:
+        await store.delete("rate:race")
+
+
+async def test_ledger_add_applies_all_fields_once_per_marker(subject: StoreUnderTest) -> None:
+    store = subject.store
+    key = keys.ledger("acme", "2026-03")
+    fields = {"eu-north|model-v1|energy_j": 12.5, "eu-north|model-v1|carbon_g": 0.25,
+              "eu-north|model-v1|requests": 1.0}
+    assert await store.ledger_add(key, fields, "ledger_booked:d1", 60.0) is True
+    # The same decision again (a retry, a re-read batch): nothing is added.
+    assert await store.ledger_add(key, fields, "ledger_booked:d1", 60.0) is False
+    assert await store.ledger_add(key, fields, "ledger_booked:d2", 60.0) is True
+    table = await store.hgetall(key)
+    assert {name: float(value) for name, value in table.items()} == pytest.approx(
+        {name: 2 * amount for name, amount in fields.items()})
+    # Without a marker every call adds.
+    assert await store.ledger_add(key, {"eu-north|model-v1|requests": 1.0}, None, 60.0) is True
+    assert float((await store.hgetall(key))["eu-north|model-v1|requests"]) == pytest.approx(3.0)
+
+
+async def test_ledger_add_marker_expires(subject: StoreUnderTest) -> None:
+    store = subject.store
+    key = keys.ledger("acme", "2026-04")
+    assert await store.ledger_add(key, {"x|r|requests": 1.0}, "ledger_booked:d9", 0.2)
+    await subject.advance(0.4)
+    assert await store.ledger_add(key, {"x|r|requests": 1.0}, "ledger_booked:d9", 0.2)
+    assert float((await store.hgetall(key))["x|r|requests"]) == pytest.approx(2.0)

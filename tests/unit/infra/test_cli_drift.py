@@ -65,7 +65,7 @@ def test_router_container_args_parse_as_the_router_command(parser: argparse.Argu
     assert parsed.command == "router"
     assert parsed.handler.__module__ == "scheduler.server.cli"
     assert parsed.state.split(":", 1)[0] in OPENERS, "the state URL scheme has no store opener"
-    assert parsed.keys is not None, "production routers authenticate (--keys)"
+    assert parsed.keys is not None and not parsed.insecure, "production routers authenticate (--keys)"
     assert parsed.ticket_keys is not None and not parsed.insecure_no_tickets, "production routers sign dispatches"
     assert parsed.budgets is not None
     if variant == "tls":

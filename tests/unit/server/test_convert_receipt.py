@@ -1,5 +1,5 @@
 """Request validation (every bad field named) and the receipt (measured vs modelled energy,
-carbon only from a fresh signal)."""
+carbon from a fresh signal or else at a marked upper bound, partial receipts)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from scheduler import errors
 from scheduler.client.common import build_request
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.region_receipt import UPPER_BOUND_G_PER_KWH
 from scheduler.server import convert
 from scheduler.server.receipt import ReceiptInputs, build_receipt
 from scheduler.types import FleetSnapshot, Signal
@@ -77,7 +78,7 @@ def test_receipt_from_the_model_when_the_region_measures_nothing() -> None:
     assert receipt.carbon_g == pytest.approx(expected.energy_j / 3.6e6 * 100.0 * candidate.region.pue)
 
 
-def test_measured_energy_wins_and_stale_carbon_is_shown_not_used() -> None:
+def test_measured_energy_wins_and_stale_carbon_is_booked_at_the_upper_bound() -> None:
     snap = snapshot(carbon_age_s=3 * 3600)  # past the 2 h limit
     measured = {"energy_j": 42.0, "energy_j_low": 40.0, "energy_j_high": 44.0, "measurement_source": "nvml",
                 "confidence": 0.9, "attribution_method": "shared-v1", "phases": {"decode_j": 30.0},
@@ -85,7 +86,46 @@ def test_measured_energy_wins_and_stale_carbon_is_shown_not_used() -> None:
     receipt = build_receipt(_inputs(snap, measured))
     assert (receipt.energy_j, receipt.measurement_source, receipt.confidence) == (42.0, "nvml", 0.9)
     assert receipt.decode_j == 30.0 and receipt.prefill_j is None and receipt.batch_size == 7.5
-    assert receipt.carbon is not None and receipt.carbon.stale and receipt.carbon_g is None
+    # A stale signal is shown, never used as fresh: the grams are a conservative bound, marked so.
+    assert receipt.carbon is not None and receipt.carbon.stale
+    pue = snap.candidates_by_model["llama-3.1-8b"][0].region.pue
+    assert receipt.carbon_g == pytest.approx(42.0 / 3.6e6 * UPPER_BOUND_G_PER_KWH * pue)
+    assert receipt.carbon_basis == "upper-bound" and receipt.carbon_intensity_g_per_kwh == UPPER_BOUND_G_PER_KWH
     message = convert.receipt_to_proto(receipt)
-    assert message.HasField("energy_j") and not message.HasField("prefill_j") and not message.HasField("carbon_g")
+    assert message.HasField("energy_j") and not message.HasField("prefill_j") and message.HasField("carbon_g")
+    assert message.carbon_basis == "upper-bound" and not message.partial and message.end_reason == "complete"
     assert message.carbon_signal.stale
+
+
+def _signal_snapshot(value: float, age_s: float) -> FleetSnapshot:
+    fleet = load_fleet()
+    carbon = {r.grid_zone: Signal("carbon_intensity", r.grid_zone, value, "gCO2eq/kWh", NOW - age_s, NOW, "test")
+              for r in fleet.regions}
+    return SnapshotBuilder(fleet.regions, fleet.policy("default")).build(NOW, carbon=carbon)
+
+
+@pytest.mark.parametrize("snap, intensity, basis", [
+    (snapshot(), UPPER_BOUND_G_PER_KWH, "upper-bound"),  # no signal at all
+    (_signal_snapshot(1500.0, 3 * 3600), 1500.0, "upper-bound"),  # stale, dirtier than the bound
+    (_signal_snapshot(float("nan"), 60), UPPER_BOUND_G_PER_KWH, "upper-bound"),  # unusable value
+    (_signal_snapshot(100.0, -3600), UPPER_BOUND_G_PER_KWH, "upper-bound"),  # dated an hour ahead
+    (_signal_snapshot(100.0, 60), 100.0, "signal"),
+], ids=["missing", "stale-above-bound", "nan", "future", "fresh"])
+def test_carbon_is_never_booked_as_zero(snap: FleetSnapshot, intensity: float, basis: str) -> None:
+    receipt = build_receipt(_inputs(snap, {"energy_j": 36.0, "measurement_source": "nvml"}))
+    pue = snap.candidates_by_model["llama-3.1-8b"][0].region.pue
+    assert receipt.carbon_basis == basis and receipt.carbon_intensity_g_per_kwh == intensity
+    assert receipt.carbon_g == pytest.approx(36.0 / 3.6e6 * intensity * pue)
+
+
+def test_a_partial_receipt_bills_the_relayed_events_when_the_region_sent_no_usage() -> None:
+    snap = snapshot(carbon_age_s=60)
+    candidate = snap.candidates_by_model["llama-3.1-8b"][0]
+    inputs = ReceiptInputs("d1", "r1", "acme", candidate, snap, (), (), 100, 0, None, None, 12.0, 80.0,
+                           relayed_events=7, end_reason="cancelled")
+    receipt = build_receipt(inputs)
+    expected = snap.perf[candidate.index].energy.estimate(100, 0, 7)
+    assert receipt.partial and receipt.end_reason == "cancelled" and receipt.completion_tokens == 7
+    assert receipt.measurement_source == "model" and receipt.energy_j == pytest.approx(expected.energy_j)
+    message = convert.receipt_to_proto(receipt)
+    assert message.partial and message.end_reason == "cancelled" and message.completion_tokens == 7

@@ -60,11 +60,17 @@ def test_each_signed_receipt_is_booked_once_and_forgeries_never() -> None:
     assert first.carbon is not None and first.carbon.signal.key == "NO" and first.carbon.age_s == 10.0
 
 
-def test_a_stale_signal_claims_no_grams() -> None:
-    from scheduler.region_receipt import RegionReceipt
+def test_without_a_usable_signal_the_grams_are_an_upper_bound_not_zero() -> None:
+    from scheduler.region_receipt import UPPER_BOUND_G_PER_KWH, RegionReceipt
 
     receipt = RegionReceipt(claims("d1", g_per_kwh=None)).energy_receipt()
-    assert receipt.energy_j == 36.0 and receipt.carbon_g is None and receipt.carbon is None
+    assert receipt.energy_j == 36.0 and receipt.carbon is None
+    assert receipt.carbon_g is not None and abs(receipt.carbon_g - 36.0 / 3.6e6 * UPPER_BOUND_G_PER_KWH * 1.1) < 1e-12
+    assert receipt.carbon_basis == "upper-bound" and receipt.carbon_intensity_g_per_kwh == UPPER_BOUND_G_PER_KWH
+    fresh = RegionReceipt(claims("d2")).energy_receipt()
+    assert fresh.carbon_basis == "signal" and fresh.carbon_intensity_g_per_kwh == 100.0
+    # An intensity no grid can have (a unit mix-up: g/MWh) is not used either.
+    assert claims("d3", g_per_kwh=100_000.0)["carbon_basis"] == "upper-bound"
 
 
 def test_another_router_takes_over_when_the_holder_stops() -> None:

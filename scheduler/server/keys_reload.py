@@ -1,0 +1,81 @@
+"""Reloading the tenant keys file without a restart, so a key can be added or revoked live.
+
+``KeysReloader`` checks the file's identity (mtime, size, inode: a Kubernetes Secret update
+swaps a symlink) every ``interval_s`` in the background, and ``reload()`` re-reads it at once
+(the CLI calls it on SIGHUP). A file that fails to load (missing, bad YAML, a bad field)
+keeps the keys in use and logs every problem with its file, field and value; the next
+change of the file is tried again. A good file replaces the whole key ring: a key no longer
+in it is refused from the next call on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scheduler.config.loader import ConfigError
+from scheduler.server.auth import KeyRing
+
+log = logging.getLogger(__name__)
+
+Identity = tuple[int, int, int]
+
+
+def _identity(path: Path) -> Identity | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size, stat.st_ino
+
+
+@dataclass
+class KeysReloader:
+    path: Path
+    # Receives each good key ring (e.g. ``lambda ring: setattr(deps, "keys", ring)``).
+    apply: Callable[[KeyRing], None]
+    interval_s: float = 2.0
+    reloads: int = field(default=0, init=False)
+    failures: int = field(default=0, init=False)
+    _seen: Identity | None = field(default=None, init=False, repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+
+    def reload(self) -> bool:
+        """Re-read the file now; True if its keys are in use, False if the old ones stay."""
+        self._seen = _identity(self.path)
+        try:
+            ring = KeyRing.load(self.path)
+        except ConfigError as exc:
+            self.failures += 1
+            for issue in exc.issues:
+                log.error("keys file not reloaded, the previous keys stay in use: %s", issue)
+            return False
+        except OSError as exc:
+            self.failures += 1
+            log.error("keys file not reloaded, the previous keys stay in use: %s: %s", self.path, exc)
+            return False
+        self.apply(ring)
+        self.reloads += 1
+        log.warning("keys file %s reloaded: %d keys", self.path, len(ring.entries))
+        return True
+
+    async def start(self) -> None:
+        self._seen = _identity(self.path)
+        self._task = asyncio.create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if _identity(self.path) != self._seen:
+                self.reload()

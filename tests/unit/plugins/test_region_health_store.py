@@ -1,0 +1,122 @@
+"""``region_verdict`` beyond a fresh live state: a store outage is not a region outage (the
+router's own probes decide while the store is unreachable), a region whose state key expired
+is stale (its last-seen record), and never-seen regions are trusted only during the warm-up."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from scheduler.framework.scheduler import STATE_STORE, Scheduler
+from scheduler.plugins.filters.region_health import region_verdict
+from scheduler.types import FleetSnapshot, PoolLiveState, ProbeResult, RegionLiveState, Request, StoreStatus
+from tests.conftest import SnapshotFactory
+from tests.literals import NOW, region
+
+UP = StoreStatus(reachable=True, last_read_at=NOW, since=NOW - 3600)
+
+
+def down_for(seconds: float) -> StoreStatus:
+    return StoreStatus(reachable=False, last_read_at=NOW - seconds, since=NOW - 3600, error="connection refused")
+
+
+def live(*, healthy: bool = True, age_s: float = 0.0) -> RegionLiveState:
+    return RegionLiveState(region="a", healthy=healthy, observed_at=NOW - age_s, pools={"h100": PoolLiveState()})
+
+
+def probe(ok: bool, age_s: float = 0.5) -> ProbeResult:
+    return ProbeResult(ok, NOW - age_s, "" if ok else "ConnectError: connection refused")
+
+
+@dataclass
+class Case:
+    name: str
+    up: bool  # expected: region "a" may take requests
+    reason: str = ""  # a fragment of the reason when not
+    live: RegionLiveState | None = None
+    store: StoreStatus | None = UP
+    probes: Mapping[str, ProbeResult] = field(default_factory=dict)
+    last_seen: Mapping[str, float] = field(default_factory=dict)
+    # seconds since the router started (None: no router, e.g. the simulator)
+    uptime_s: float | None = 3600.0
+
+
+CASES = [
+    # The store answers: the published state decides, probes are not consulted.
+    Case("fresh and healthy", True, live=live()),
+    Case("fresh and healthy, probe failing, store up: the state decides", True, live=live(),
+         probes={"a": probe(False)}),
+    Case("stale, store up: down even if the probe answers", False, "old > limit", live=live(age_s=60),
+         probes={"a": probe(True)}),
+    # The store is unreachable: last known state + the router's own probe.
+    Case("store down 60 s, last known healthy (stale), probe answers: up", True, live=live(age_s=60),
+         store=down_for(60), probes={"a": probe(True)}),
+    Case("store down, last known healthy, probe fails: down", False, "probe failed", live=live(age_s=60),
+         store=down_for(60), probes={"a": probe(False)}),
+    Case("store down, state still fresh, probe fails: down", False, "probe failed", live=live(age_s=1),
+         store=down_for(1), probes={"a": probe(False)}),
+    Case("store down, last known unhealthy, probe answers: still down", False, "unhealthy",
+         live=live(healthy=False, age_s=2), store=down_for(2), probes={"a": probe(True)}),
+    Case("store down, last known unhealthy and stale, probe answers: down", False, "old > limit",
+         live=live(healthy=False, age_s=60), store=down_for(60), probes={"a": probe(True)}),
+    Case("store down, probe itself stale: the state's age decides", False, "old > limit", live=live(age_s=60),
+         store=down_for(60), probes={"a": probe(True, age_s=30)}),
+    Case("store down, no probe: the state's age decides", False, "old > limit", live=live(age_s=60),
+         store=down_for(60)),
+    Case("store down, never seen, after warm-up: down even if the probe answers", False, "no live state seen",
+         store=down_for(60), probes={"a": probe(True)}),
+    # Seen, then stopped: the state key expired, the last-seen record remains.
+    Case("state key expired, last-seen record present: stale, down", False, "last seen 600.0 s ago",
+         last_seen={"a": NOW - 600}),
+    Case("state key expired, last-seen record present, in warm-up: still down", False, "last seen",
+         last_seen={"a": NOW - 600}, uptime_s=1.0),
+    # Never seen.
+    Case("never seen, router in its warm-up: trusted", True, uptime_s=10.0),
+    Case("never seen, warm-up over: down", False, "no live state seen in the 31 s", uptime_s=31.0),
+    Case("never seen, no router (simulator, offline explain): trusted", True, uptime_s=None),
+]
+
+
+def snapshot_of(case: Case, make_snapshot: SnapshotFactory) -> FleetSnapshot:
+    snapshot = make_snapshot([region("a")], live=[case.live] if case.live else [])
+    return dataclasses.replace(
+        snapshot, store=case.store, probes=dict(case.probes), last_seen=dict(case.last_seen),
+        live_since=None if case.uptime_s is None else NOW - case.uptime_s,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_region_verdict(case: Case, make_snapshot: SnapshotFactory) -> None:
+    snapshot = snapshot_of(case, make_snapshot)
+    assert snapshot.policy.unknown_region_state.missing_warmup == 30.0  # the shipped default policy
+    verdict = region_verdict(snapshot, "a")
+    assert (verdict is None) == case.up, verdict
+    if verdict is not None:
+        fmt, args = verdict
+        assert case.reason in fmt.format(*args)
+
+
+REQUEST = Request(request_id="r", model="llama-3.1-8b", prompt_tokens=500, max_tokens=100)
+
+
+def test_decision_says_it_runs_without_the_store(make_snapshot: SnapshotFactory, scheduler: Scheduler) -> None:
+    outage = Case("", True, live=live(age_s=90), store=down_for(90), probes={"a": probe(True)})
+    decision = scheduler.schedule(REQUEST, snapshot_of(outage, make_snapshot))
+    assert decision.schedulable
+    store = [f for f in decision.fallbacks if f.signal == STATE_STORE]
+    assert len(store) == 1, decision.fallbacks
+    assert store[0].age_s == pytest.approx(90.0)
+    assert "running without the state store for 90 s" in store[0].detail
+    assert "probes" in store[0].detail
+
+    # Nothing schedulable during the outage: the decision still says why the regions were judged so.
+    failing = dataclasses.replace(outage, probes={"a": probe(False)})
+    empty = scheduler.schedule(REQUEST, snapshot_of(failing, make_snapshot))
+    assert not empty.schedulable
+    assert [f.signal for f in empty.fallbacks] == [STATE_STORE]
+
+    healthy = Case("", True, live=live())
+    assert all(f.signal != STATE_STORE for f in scheduler.schedule(REQUEST, snapshot_of(healthy, make_snapshot)).fallbacks)
