@@ -171,18 +171,19 @@ class Stack:
         await self.regions[name].stop()
 
     async def stop(self) -> None:
-        await self.stop_router(grace_s=1.0)
+        """Everything down, each step bounded: a scenario's teardown must not outlive its test."""
+        await asyncio.wait_for(self.stop_router(grace_s=1.0), 30)
         for task in self._publishing.values():
             task.cancel()
-        await asyncio.gather(*self._publishing.values(), return_exceptions=True)
+        await asyncio.wait_for(asyncio.gather(*self._publishing.values(), return_exceptions=True), 10)
         for stub in self.regions.values():
-            await stub.stop()
+            await asyncio.wait_for(stub.stop(), 10)
         for store in self._stores:
-            await store.close()
+            await asyncio.wait_for(store.close(), 5)
 
 
 async def client_load(port: int, tally: Tally, stop: asyncio.Event, workers: int = 8, max_tokens: int = 8,
-                      timeout_s: float = 30.0) -> None:
+                      timeout_s: float = 15.0) -> None:
     """``workers`` SDK clients sending Generate requests back to back until ``stop`` is set."""
 
     async def worker(index: int) -> None:

@@ -5,6 +5,7 @@ persistence does); ``DEBUG`` is enabled for ``DEBUG SLEEP``. Stopped by its own 
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
@@ -64,10 +65,21 @@ class PrivateRedis:
         self.kill()
         self.start()
 
-    def sleep(self, seconds: float) -> None:
-        """``DEBUG SLEEP``: the server answers nothing for ``seconds`` (a stalled store)."""
-        with redis.Redis(port=self.port, socket_timeout=seconds + 5) as client:
-            client.execute_command("DEBUG", "SLEEP", seconds)
+    async def stall(self, seconds: float) -> None:
+        """``DEBUG SLEEP`` from a ``redis-cli`` child: the server answers nothing for ``seconds``
+        (a stalled store); returns when it answers again, at most ``seconds`` + 10 s later."""
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is not installed (apt-get install redis-tools)")
+        process = await asyncio.create_subprocess_exec(
+            cli, "-p", str(self.port), "DEBUG", "SLEEP", str(seconds),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        try:
+            await asyncio.wait_for(process.wait(), seconds + 10)
+        finally:
+            if process.returncode is None:
+                process.kill()  # our own child, by its handle
+                await process.wait()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -91,7 +91,7 @@ async def test_redis_slowed(own_redis: PrivateRedis) -> None:
     try:
         async def stall() -> None:
             await asyncio.sleep(3.0)
-            await asyncio.to_thread(own_redis.sleep, 3.0)
+            await own_redis.stall(3.0)
 
         tally = await run(stack, 12.0, stall)
         row = await account("Redis slowed (DEBUG SLEEP 3)", stack, tally)
