@@ -161,6 +161,9 @@ class StoreStatus:
     # The router's start: an outage that began before any read counts from here.
     since: float
     error: str = ""
+    # The first good read after failed ones (None: no outage since the router started). A
+    # region that has not published since may not have reconnected yet (region-health).
+    recovered_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

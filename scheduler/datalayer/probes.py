@@ -20,7 +20,6 @@ failed probe with its reason in ``detail``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from scheduler.config.schema import RegionConfig
+from scheduler.tasks import start_loop, stop_task
 from scheduler.types import ProbeResult
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class RegionProbes:
         region that does not answer)."""
         if self._task is not None:
             return
-        self._task = asyncio.create_task(self._run(), name="region-probes")
+        self._task = start_loop(self._run, "region-probes")
 
     async def _run(self) -> None:
         while True:
@@ -100,10 +100,7 @@ class RegionProbes:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()

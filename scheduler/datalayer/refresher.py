@@ -21,7 +21,6 @@ the region's publisher), so a region whose state key expired counts as stale, no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -36,6 +35,7 @@ from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.state import codec, keys
 from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.tasks import start_loop, stop_task
 from scheduler.types import Candidate, FleetSnapshot, RegionLiveState, Request, Signal, StoreStatus
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,8 @@ class RefresherStatus:
     last_error: str = ""
     refreshes: int = 0
     failures: int = 0
+    # The first good read after failed ones.
+    recovered_at: float | None = None
 
     @property
     def reachable(self) -> bool:
@@ -155,6 +157,9 @@ class SnapshotRefresher:
             self.pending.settle(self._live, self.clock())
             self._apply_signals(dict(zip(signal_keys, values[2 * n_regions : -1], strict=True)))
             self._apply_flags(values[-1])
+            if self.status.last_error:
+                self.status.recovered_at = self.status.last_attempt_at
+                log.warning("state store reachable again")
             self.status.last_success_at = self.status.last_attempt_at
             self.status.last_error = ""
         self.status.refreshes += 1
@@ -171,7 +176,8 @@ class SnapshotRefresher:
         status = self.status
         return dataclasses.replace(
             snapshot,
-            store=StoreStatus(status.reachable, status.last_success_at, self._live_since, status.last_error),
+            store=StoreStatus(status.reachable, status.last_success_at, self._live_since, status.last_error,
+                              status.recovered_at),
             probes={} if self.probes is None else self.probes.results(),
             last_seen=self._last_seen(),
             live_since=self._live_since,
@@ -248,7 +254,7 @@ class SnapshotRefresher:
         if self.probes is not None:
             await self.probes.start()
         await self.refresh()
-        self._task = asyncio.create_task(self._run(), name="snapshot-refresher")
+        self._task = start_loop(self._run, "snapshot-refresher")
 
     async def _run(self) -> None:
         while True:
@@ -261,9 +267,6 @@ class SnapshotRefresher:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
         if self.probes is not None:
             await self.probes.stop()

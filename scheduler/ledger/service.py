@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from scheduler.ledger.budget import BudgetStatus
 from scheduler.ledger.ledger import Ledger, LedgerEntry, MonthUsage, month_of
+from scheduler.tasks import start_loop, stop_task
 from scheduler.types import EnergyReceipt, Request
 
 log = logging.getLogger(__name__)
@@ -65,13 +66,10 @@ class LedgerService:
 
     async def start(self) -> None:
         await self._refresh()
-        self._task = asyncio.create_task(self._run(), name="ledger")
+        self._task = start_loop(self._run, "ledger")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         await self._drain()
         await self.ledger.flush()
         if self.ledger.pending:
@@ -79,8 +77,11 @@ class LedgerService:
 
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancel that arrives
+            # as the wait completes, and this loop then never ends (a router's stop hung on it).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self._drain()

@@ -49,6 +49,7 @@ from scheduler.serve.publisher import RegionStatePublisher
 from scheduler.serve.sse import StreamAssembler, sse_event
 from scheduler.state import codec
 from scheduler.state.store import StateUnavailable
+from scheduler.tasks import start_loop, stop_task
 from scheduler.tickets import RegionKeys, Ticket, TicketKeyRing, TicketRejected
 from scheduler.types import PoolLiveState, RegionLiveState
 
@@ -173,7 +174,7 @@ class RegionGateway:
         self._rates: dict[str, tuple[float, float]] = {}  # pool -> published rates: requests/s, prompt tokens/s
         self._tasks: list[asyncio.Task[None]] = []
         if self._meter.available:
-            self._tasks.append(asyncio.create_task(self._meter_loop()))
+            self._tasks.append(start_loop(self._meter_loop, "energy-meter"))
         self._store: Any = None
         if settings.store_url is not None:
             from scheduler.state.factory import open_store
@@ -183,12 +184,12 @@ class RegionGateway:
                 region=region.name, source=self.live_state, store=self._store,
                 interval_s=settings.publish_interval_s, ttl_s=settings.state_ttl_s,
             )
-            self._tasks.append(asyncio.create_task(publisher.run()))
+            self._tasks.append(start_loop(publisher.run, "state-publisher"))
         self._replay = ReplayGuard(self._store)
         self._outbox: collections.deque[dict[str, str]] = collections.deque(maxlen=RECEIPT_OUTBOX)
         self._outbox_wake = asyncio.Event()
         if self._store is not None:
-            self._tasks.append(asyncio.create_task(self._receipt_writer()))
+            self._tasks.append(start_loop(self._receipt_writer, "receipt-writer"))
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/completions"): lambda r: self._generate(r, "stream_completions"),
             ("POST", "/v1/chat/completions"): lambda r: self._generate(r, "stream_chat"),
@@ -480,7 +481,7 @@ class RegionGateway:
 
     async def __del__(self) -> None:
         for task in self._tasks:
-            task.cancel()
+            await stop_task(task)
         if self._store is not None:
             await self._store.close()
         self._meter.close()

@@ -31,6 +31,7 @@ import httpx
 from scheduler.datalayer.refresher import encode_seen
 from scheduler.state import codec, keys
 from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.tasks import start_loop, stop_task
 from scheduler.types import RegionLiveState
 
 log = logging.getLogger(__name__)
@@ -120,12 +121,11 @@ class StateBridge:
                 region=region, source=HttpStateSource(endpoint, self._client), store=self.store,
                 interval_s=self.interval_s, ttl_s=self.ttl_s,
             )
-            self._tasks.append(asyncio.create_task(publisher.run(), name=f"state-bridge:{region}"))
+            self._tasks.append(start_loop(publisher.run, f"state-bridge:{region}"))
 
     async def stop(self) -> None:
         for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+            await stop_task(task)
         self._tasks.clear()
         if self._client is not None:
             await self._client.aclose()

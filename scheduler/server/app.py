@@ -49,6 +49,9 @@ from scheduler.v1 import admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# After grpc's stop: how long the cancelled streams' handlers get to book their partial receipts.
+STREAM_UNWIND_S = 2.0
+
 SERVICE_NAMES = (
     router_pb2.DESCRIPTOR.services_by_name["GlobalRouter"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["RouterAdmin"].full_name,
@@ -272,6 +275,12 @@ class RunningRouter:
         self.serving = False
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
+        # grpc cancels the streams still open after the grace without waiting for their
+        # handlers, which book a partial receipt as they unwind: let them, before the ledger
+        # and the audit writer stop (bounded: a handler stuck elsewhere must not hold the stop).
+        unwound_by = time.monotonic() + STREAM_UNWIND_S
+        while self.deps.active_streams > 0 and time.monotonic() < unwound_by:
+            await asyncio.sleep(0.01)
         for task in reversed(self._started):
             try:
                 await task.stop()

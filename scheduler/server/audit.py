@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from scheduler.state import keys
 from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.tasks import start_loop, stop_task
 from scheduler.types import EnergyReceipt
 
 log = logging.getLogger(__name__)
@@ -99,15 +100,13 @@ class AuditLog:
 
     async def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="audit-writer")
+            self._task = start_loop(self._run, "audit-writer")
 
     async def stop(self, flush_timeout_s: float = 2.0) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
         with contextlib.suppress(StateUnavailable, TimeoutError):
-            await asyncio.wait_for(self.flush(), flush_timeout_s)
+            async with asyncio.timeout(flush_timeout_s):
+                await self.flush()
         if self._pending:
             log.warning("audit: %d entries not written at shutdown", len(self._pending))

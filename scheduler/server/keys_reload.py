@@ -11,7 +11,6 @@ in it is refused from the next call on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from scheduler.config.loader import ConfigError
 from scheduler.server.auth import KeyRing
+from scheduler.tasks import start_loop, stop_task
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +66,10 @@ class KeysReloader:
 
     async def start(self) -> None:
         self._seen = _identity(self.path)
-        self._task = asyncio.create_task(self._watch())
+        self._task = start_loop(self._watch, "keys-reload")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
 
     async def _watch(self) -> None:
         while True:

@@ -18,7 +18,6 @@ gauge ``scheduler_rate_limit_shared`` 0), and probes the store in the background
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -30,6 +29,7 @@ from scheduler import errors
 from scheduler.server.auth import Principal, TenantRateLimiter
 from scheduler.server.metrics import Sample
 from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,4 @@ class SharedRateLimiter:
 
     async def stop(self) -> None:
         for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)

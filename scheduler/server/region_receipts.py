@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from scheduler.region_receipt import STREAM, RegionReceipt, verify_receipt
 from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.tasks import start_loop, stop_task
 from scheduler.tickets import TicketKeyRing, TicketKeysError, TicketRejected
 from scheduler.types import EnergyReceipt
 
@@ -83,13 +84,10 @@ class RegionReceiptIngest:
                 await asyncio.sleep(self.interval_s)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="region-receipts")
+        self._task = start_loop(self._run, "region-receipts")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         # Book what arrived until now, so a clean shutdown leaves nothing for the next holder.
         with contextlib.suppress(StateUnavailable):
             while await self.ingest_once() == self.batch:

@@ -172,13 +172,15 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
             book("error")  # an unexpected failure after text went out is billed too
             raise
         finally:
-            deps.active_streams -= 1
-            await stream.aclose()
             if not booked:
-                # Cancelled (the client went away, or its deadline passed) after text went out:
-                # the client cannot get a receipt any more, but the ledger and the audit do.
+                # Cancelled (the client went away, its deadline passed, the router is stopping)
+                # after text went out: the client cannot get a receipt any more, but the ledger
+                # and the audit do. Booked before any await, so a stopping router's ledger
+                # drains it.
                 passed = client_deadline is not None and deps.monotonic() >= client_deadline
                 book("deadline" if passed else "cancelled")
+            deps.active_streams -= 1
+            await stream.aclose()
         if stream.failovers:
             deps.metrics.inc("scheduler_router_failovers_total", amount=len(stream.failovers))
         if receipt is not None:

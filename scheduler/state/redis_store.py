@@ -17,6 +17,7 @@ from redis import exceptions as redis_errors
 
 from scheduler.state import keys
 from scheduler.state.store import StateUnavailable
+from scheduler.tasks import Interrupted, isolated
 
 # Every Redis failure: unreachable (connection, timeout, loading) and error answers alike
 # (OOM, READONLY replica, MISCONF, NOSCRIPT ...): the store cannot take the call right now.
@@ -134,15 +135,17 @@ class RedisStore:
     async def _call(self, make: Callable[[], Awaitable[Any]]) -> Any:
         # redis-py's return types depend on decode_responses; this store never decodes, so
         # each caller states the type it gets.
+        # In a child task: redis-py's socket timeouts can leave a stray cancel behind on
+        # Python 3.11 (scheduler.tasks); there it fails this call, not the caller's task.
         try:
-            return await make()
-        except _UNAVAILABLE as exc:
+            return await isolated(make)
+        except (*_UNAVAILABLE, Interrupted) as exc:
             raise StateUnavailable(f"redis ({self._prefix}*): {type(exc).__name__}: {exc}") from exc
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._client.ping())
-        except _UNAVAILABLE:
+            return bool(await self._call(self._client.ping))
+        except StateUnavailable:
             return False
 
     async def get(self, key: str) -> bytes | None:

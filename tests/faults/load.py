@@ -38,6 +38,7 @@ from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.state import codec, keys
 from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import StateUnavailable
+from scheduler.tasks import stop_task
 from scheduler.types import EnergyReceipt, PoolLiveState, RegionLiveState
 
 REGIONS = ("eu-north", "eu-central", "us-east")
@@ -164,18 +165,14 @@ class Stack:
 
     async def kill_region(self, name: str) -> None:
         """The region dies: its streams are cut and it stops publishing."""
-        task = self._publishing.pop(name)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_task(self._publishing.pop(name))
         await self.regions[name].stop()
 
     async def stop(self) -> None:
         """Everything down, each step bounded: a scenario's teardown must not outlive its test."""
         await asyncio.wait_for(self.stop_router(grace_s=1.0), 30)
         for task in self._publishing.values():
-            task.cancel()
-        await asyncio.wait_for(asyncio.gather(*self._publishing.values(), return_exceptions=True), 10)
+            await asyncio.wait_for(stop_task(task), 10)
         for stub in self.regions.values():
             await asyncio.wait_for(stub.stop(), 10)
         for store in self._stores:

@@ -35,6 +35,7 @@ from scheduler.serve.publisher import RegionStatePublisher
 from scheduler.server.app import RunningRouter, build_deps, start_router
 from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.state.redis_store import RedisStore
+from scheduler.tasks import stop_task
 from scheduler.types import PoolLiveState, RegionLiveState
 from tests.faults.redis_server import PrivateRedis
 
@@ -76,8 +77,7 @@ async def stack_on(redis_url: str, namespace: str, ttl_s: float = 60.0) -> Async
         yield Stack(stubs, configs, publishers, store)
     finally:
         for task in publishers.values():
-            task.cancel()
-        await asyncio.gather(*publishers.values(), return_exceptions=True)
+            await stop_task(task)
         for stub in stubs.values():
             await stub.stop()
         await store.close()
@@ -187,7 +187,7 @@ async def test_restarted_router_does_not_route_to_a_region_whose_state_expired(o
         finally:
             await first.stop(grace_s=0.5)
         # eu-north stops publishing (its gateway is gone) while no router runs; its state key expires.
-        stack.publishers["eu-north"].cancel()
+        await stop_task(stack.publishers["eu-north"])
         await stack.stubs["eu-north"].stop()
         stopped = time.monotonic()
         deadline = time.monotonic() + 20

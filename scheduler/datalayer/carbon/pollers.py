@@ -27,6 +27,7 @@ from scheduler.datalayer.carbon.metrics import Counters
 from scheduler.datalayer.carbon.poller import LockTiming, ZonePoller
 from scheduler.datalayer.carbon.providers import ProviderOptions, make_provider
 from scheduler.state.store import StateStore
+from scheduler.tasks import start_loop, stop_task
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +79,12 @@ class CarbonPollers:
         if self._tasks:
             return
         for poller in self.pollers:
-            self._tasks.append(asyncio.create_task(poller.run(), name=f"poller {poller.lock_name}"))
+            self._tasks.append(start_loop(poller.run, f"poller {poller.lock_name}"))
         log.info("carbon pollers started: %s", ", ".join(p.lock_name for p in self.pollers) or "none")
 
     async def stop(self) -> None:
         for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+            await stop_task(task)
         self._tasks.clear()
         for provider in self.providers:
             await provider.aclose()

@@ -8,8 +8,10 @@ While the store answers (or there is none: simulator, offline tools):
         or   it was never seen and the router started at most unknown_region_state.missing_warmup
              ago (or the snapshot has no router: live_since None),
         or   it was never seen and unknown_region_state.missing == "assume-healthy".
-While the store is unreachable (snapshot.store_outage_s not None) and the region has a probe
-no older than max_age.region_state:
+While the store is unreachable (snapshot.store_outage_s not None), and for max_age.region_state
+after it answers again (store.recovered_at) for a region that has not published since (its
+publisher may still be reconnecting), if the region has a probe no older than
+max_age.region_state:
   drop  if   the probe failed (whatever the last known state says);
   keep  if   the probe answered and the last known state said healthy (however old it is);
   else       as above.
@@ -28,7 +30,7 @@ import numpy as np
 
 from scheduler.framework.columns import BoolArray, IndexArray
 from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
-from scheduler.types import FleetSnapshot
+from scheduler.types import FleetSnapshot, RegionLiveState
 
 TYPE = "region-health"
 
@@ -71,15 +73,31 @@ def region_verdict(snapshot: FleetSnapshot, region: str) -> Verdict:
     max_age = policy.max_age.region_state
     state = snapshot.live.get(region)
     outage_s = snapshot.store_outage_s
-    if outage_s is not None:
+    back_s = _back_without_news(snapshot, state, max_age)
+    if outage_s is not None or back_s is not None:
         probe = snapshot.probes.get(region)
         if probe is not None and snapshot.now - probe.checked_at <= max_age:
             if not probe.ok:
-                return ("state store unreachable for {:.0f} s and the router's probe failed: {}",
-                        (outage_s, probe.detail))
+                if outage_s is not None:
+                    return ("state store unreachable for {:.0f} s and the router's probe failed: {}",
+                            (outage_s, probe.detail))
+                return ("no state since the store answered again {:.1f} s ago and the router's probe failed: {}",
+                        (back_s, probe.detail))
             if state is not None and state.healthy:
                 return None
     return _by_state(snapshot, region)
+
+
+def _back_without_news(snapshot: FleetSnapshot, state: RegionLiveState | None, max_age: float) -> float | None:
+    """Seconds since the store answered again after an outage, while that is at most
+    ``max_age`` ago and the region has published nothing since; else None."""
+    store = snapshot.store
+    if store is None or not store.reachable or store.recovered_at is None:
+        return None
+    back_s = snapshot.now - store.recovered_at
+    if back_s > max_age or (state is not None and state.observed_at >= store.recovered_at):
+        return None
+    return back_s
 
 
 def _by_state(snapshot: FleetSnapshot, region: str) -> Verdict:

@@ -181,6 +181,24 @@ async def test_redis_down_keeps_the_last_inputs_and_routes_on_the_routers_own_pr
     down_regions = {r.candidate.region.name for r in decision.rejected if r.plugin == "region-health"}
     assert "us-east" in down_regions and "eu-north" not in down_regions
 
+    # Redis answers again, with the states of three hours ago: until a region publishes, its
+    # probe still vouches for it for max_age.region_state (its publisher may be reconnecting),
+    # so the store's return is no fleet outage either.
+    async with StubRegion(StubRegionSettings(name="eu-north")) as alive_again:
+        probes.endpoints = {**endpoints, "eu-north": alive_again.endpoint}
+        refresher.store = redis_store
+        clock.t += 1
+        await probes.probe_all()
+        back = await refresher.refresh()
+        assert refresher.status.recovered_at == clock.t and back.store_outage_s is None
+        kept = scheduler.schedule(request, back)
+        assert {c.region.name for c in kept.ranked_candidates} == {"eu-north"}, kept.rejected
+        clock.t += back.policy.max_age.region_state + 1  # the window is over, still no state
+        await probes.probe_all()
+        over = scheduler.schedule(request, await refresher.refresh())
+        await probes.stop()
+    assert not over.schedulable
+
 
 async def test_region_seen_then_gone_is_down_after_a_router_restart() -> None:
     """A region published (its state and its last-seen record), stopped, and its state key

@@ -23,6 +23,11 @@ def down_for(seconds: float) -> StoreStatus:
     return StoreStatus(reachable=False, last_read_at=NOW - seconds, since=NOW - 3600, error="connection refused")
 
 
+def back_for(seconds: float) -> StoreStatus:
+    """Answering again, ``seconds`` after a 60 s outage ended."""
+    return StoreStatus(reachable=True, last_read_at=NOW, since=NOW - 3600, recovered_at=NOW - seconds)
+
+
 def live(*, healthy: bool = True, age_s: float = 0.0) -> RegionLiveState:
     return RegionLiveState(region="a", healthy=healthy, observed_at=NOW - age_s, pools={"h100": PoolLiveState()})
 
@@ -68,6 +73,19 @@ CASES = [
          store=down_for(60)),
     Case("store down, never seen, after warm-up: down even if the probe answers", False, "no live state seen",
          store=down_for(60), probes={"a": probe(True)}),
+    # The store answers again: a region that has not published since may still be reconnecting.
+    Case("store back 1 s, no state since (held one 61 s old), probe answers: up", True, live=live(age_s=61),
+         store=back_for(1), probes={"a": probe(True)}),
+    Case("store back 1 s, no state since, probe fails: down", False, "since the store answered again 1.0 s ago",
+         live=live(age_s=61), store=back_for(1), probes={"a": probe(False)}),
+    Case("store back 1 s, no state since, no probe: the state's age decides", False, "old > limit",
+         live=live(age_s=61), store=back_for(1)),
+    Case("store back 6 s (over max_age 5 s), still no state: the state's age decides", False, "old > limit",
+         live=live(age_s=66), store=back_for(6), probes={"a": probe(True)}),
+    Case("store back 3 s, region published since, probe failing: its fresh state decides", True,
+         live=live(age_s=1), store=back_for(3), probes={"a": probe(False)}),
+    Case("store back 1 s, last known unhealthy, probe answers: still down", False, "unhealthy",
+         live=live(healthy=False, age_s=2), store=back_for(1), probes={"a": probe(True)}),
     # Seen, then stopped: the state key expired, the last-seen record remains.
     Case("state key expired, last-seen record present: stale, down", False, "last seen 600.0 s ago",
          last_seen={"a": NOW - 600}),
