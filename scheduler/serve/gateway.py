@@ -32,7 +32,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ray import serve
@@ -82,9 +82,32 @@ class GatewaySettings:
     state_ttl_s: float = 60.0
     meter_interval_s: float = 0.2
     engine_timeout_s: float = 2.0
+    # A pool whose engine misses its stats call keeps its last answer published this long
+    # (one slow call on a loaded host is not a dead engine); after that it is left out.
+    engine_grace_s: float = 5.0
     tickets: Literal["required", "disabled"] = "required"
     # The region's ticket keys; None: read from the file $SCHEDULER_TICKET_KEYS_FILE names.
     ticket_keys: RegionKeys | None = None
+
+
+@dataclass
+class EngineAnswers:
+    """Each pool's last stats answer: a missed call (timeout, error) leaves the last answer
+    standing for ``grace_s``, then the pool has none (it is not published)."""
+
+    grace_s: float
+    _last: dict[str, tuple[float, Mapping[str, Any]]] = field(default_factory=dict)
+
+    def standing(self, pool: str, answer: Mapping[str, Any] | BaseException, now: float) -> Mapping[str, Any] | None:
+        if not isinstance(answer, BaseException):
+            self._last[pool] = (now, answer)
+            return answer
+        last = self._last.get(pool)
+        if last is None or now - last[0] > self.grace_s:
+            return None
+        log.info("engine of pool %s slow to answer (%s): its answer of %.1f s ago stands",
+                 pool, type(answer).__name__, now - last[0])
+        return last[1]
 
 
 def served_models(pool: PoolConfig, engine: PoolEngine) -> dict[str, int]:
@@ -170,6 +193,7 @@ class RegionGateway:
         self._power_w: float | None = None
         self._measured_j_total = 0.0
         self._last_rate: tuple[float, float] | None = None  # (measured J, generated tokens)
+        self._engine_answers = EngineAnswers(settings.engine_grace_s)
         self._last_arrivals: dict[str, tuple[float, int, float]] = {}  # pool -> (monotonic s, requests, prompt tokens)
         self._rates: dict[str, tuple[float, float]] = {}  # pool -> published rates: requests/s, prompt tokens/s
         self._tasks: list[asyncio.Task[None]] = []
@@ -391,9 +415,9 @@ class RegionGateway:
 
     async def live_state(self) -> RegionLiveState:
         """What the region publishes: per pool whose engine answers, its load, the models it
-        serves with their context limits, and GPU power. A pool whose engine does not answer
-        is left out (the router then treats it as not served); the region is healthy while
-        at least one pool answers."""
+        serves with their context limits, and GPU power. A pool whose engine has not answered
+        for ``engine_grace_s`` is left out (the router then treats it as not served); inside
+        that grace its last answer stands. The region is healthy while a pool is published."""
         settings = self._settings
         names = list(settings.pools)
         answers = await asyncio.gather(
@@ -403,10 +427,12 @@ class RegionGateway:
         )
         pools: dict[str, PoolLiveState] = {}
         generated_total = 0.0
-        for name, stats in zip(names, answers, strict=True):
-            if isinstance(stats, BaseException):
+        now = time.monotonic()
+        for name, answer in zip(names, answers, strict=True):
+            stats = self._engine_answers.standing(name, answer, now)
+            if stats is None:
                 log.warning("region %s: engine of pool %s not answering (%s): not publishing it",
-                            settings.region.name, name, stats)
+                            settings.region.name, name, answer)
                 continue
             generated_total += float(stats.get("generation_tokens_total", 0.0))
             pools[name] = self._pool_state(name, stats)
