@@ -1,0 +1,189 @@
+"""scheduler.http.server driven by clients it did not come with: httpx, and raw sockets for
+what a careless or hostile client sends (garbage, huge headers and bodies, a trickle,
+pipelining, Expect: 100-continue, a disconnect mid-stream)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from scheduler.http.client import HttpClient
+from scheduler.http.server import HttpRequest, HttpResponse, HttpServer, ServerLimits, StreamingResponse
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+
+class App:
+    """Routes for the tests: an echo, a stream of N chunks, a failing handler and stream."""
+
+    def __init__(self) -> None:
+        self.stream_ended: asyncio.Event = asyncio.Event()
+        self.stream_cancelled = False
+
+    async def echo(self, request: HttpRequest) -> HttpResponse:
+        body = {"method": request.method, "path": request.path, "query": request.query,
+                "auth": request.headers.get("authorization"), "body": request.body.decode()}
+        return HttpResponse(200, json.dumps(body).encode(), headers=(("x-echo", "1"),))
+
+    async def stream(self, request: HttpRequest) -> StreamingResponse:
+        count = int(request.query.removeprefix("n=") or 3)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                for i in range(count):
+                    yield f"data: {i}\n\n".encode()
+                    await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                self.stream_cancelled = True
+                raise
+            finally:
+                self.stream_ended.set()
+
+        return StreamingResponse(200, chunks())
+
+    async def broken(self, request: HttpRequest) -> HttpResponse:
+        raise RuntimeError("a bug")
+
+    async def broken_stream(self, request: HttpRequest) -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"data: 0\n\n"
+            raise RuntimeError("a bug half-way")
+
+        return StreamingResponse(200, chunks())
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[App, str, HttpServer]]:
+    app = App()
+    server = HttpServer({("POST", "/echo"): app.echo, ("GET", "/echo"): app.echo, ("GET", "/stream"): app.stream,
+                         ("GET", "/broken"): app.broken, ("GET", "/broken-stream"): app.broken_stream},
+                        limits=ServerLimits(max_header_bytes=4096, max_body_bytes=10_000, max_connections=8,
+                                            request_timeout_s=0.5))
+    port = await server.start("127.0.0.1", 0)
+    try:
+        yield app, f"http://127.0.0.1:{port}", server
+    finally:
+        await server.stop(grace_s=0.5)
+
+
+async def raw(url: str, data: bytes, read_for_s: float = 0.5) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        await writer.drain()
+        chunks = []
+        try:
+            async with asyncio.timeout(read_for_s):
+                while chunk := await reader.read(65536):
+                    chunks.append(chunk)
+        except TimeoutError:
+            pass
+        return b"".join(chunks)
+    finally:
+        writer.close()
+
+
+async def test_answers_routes_with_keep_alive_and_openai_errors(served: tuple[App, str, HttpServer]) -> None:
+    _, url, _ = served
+    async with httpx.AsyncClient() as client:
+        echo = await client.post(f"{url}/echo?x=1", content=b"hello", headers={"authorization": "Bearer k"})
+        again = await client.get(f"{url}/echo")
+        missing = await client.get(f"{url}/nowhere")
+        wrong = await client.delete(f"{url}/echo")
+        broken = await client.get(f"{url}/broken")
+    assert echo.status_code == 200 and echo.headers["x-echo"] == "1"
+    assert echo.json() == {"method": "POST", "path": "/echo", "query": "x=1", "auth": "Bearer k", "body": "hello"}
+    assert again.json()["method"] == "GET"
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, POST"
+    assert broken.status_code == 500 and "a bug" not in broken.text  # no internals to the client
+
+
+async def test_streams_chunked_and_a_client_that_leaves_cancels_the_stream(served: tuple[App, str, HttpServer]) -> None:
+    app, url, _ = served
+    async with httpx.AsyncClient() as client:
+        async with client.stream("GET", f"{url}/stream?n=3") as response:
+            assert response.headers["transfer-encoding"] == "chunked"
+            body = b"".join([chunk async for chunk in response.aiter_bytes()])
+        assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+        app.stream_ended.clear()
+        async with client.stream("GET", f"{url}/stream?n=1000") as response:
+            async for _ in response.aiter_bytes():
+                break  # leave after the first chunk
+    await asyncio.wait_for(app.stream_ended.wait(), 5)
+    assert app.stream_cancelled
+
+
+async def test_a_stream_failing_half_way_is_cut_not_finished(served: tuple[App, str, HttpServer]) -> None:
+    _, url, _ = served
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            async with client.stream("GET", f"{url}/broken-stream") as response:
+                async for _ in response.aiter_bytes():
+                    pass
+
+
+async def test_limits_are_answered_with_their_status(served: tuple[App, str, HttpServer]) -> None:
+    _, url, _ = served
+    too_big = await raw(url, b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 20000\r\n\r\n")
+    chunked_big = await raw(url, b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+                                 + b"".join(b"%x\r\n%s\r\n" % (1000, b"a" * 1000) for _ in range(11)))
+    huge_headers = await raw(url, b"GET /echo HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 5000 + b"\r\n\r\n")
+    garbage = await raw(url, b"\x16\x03\x01 this is not http\r\n\r\n")
+    trickle = await raw(url, b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nab", read_for_s=1.5)
+    assert too_big.startswith(b"HTTP/1.1 413") and b"content-length 20,000" in too_big
+    assert chunked_big.startswith(b"HTTP/1.1 413")
+    assert huge_headers.startswith(b"HTTP/1.1 431")
+    assert garbage.startswith(b"HTTP/1.1 400")
+    assert trickle.startswith(b"HTTP/1.1 408")
+
+
+async def test_pipelined_requests_are_answered_in_order_and_100_continue_is_sent(
+    served: tuple[App, str, HttpServer],
+) -> None:
+    _, url, _ = served
+    pipelined = await raw(url, b"GET /echo?n=1 HTTP/1.1\r\nhost: x\r\n\r\nGET /echo?n=2 HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert pipelined.count(b"HTTP/1.1 200") == 2 and pipelined.index(b"n=1") < pipelined.index(b"n=2")
+
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 5\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"hello")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+        assert head.startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+
+
+async def test_connections_past_the_limit_get_503(served: tuple[App, str, HttpServer]) -> None:
+    _, url, server = served
+    host, port = url.removeprefix("http://").split(":")
+    held = [await asyncio.open_connection(host, int(port)) for _ in range(8)]
+    try:
+        await asyncio.sleep(0.05)
+        assert server.connections == 8
+        assert (await raw(url, b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n")).startswith(b"HTTP/1.1 503")
+    finally:
+        for _, writer in held:
+            writer.close()
+
+
+async def test_the_lean_client_and_server_speak_to_each_other(served: tuple[App, str, HttpServer]) -> None:
+    _, url, _ = served
+    client = HttpClient()
+    try:
+        for _ in range(3):
+            async with client.stream("GET", f"{url}/stream?n=5") as response:
+                body = await response.read()
+            assert body.count(b"data:") == 5
+        status, headers, echoed = await client.request("POST", f"{url}/echo", body=b"x" * 9000)
+        assert status == 200 and len(json.loads(echoed)["body"]) == 9000
+    finally:
+        await client.aclose()
