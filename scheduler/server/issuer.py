@@ -28,32 +28,39 @@ class TicketIssuer:
         if not 0 < self.ttl_s <= MAX_TICKET_TTL_S:
             raise ValueError(f"ticket ttl_s must be in (0, {MAX_TICKET_TTL_S:.0f}] s, got {self.ttl_s}")
 
-    def issue(self, *, decision_id: str, request: Request, body: Mapping[str, Any], candidate: Candidate,
-              snapshot: FleetSnapshot, mode: Mode) -> str:
-        """The signed ticket for dispatching ``body`` (the region's OpenAI request) to ``candidate``."""
-        region = candidate.region
+    def signer(self, *, decision_id: str, request: Request, body: Mapping[str, Any], snapshot: FleetSnapshot,
+               mode: Mode) -> Callable[[Candidate], str]:
+        """Signs this dispatch's ticket for a candidate (``body``: the region's OpenAI request).
+        The prompt is digested once here, however many candidates get a ticket."""
         prompt = body_prompt_digest(body)
         if prompt is None:
             raise ValueError("the request body has no prompt or messages a ticket can bind")
-        now = self.clock()
-        carbon: dict[str, Any] = {}
-        signal = snapshot.carbon.get(region.grid_zone)
-        if mode == "direct" and signal is not None and snapshot.age(signal.observed_at) <= snapshot.policy.max_age.carbon:
-            carbon = {"carbon_g_per_kwh": signal.value, "carbon_zone": signal.key,
-                      "carbon_observed_at": signal.observed_at, "carbon_source": signal.source}
-        ticket = Ticket(
-            decision_id=decision_id,
-            request_id=request.request_id,
-            tenant=request.tenant,
-            region=region.name,
-            pool=candidate.pool.name,
-            model=candidate.deployment.name,
-            max_tokens=request.max_tokens,
-            prompt_tokens_max=request.prompt_tokens,
-            prompt_sha256=prompt[0],
-            expires_at=now + self.ttl_s,
-            mode=mode,
-            workload_class=request.workload_class,
-            **carbon,
-        )
-        return ticket.sign(self.keys.of(region.name))
+        digest = prompt[0]
+        ring, clock, ttl_s = self.keys, self.clock, self.ttl_s
+        max_carbon_age = snapshot.policy.max_age.carbon
+
+        def sign(candidate: Candidate) -> str:
+            region = candidate.region
+            carbon: dict[str, Any] = {}
+            signal = snapshot.carbon.get(region.grid_zone)
+            if mode == "direct" and signal is not None and snapshot.age(signal.observed_at) <= max_carbon_age:
+                carbon = {"carbon_g_per_kwh": signal.value, "carbon_zone": signal.key,
+                          "carbon_observed_at": signal.observed_at, "carbon_source": signal.source}
+            ticket = Ticket(
+                decision_id=decision_id,
+                request_id=request.request_id,
+                tenant=request.tenant,
+                region=region.name,
+                pool=candidate.pool.name,
+                model=candidate.deployment.name,
+                max_tokens=request.max_tokens,
+                prompt_tokens_max=request.prompt_tokens,
+                prompt_sha256=digest,
+                expires_at=clock() + ttl_s,
+                mode=mode,
+                workload_class=request.workload_class,
+                **carbon,
+            )
+            return ticket.sign(ring.of(region.name))
+
+        return sign

@@ -1,0 +1,230 @@
+"""The router's work, whatever the transport: decide, sign direct-mode targets, proxy a stream
+and book its receipt.
+
+The gRPC servicers (scheduler.server.servicers) and the HTTP front door
+(scheduler.server.http_api) are thin adapters over ``RouterCore``: the same decision, the same
+admission (budgets), the same tickets, the same dispatch with failover, the same receipts in
+the same ledger and audit stream. Failures are ``scheduler.errors`` outcomes; each edge maps
+them once to its own status.
+
+Every proxied stream that relayed text books exactly one receipt: complete, or partial when
+the client goes away, a deadline passes or the region fails after the first token
+(``docs/billing.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from scheduler import errors
+from scheduler.server import convert
+from scheduler.server.auth import Principal, scope_jurisdictions
+from scheduler.server.dispatch import RegionStream, TextDelta
+from scheduler.server.receipt import ReceiptInputs, build_receipt
+from scheduler.types import Candidate, Decision, EnergyReceipt, FleetSnapshot
+from scheduler.v1 import messages_pb2
+
+if TYPE_CHECKING:
+    from scheduler.server.app import RouterDeps
+
+
+def unschedulable(decision: Decision) -> errors.Unschedulable:
+    rejections = tuple(
+        errors.RejectionReason(f"{r.candidate.key}/{r.candidate.deployment.name}", r.plugin, r.reason)
+        for r in decision.rejected
+    )
+    by_plugin = Counter(r.plugin for r in rejections)
+    plugin = by_plugin.most_common(1)[0][0] if by_plugin else ""
+    summary = ", ".join(f"{name}: {count}" for name, count in by_plugin.most_common())
+    return errors.Unschedulable(
+        f"no candidate satisfies the request's hard requirements ({len(rejections)} rejected; {summary})",
+        plugin, rejections,
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    """A ranked candidate the client may stream from itself (direct mode), with its ticket."""
+
+    region: str
+    pool: str
+    model: str
+    url: str
+    ticket: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Routed:
+    decision_id: str
+    snapshot: FleetSnapshot
+    incoming: convert.Incoming
+    decision: Decision
+    # Empty when the router signs no tickets (regions without tickets: development only).
+    targets: tuple[Target, ...]
+
+
+@dataclass
+class ProxyRun:
+    """One proxied stream: ``async with`` it (the region request goes out on entry), iterate
+    the text, then read ``receipt`` (None when no text went out) and ``failure`` (an early
+    end after text: the receipt is partial and the edge reports the failure after it)."""
+
+    deps: RouterDeps
+    decision_id: str
+    snapshot: FleetSnapshot
+    incoming: convert.Incoming
+    decision: Decision
+    stream: RegionStream
+    started: float
+    client_deadline: float | None
+    receipt: EnergyReceipt | None = None
+    failure: errors.SchedulerError | None = None
+    _booked: bool = field(default=False, init=False)
+    _deltas: AsyncIterator[TextDelta] | None = field(default=None, init=False, repr=False)
+
+    async def __aenter__(self) -> ProxyRun:
+        self.deps.active_streams += 1
+        self.stream.start()
+        return self
+
+    def __aiter__(self) -> AsyncIterator[TextDelta]:
+        self._deltas = self._relay()
+        return self._deltas
+
+    async def _relay(self) -> AsyncIterator[TextDelta]:
+        end_reason = "complete"
+        try:
+            async for delta in self.stream:
+                yield delta
+        except errors.DeadlineExceeded as exc:
+            self.failure, end_reason = exc, "deadline"
+        except errors.Unavailable as exc:
+            if self.stream.first_text_at is None:
+                raise
+            self.failure, end_reason = exc, "region-error"
+        self.receipt = self._book(end_reason)
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        deps = self.deps
+        if not self._booked:
+            if kind is not None and issubclass(kind, Exception):
+                self._book("error")  # an unexpected failure after text went out is billed too
+            else:
+                # Cancelled (the client went away, its deadline passed, the router is stopping)
+                # after text went out: the client cannot get a receipt any more, but the ledger
+                # and the audit do. Booked before any await, so a stopping router's ledger
+                # drains it.
+                passed = self.client_deadline is not None and deps.monotonic() >= self.client_deadline
+                self._book("deadline" if passed else "cancelled")
+        deps.active_streams -= 1
+        deltas, self._deltas = self._deltas, None
+        if deltas is not None:
+            await deltas.aclose()  # type: ignore[attr-defined]
+        await self.stream.aclose()
+        if self.stream.failovers:
+            deps.metrics.inc("scheduler_router_failovers_total", amount=len(self.stream.failovers))
+
+    def _book(self, end_reason: str) -> EnergyReceipt | None:
+        """Build and book this stream's receipt once; None when no region answered (no text)."""
+        stream = self.stream
+        candidate = stream.candidate if end_reason == "complete" else (
+            stream.current if stream.first_text_at is not None else None)
+        if self._booked or candidate is None:
+            return None
+        deps = self.deps
+        receipt = build_receipt(ReceiptInputs(
+            decision_id=self.decision_id,
+            request_id=self.incoming.request.request_id,
+            tenant=self.incoming.request.tenant,
+            candidate=candidate,
+            snapshot=self.snapshot,
+            fallbacks=self.decision.fallbacks,
+            failovers=tuple(stream.failovers),
+            prompt_tokens=self.incoming.request.prompt_tokens,
+            cached_tokens=self.incoming.request.cached_tokens,
+            usage=stream.usage,
+            energy=stream.energy,
+            ttft_ms=None if stream.first_text_at is None else (stream.first_text_at - self.started) * 1000,
+            duration_ms=(deps.monotonic() - self.started) * 1000,
+            relayed_events=stream.content_events,
+            end_reason=end_reason,
+        ))
+        self._booked = True
+        deps.book(receipt)
+        return receipt
+
+
+class RouterCore:
+    def __init__(self, deps: RouterDeps) -> None:
+        self.deps = deps
+
+    def decide(self, principal: Principal, msg: messages_pb2.GenerateRequest,
+               ) -> tuple[FleetSnapshot, convert.Incoming, Decision]:
+        """Validate, decide, count the dispatch; ``Unschedulable`` when nothing survives."""
+        tenant = msg.tenant or principal.tenant
+        if tenant != principal.tenant and not principal.admin:
+            raise errors.PermissionDenied(f"a key of tenant {principal.tenant!r} cannot act for {convert.show(tenant)}")
+        deps = self.deps
+        snapshot = deps.refresher.current()
+        incoming = convert.incoming(msg, tenant, snapshot)
+        # A key bound to jurisdictions narrows (or fills in) where the request may run.
+        allowed = scope_jurisdictions(principal, sorted(incoming.request.allowed_jurisdictions))
+        if frozenset(allowed) != incoming.request.allowed_jurisdictions:
+            incoming = dataclasses.replace(incoming, request=dataclasses.replace(
+                incoming.request, allowed_jurisdictions=frozenset(allowed)))
+        decision = deps.scheduler.schedule(incoming.request, snapshot)
+        deps.metrics.decision(decision)
+        if not decision.schedulable:
+            raise unschedulable(decision)
+        # Route answers send the client there too (direct mode): both count as dispatched.
+        deps.refresher.record_dispatch(snapshot, decision.ranked_candidates[0], incoming.request)
+        return snapshot, incoming, decision
+
+    def route(self, principal: Principal, msg: messages_pb2.GenerateRequest) -> Routed:
+        """The decision and, when the router signs tickets, the top ranked candidates with one
+        each: the client may dispatch itself, after the same admission as a proxied stream."""
+        snapshot, incoming, decision = self.decide(principal, msg)
+        decision_id = uuid.uuid4().hex
+        deps = self.deps
+        issuer = deps.tickets
+        if issuer is None:
+            return Routed(decision_id, snapshot, incoming, decision, ())
+        for admit in deps.admission:
+            admit(incoming.request)
+        sign = issuer.signer(decision_id=decision_id, request=incoming.request, body=incoming.call.body,
+                             snapshot=snapshot, mode="direct")
+        expires_at = issuer.clock() + issuer.ttl_s
+        targets = tuple(
+            Target(candidate.region.name, candidate.pool.name, candidate.deployment.name,
+                   candidate.region.endpoint.rstrip("/") + incoming.call.path, sign(candidate), expires_at)
+            for candidate in decision.ranked_candidates[: deps.direct_targets]
+        )
+        return Routed(decision_id, snapshot, incoming, decision, targets)
+
+    def proxy(self, principal: Principal, msg: messages_pb2.GenerateRequest, remaining_s: float | None) -> ProxyRun:
+        """A stream to run (``async with``): decided and admitted here, dispatched on entry.
+        ``remaining_s``: the client's deadline from now (None: none)."""
+        deps = self.deps
+        started = deps.monotonic()
+        snapshot, incoming, decision = self.decide(principal, msg)
+        for admit in deps.admission:
+            admit(incoming.request)
+        decision_id = uuid.uuid4().hex
+        tenant = incoming.request.tenant
+        issuer = deps.tickets
+        ticket_for: Callable[[Candidate], str] | None = None if issuer is None else issuer.signer(
+            decision_id=decision_id, request=incoming.request, body=incoming.call.body, snapshot=snapshot,
+            mode="proxy")
+        client_deadline = None if remaining_s is None else started + remaining_s
+        # The stream's deadline: the client's, capped by the router's max_stream_s.
+        stream = deps.dispatcher.stream(decision, incoming.call, client_deadline,
+                                        {"decision_id": decision_id, "tenant": tenant}, ticket_for)
+        return ProxyRun(deps, decision_id, snapshot, incoming, decision, stream, started, client_deadline)
