@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 DONE = "[DONE]"
 
 
@@ -46,13 +48,13 @@ class MalformedEvent(ValueError):
 def parse_event(payload: str) -> dict[str, Any]:
     """One event's JSON object; ``MalformedEvent`` for anything else or an error event."""
     try:
-        event = json.loads(payload)
-    except json.JSONDecodeError:
+        event = orjson.loads(payload)
+    except ValueError:
         raise MalformedEvent(f"malformed event: {payload[:80]!r}") from None
     if not isinstance(event, dict):
         raise MalformedEvent(f"malformed event: {payload[:80]!r}")
     if "error" in event:
-        message, _ = openai_error(json.dumps(event).encode())
+        message, _ = openai_error(orjson.dumps(event))
         raise MalformedEvent(f"error event: {message}")
     return event
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import orjson
 
 from scheduler.client.errors import InvalidArgumentError, SchedulerRpcError, UnavailableError
 from scheduler.sse import DONE, MalformedEvent, SseParser, choice_text, openai_error, parse_event
@@ -40,8 +41,12 @@ def region_body(request: pb.GenerateRequest, target: router_pb2.DirectTarget) ->
     return body
 
 
+def region_payload(request: pb.GenerateRequest, target: router_pb2.DirectTarget) -> bytes:
+    return orjson.dumps(region_body(request, target))
+
+
 def headers(target: router_pb2.DirectTarget) -> dict[str, str]:
-    return {TICKET_HEADER: target.ticket}
+    return {TICKET_HEADER: target.ticket, "content-type": "application/json"}
 
 
 def region_error(target: router_pb2.DirectTarget, status: int, raw: bytes) -> Exception:
@@ -96,10 +101,15 @@ def receipt_proto(claims: dict[str, Any] | None, failovers: list[pb.Failover]) -
     return receipt
 
 
+def read_timeout_s(remaining_s: float | None) -> float:
+    return 60.0 if remaining_s is None else max(0.001, remaining_s)
+
+
 def timeout(remaining_s: float | None) -> Any:
+    """The sync client's httpx timeouts."""
     import httpx
 
-    read = 60.0 if remaining_s is None else max(0.001, remaining_s)
+    read = read_timeout_s(remaining_s)
     return httpx.Timeout(connect=min(2.0, read), read=read, write=min(2.0, read), pool=min(2.0, read))
 
 

@@ -110,7 +110,7 @@ ERRORS_BY_CODE: dict[grpc.StatusCode, type[SchedulerRpcError]] = {
     grpc.StatusCode.INTERNAL: InternalError,
 }
 
-_DETAIL_TYPES = (
+DETAIL_TYPES = (
     error_details_pb2.BadRequest, error_details_pb2.PreconditionFailure, error_details_pb2.ErrorInfo,
     error_details_pb2.RetryInfo, error_details_pb2.QuotaFailure,
 )
@@ -123,7 +123,7 @@ def _unpack(metadata: Iterable[tuple[str, Any]] | None) -> tuple[Any, ...]:
         status = status_pb2.Status.FromString(value)
         details = []
         for packed in status.details:
-            for kind in _DETAIL_TYPES:
+            for kind in DETAIL_TYPES:
                 if packed.Is(kind.DESCRIPTOR):
                     message = kind()
                     packed.Unpack(message)

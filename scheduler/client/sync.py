@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from scheduler.client import direct
+from scheduler.client import connect, direct
 from scheduler.client.common import (
     RetryPolicy,
     StreamState,
@@ -26,7 +26,7 @@ from scheduler.client.common import (
     resolve_tls,
     should_retry,
 )
-from scheduler.client.errors import SchedulerRpcError, from_rpc_error
+from scheduler.client.errors import SchedulerRpcError, UnavailableError, from_rpc_error
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
 
 
@@ -82,7 +82,7 @@ class DirectGeneration(_Stream):
 
         client = self._client
         remaining = self.begin_attempt()
-        routed: router_pb2.RouteResponse = client._unary(client._router.Route, self.request, remaining)
+        routed = client._route(self.request, remaining)
         self.decision = routed.decision
         if not routed.targets:
             raise direct.no_targets()
@@ -112,9 +112,16 @@ class DirectGeneration(_Stream):
 
 
 class SchedulerClient:
+    """``http_url``: the router's HTTP front door; given, direct mode asks ``Route`` over it
+    (see ``AsyncSchedulerClient``)."""
+
     def __init__(self, target: str, *, api_key: str | None = None, tls: TlsConfig | bool | None = None,
-                 timeout_s: float | None = 120.0, retry: RetryPolicy | None = None) -> None:
+                 timeout_s: float | None = 120.0, retry: RetryPolicy | None = None,
+                 http_url: str | None = None) -> None:
         tls_config = resolve_tls(tls)
+        self._tls = tls_config
+        self.http_url = http_url
+        self._api_key = api_key
         options = channel_options(tls_config)
         self._channel = (
             grpc.secure_channel(target, tls_config.credentials(), options=options)
@@ -143,8 +150,32 @@ class SchedulerClient:
         import httpx
 
         if self._http is None:
-            self._http = httpx.Client()
+            context = connect.ssl_context(self._tls)
+            self._http = httpx.Client(verify=context) if context is not None else httpx.Client()
         return self._http
+
+    def _route(self, request: messages_pb2.GenerateRequest, timeout_s: float | None) -> router_pb2.RouteResponse:
+        """``Route`` over HTTP (Connect) when the client has ``http_url``, else over gRPC."""
+        if self.http_url is None:
+            routed: router_pb2.RouteResponse = self._unary(self._router.Route, request, timeout_s)
+            return routed
+        import httpx
+
+        timeout = timeout_s if timeout_s is not None else self.timeout_s
+        url, body, headers = connect.route_call(self.http_url, request, self._api_key, timeout)
+        attempt = 0
+        while True:
+            try:
+                answer = self._http_client().post(url, content=body, headers=headers, timeout=timeout)
+                return connect.route_answer(answer.status_code, answer.headers, answer.content)
+            except httpx.HTTPError as exc:
+                error: SchedulerRpcError = UnavailableError(grpc.StatusCode.UNAVAILABLE, f"router at {self.http_url}: {exc}")
+            except SchedulerRpcError as exc:
+                error = exc
+            if not should_retry(error, attempt, self.retry):
+                raise error
+            time.sleep(self.retry.backoff(attempt, error.retry_after_s))
+            attempt += 1
 
     def _unary(self, method: Any, request: Any, timeout_s: float | None) -> Any:
         timeout = timeout_s if timeout_s is not None else self.timeout_s

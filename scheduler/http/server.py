@@ -6,9 +6,11 @@
 A handler takes an ``HttpRequest`` (method, path, query, lower-cased headers, the whole body)
 and returns an ``HttpResponse`` (sent with content-length) or a ``StreamingResponse``
 (chunked transfer encoding, each chunk written as it is produced, with back-pressure: a slow
-reader pauses the producer). Requests on one connection are answered in order (pipelined
-ones wait their turn). A client that goes away cancels its handler's task, so a stream's
-``finally`` runs (where a receipt for what was already sent gets booked).
+reader pauses the producer; a stream that raises ``AnswerInstead`` before its first chunk is
+answered with that response instead, so a failure before anything was sent gets its status).
+Requests on one connection are answered in order (pipelined ones wait their turn). A client
+that goes away cancels its handler's task, so a stream's ``finally`` runs (where a receipt for
+what was already sent gets booked).
 
 Limits (``ServerLimits``), each answered as HTTP says and with the connection closed: a
 header block over ``max_header_bytes`` 431, a body over ``max_body_bytes`` 413 (checked on
@@ -30,6 +32,7 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import httptools
 
@@ -66,6 +69,15 @@ class StreamingResponse:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse | StreamingResponse]]
+
+
+class AnswerInstead(Exception):
+    """Raised by a ``StreamingResponse``'s chunks before the first one: send this answer
+    instead (a stream that fails before it starts gets a proper status, not a 200)."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        super().__init__(response.status)
+        self.response = response
 
 
 @dataclass(frozen=True)
@@ -155,8 +167,8 @@ class _ServerConnection(asyncio.Protocol):
     # --- asyncio.Protocol -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else ""
         if not self.server._admit(self):
@@ -311,19 +323,35 @@ class _ServerConnection(asyncio.Protocol):
             return
         chunks = response.chunks
         try:
+            try:
+                first: bytes | None = await anext(chunks)
+            except StopAsyncIteration:
+                first = None
+            except AnswerInstead as instead:
+                answer = instead.response
+                transport.write(_head(answer.status, answer.content_type, answer.headers, len(answer.body), close,
+                                      name) + answer.body)
+                return
             transport.write(_head(response.status, response.content_type, response.headers, None, close, name))
-            async for chunk in chunks:
-                if chunk:
-                    transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                    if not self._writable.is_set():
-                        await self._writable.wait()
-                if self._closed:
-                    return
+            if first is not None:
+                async for chunk in _prepend(first, chunks):
+                    if chunk:
+                        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                        if not self._writable.is_set():
+                            await self._writable.wait()
+                    if self._closed:
+                        return
             transport.write(b"0\r\n\r\n")
         finally:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
 
 
 @dataclass

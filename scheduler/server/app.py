@@ -29,6 +29,7 @@ from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
+from scheduler.http.server import HttpServer
 from scheduler.ledger.budget import TenantBudget
 from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.filters.region_health import region_verdict
@@ -36,6 +37,7 @@ from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
+from scheduler.server.http_api import build_http_server, server_ssl_context
 from scheduler.server.issuer import TicketIssuer
 from scheduler.server.metrics import MetricsEndpoint, RouterMetrics, Sample
 from scheduler.server.rate_limit import SharedRateLimiter
@@ -115,6 +117,10 @@ class RouterDeps:
     # Plaintext /metrics and /healthz port (None: not served; 0: any free port) and address.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # The HTTP front door (scheduler.server.http_api: Connect Route, the OpenAI API; TLS as
+    # gRPC's): its port (None: not served; 0: any free port) and address.
+    http_port: int | None = None
+    http_host: str = "127.0.0.1"
     # Called before a Generate is dispatched (e.g. the tenant's energy budget); may raise a
     # SchedulerError (BudgetExhausted -> RESOURCE_EXHAUSTED); must not block.
     admission: list[Callable[[Request], object]] = field(default_factory=list)
@@ -268,13 +274,16 @@ class RunningRouter:
     health: HealthServicer
     deps: RouterDeps
     metrics_endpoint: MetricsEndpoint | None = None
+    http: HttpServer | None = None
+    http_port: int | None = None
     serving: bool = False
     _started: list[BackgroundTask] = field(default_factory=list)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self.serving = False
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace_s)
+        http, self.http = self.http, None
+        await asyncio.gather(self.server.stop(grace_s), *([http.stop(grace_s)] if http is not None else []))
         # grpc cancels the streams still open after the grace without waiting for their
         # handlers, which book a partial receipt as they unwind: let them, before the ledger
         # and the audit writer stop (bounded: a handler stuck elsewhere must not hold the stop).
@@ -307,6 +316,14 @@ async def start_router(address: str, deps: RouterDeps) -> RunningRouter:
             await endpoint.start()
             running.metrics_endpoint = endpoint
             running._started.append(endpoint)
+        if deps.http_port is not None:
+            http = build_http_server(deps)
+            tls = deps.tls
+            context = None if tls is None else server_ssl_context(tls.cert, tls.key, tls.client_ca)
+            running.http_port = await http.start(deps.http_host, deps.http_port, context)
+            running.http = http
+            log.info("HTTP front door on %s://%s:%d (Connect Route, OpenAI API)",
+                     "https" if context else "http", deps.http_host, running.http_port)
         await server.start()
     except BaseException:
         await running.stop(grace_s=0)

@@ -34,6 +34,7 @@ AUDIT_ONCE_TTL_S = 86_400.0
 def audit_fields(receipt: EnergyReceipt) -> dict[str, str]:
     return {
         "decision_id": receipt.decision_id,
+        "request_id": receipt.request_id,
         "tenant": receipt.tenant,
         "region": receipt.region,
         "pool": receipt.pool,

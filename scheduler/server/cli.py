@@ -48,6 +48,12 @@ def register(sub: Any) -> None:
                         help="serve Prometheus /metrics and /healthz over plain HTTP on this port (0: any free port)")
     router.add_argument("--metrics-host", default="127.0.0.1",
                         help="address of the /metrics endpoint (default: loopback only; 0.0.0.0 for scrapers)")
+    router.add_argument("--http-port", type=int, default=None,
+                        help="also serve the HTTP front door on this port: the OpenAI API (/v1/completions, "
+                             "/v1/chat/completions, /v1/models) and Route for the SDK's direct mode (Connect "
+                             "protocol); same keys and TLS as gRPC (0: any free port)")
+    router.add_argument("--http-host", default="127.0.0.1",
+                        help="address of the HTTP front door (default: loopback only)")
     router.add_argument("--no-carbon-pollers", action="store_true",
                         help="do not poll carbon providers (another process writes the signals)")
     router.add_argument("--ticket-keys", type=Path, default=os.environ.get(KEYS_FILE_ENV) or None,
@@ -156,6 +162,7 @@ def _router(args: argparse.Namespace) -> int:
                       metrics_port=args.metrics_port, ticket_keys=ticket_keys)
     deps.direct_targets = args.direct_targets
     deps.metrics_host = args.metrics_host
+    deps.http_port, deps.http_host = args.http_port, args.http_host
     from dataclasses import replace
     deps.dispatcher.settings = replace(deps.dispatcher.settings, max_stream_s=args.max_stream_s or None)
     if args.max_streams_per_tenant is not None:
@@ -176,9 +183,16 @@ def _router(args: argparse.Namespace) -> int:
         print(f"router listening on {args.host}:{running.port}", flush=True)
         if running.metrics_endpoint is not None:
             print(f"metrics on http://{args.metrics_host}:{running.metrics_endpoint.port}/metrics", flush=True)
+        if running.http_port is not None:
+            scheme = "https" if tls is not None else "http"
+            print(f"HTTP front door on {scheme}://{args.http_host}:{running.http_port}", flush=True)
         await serve_until_signalled(running, args.grace)
 
-    asyncio.run(serve())
+    # uvloop: the router's per-request work is mostly I/O callbacks (grpc.aio runs on it too).
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve())
     return 0
 
 

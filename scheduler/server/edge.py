@@ -61,6 +61,20 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Statu
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
+async def admit(keys: KeyRing | None, limiter: SharedRateLimiter, method: str, authorization: str | None, *,
+                admin_method: bool = False) -> Principal:
+    """Who calls ``method`` (``Unauthenticated`` / ``PermissionDenied`` if nobody allowed), after
+    the tenant's rate limit (not for admin methods). Every edge, gRPC and HTTP, admits so."""
+    if keys is None:
+        return LOCAL_PRINCIPAL
+    principal = keys.authenticate(authorization)
+    if admin_method and not principal.admin:
+        raise errors.PermissionDenied(f"{method} needs an admin key; tenant {principal.tenant!r} has none")
+    if not admin_method:
+        await limiter.check(principal)
+    return principal
+
+
 def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == "authorization":
@@ -81,16 +95,8 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     slots: StreamSlots
 
     async def admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
-        keys = self.keys()
-        if keys is None:
-            return LOCAL_PRINCIPAL
-        principal = keys.authenticate(_authorization(context))
-        admin_method = method.startswith(ADMIN_PREFIX)
-        if admin_method and not principal.admin:
-            raise errors.PermissionDenied(f"{method} needs an admin key; tenant {principal.tenant!r} has none")
-        if not admin_method:
-            await self.limiter.check(principal)
-        return principal
+        return await admit(self.keys(), self.limiter, method, _authorization(context),
+                           admin_method=method.startswith(ADMIN_PREFIX))
 
     def _status(self, exc: Exception) -> grpc.Status:
         """The one mapping of an outcome to a status (and the metric a budget refusal adds)."""

@@ -148,8 +148,9 @@ STATUS_BUILDERS: Mapping[type[errors.SchedulerError], Callable[[errors.Scheduler
 )
 
 
-def status_for(exc: BaseException) -> grpc.Status:
-    """The gRPC status (with packed details in its trailing metadata) for an exception."""
+def rpc_status_for(exc: BaseException) -> status_pb2.Status:
+    """The ``google.rpc.Status`` (code, clipped message, packed details) for an exception:
+    what the gRPC edge sends in trailing metadata and the HTTP edge as a Connect error."""
     builder = next((STATUS_BUILDERS[k] for k in type(exc).__mro__ if k in STATUS_BUILDERS), None)
     if builder is None or not isinstance(exc, errors.SchedulerError):
         log.exception("unexpected error in the router", exc_info=exc)
@@ -163,5 +164,10 @@ def status_for(exc: BaseException) -> grpc.Status:
         for detail in kept:
             if status.ByteSize() + detail.ByteSize() + 8 <= MAX_STATUS_BYTES:
                 status.details.append(detail)
-    result: grpc.Status = rpc_status.to_status(status)
+    return status
+
+
+def status_for(exc: BaseException) -> grpc.Status:
+    """The gRPC status (with packed details in its trailing metadata) for an exception."""
+    result: grpc.Status = rpc_status.to_status(rpc_status_for(exc))
     return result

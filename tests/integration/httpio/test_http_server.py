@@ -183,7 +183,7 @@ async def test_the_lean_client_and_server_speak_to_each_other(served: tuple[App,
             async with client.stream("GET", f"{url}/stream?n=5") as response:
                 body = await response.read()
             assert body.count(b"data:") == 5
-        status, headers, echoed = await client.request("POST", f"{url}/echo", body=b"x" * 9000)
+        status, _, echoed = await client.request("POST", f"{url}/echo", body=b"x" * 9000)
         assert status == 200 and len(json.loads(echoed)["body"]) == 9000
     finally:
         await client.aclose()

@@ -1,0 +1,324 @@
+"""The router's HTTP front door (``scheduler router --http-port PORT``), beside gRPC.
+
+- ``POST /scheduler.v1.GlobalRouter/Route``: the Route RPC in the Connect protocol's unary
+  form (connectrpc.com/docs/protocol): the body is a ``GenerateRequest`` as protobuf
+  (``content-type: application/proto``) or JSON (``application/json``), the answer a
+  ``RouteResponse`` in the same codec; an error is HTTP status + ``{"code", "message",
+  "details"}``. The SDK's direct mode uses it when given the router's HTTP address: one
+  HTTP request on a kept-alive connection costs the router a fraction of a gRPC call.
+- ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: OpenAI's API,
+  streamed or not (scheduler.server.openai_front has the formats and the scheduling hints).
+
+The same keys (``authorization: Bearer``), rate limits, per-tenant stream slots, decision,
+admission (budgets), dispatch with failover, receipts, ledger and audit as gRPC: every
+handler goes through ``RouterCore``. Errors are mapped once here: Connect codes for Route,
+OpenAI error objects (and statuses OpenAI clients retry on: 429, 503) for the OpenAI API.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from google.protobuf import json_format
+from google.rpc import code_pb2
+
+from scheduler import errors
+from scheduler.http.server import (
+    AnswerInstead,
+    HttpRequest,
+    HttpResponse,
+    HttpServer,
+    ServerLimits,
+    StreamingResponse,
+    error_response,
+)
+from scheduler.server import convert, openai_front
+from scheduler.server.auth import Principal
+from scheduler.server.core import ProxyRun, RouterCore
+from scheduler.server.edge import GUARDED_DESERIALIZERS, admit
+from scheduler.server.status import rpc_status_for
+from scheduler.server.wire import RejectedRequest
+from scheduler.v1 import messages_pb2, router_pb2
+
+if TYPE_CHECKING:
+    from scheduler.server.app import RouterDeps
+
+log = logging.getLogger(__name__)
+
+ROUTE_PATH = "/scheduler.v1.GlobalRouter/Route"
+PROTO = "application/proto"
+JSON = "application/json"
+# The largest body the OpenAI endpoints and Route take: a 4 MiB prompt and its envelope.
+MAX_BODY_BYTES = 5 * 2**20
+# Unschedulable because of these plugins is about the fleet's state now (retry later: 503);
+# any other (residency, certifications, context, model) is about the request (400).
+TRANSIENT_PLUGINS = frozenset({"region-health", "pool-served", "slo-reachable"})
+
+_CONNECT_STATUS = {code_pb2.OK: 200, code_pb2.CANCELLED: 499, code_pb2.UNKNOWN: 500, code_pb2.INVALID_ARGUMENT: 400,
+                   code_pb2.DEADLINE_EXCEEDED: 504, code_pb2.NOT_FOUND: 404, code_pb2.ALREADY_EXISTS: 409,
+                   code_pb2.PERMISSION_DENIED: 403, code_pb2.RESOURCE_EXHAUSTED: 429,
+                   code_pb2.FAILED_PRECONDITION: 400, code_pb2.ABORTED: 409, code_pb2.OUT_OF_RANGE: 400,
+                   code_pb2.UNIMPLEMENTED: 501, code_pb2.INTERNAL: 500, code_pb2.UNAVAILABLE: 503,
+                   code_pb2.DATA_LOSS: 500, code_pb2.UNAUTHENTICATED: 401}
+
+
+def code_name(code: int) -> str:
+    """``INVALID_ARGUMENT`` for 3: the names gRPC and the metrics use."""
+    return str(code_pb2.Code.Name(code))
+
+
+def connect_error(exc: BaseException) -> tuple[HttpResponse, str]:
+    """A Connect error answer and the code's name, with the same details gRPC would carry."""
+    status = rpc_status_for(exc)
+    details = [{"type": any_.type_url.rsplit("/", 1)[-1], "value": base64.b64encode(any_.value).decode().rstrip("=")}
+               for any_ in status.details]
+    body = {"code": code_name(status.code).lower(), "message": status.message, "details": details}
+    headers: tuple[tuple[str, str], ...] = ()
+    retry_after = getattr(exc, "retry_after_s", None)
+    if isinstance(retry_after, int | float):
+        headers = (("retry-after", str(max(1, round(retry_after)))),)
+    return HttpResponse(_CONNECT_STATUS.get(status.code, 500), orjson.dumps(body), JSON, headers), code_name(status.code)
+
+
+@dataclass(frozen=True)
+class _OpenAiError:
+    status: int
+    code: str  # OpenAI's error code
+    grpc_code: str  # for the metrics, as gRPC counts it
+
+
+def _openai_mapping(exc: BaseException) -> _OpenAiError:
+    if isinstance(exc, errors.InvalidRequest):
+        return _OpenAiError(400, "invalid_request", "INVALID_ARGUMENT")
+    if isinstance(exc, errors.Unschedulable):
+        transient = exc.plugin in TRANSIENT_PLUGINS
+        return _OpenAiError(503 if transient else 400, "unschedulable", "FAILED_PRECONDITION")
+    if isinstance(exc, errors.Unauthenticated):
+        return _OpenAiError(401, "invalid_api_key", "UNAUTHENTICATED")
+    if isinstance(exc, errors.PermissionDenied):
+        return _OpenAiError(403, "permission_denied", "PERMISSION_DENIED")
+    if isinstance(exc, errors.BudgetExhausted):
+        return _OpenAiError(429, "insufficient_quota", "RESOURCE_EXHAUSTED")
+    if isinstance(exc, errors.RateLimited):
+        return _OpenAiError(429, "rate_limit_exceeded", "RESOURCE_EXHAUSTED")
+    if isinstance(exc, errors.StreamLimited):
+        return _OpenAiError(429, "too_many_streams", "RESOURCE_EXHAUSTED")
+    if isinstance(exc, errors.Unavailable):
+        return _OpenAiError(503, "regions_unavailable", "UNAVAILABLE")
+    if isinstance(exc, errors.DeadlineExceeded):
+        return _OpenAiError(504, "deadline_exceeded", "DEADLINE_EXCEEDED")
+    return _OpenAiError(500, "internal_error", "INTERNAL")
+
+
+def openai_error(exc: BaseException) -> tuple[HttpResponse, str]:
+    """An OpenAI error object for an outcome (the message of an unexpected one is not shown)."""
+    mapping = _openai_mapping(exc)
+    if mapping.status == 500:
+        log.exception("unexpected error in the router's HTTP front door", exc_info=exc)
+        message = "internal error in the router"
+    else:
+        message = rpc_status_for(exc).message
+    param = exc.violations[0].field if isinstance(exc, errors.InvalidRequest) and exc.violations else None
+    headers: tuple[tuple[str, str], ...] = ()
+    retry_after = getattr(exc, "retry_after_s", None)
+    if isinstance(retry_after, int | float):
+        headers = (("retry-after", str(max(1, round(retry_after)))),)
+    return error_response(mapping.status, message, code=mapping.code, param=param, headers=headers), mapping.grpc_code
+
+
+def _json_body(request: HttpRequest) -> Any:
+    try:
+        return orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise errors.InvalidRequest([errors.FieldViolation("body", f"not JSON: {exc}"[:200])]) from None
+
+
+class HttpApi:
+    def __init__(self, deps: RouterDeps) -> None:
+        self.deps = deps
+        self.core = RouterCore(deps)
+
+    def routes(self) -> dict[tuple[str, str], Any]:
+        return {
+            ("POST", ROUTE_PATH): self.route,
+            ("POST", "/v1/completions"): self.completions,
+            ("POST", "/v1/chat/completions"): self.chat_completions,
+            ("GET", "/v1/models"): self.models,
+        }
+
+    async def _admit(self, request: HttpRequest, method: str) -> Principal:
+        return await admit(self.deps.keys, self.deps.limiter, method, request.headers.get("authorization"))
+
+    # --- Route (Connect unary) ------------------------------------------------------------
+
+    async def route(self, request: HttpRequest) -> HttpResponse:
+        code = "OK"
+        try:
+            principal = await self._admit(request, ROUTE_PATH)
+            codec = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if codec not in (PROTO, JSON):
+                return error_response(415, f"content-type must be {PROTO} or {JSON}, got {codec or 'none'!r}")
+            msg = self._route_message(request.body, codec)
+            routed = self.core.route(principal, msg)
+            answer = router_pb2.RouteResponse(
+                decision=convert.decision_to_proto(routed.decision, routed.decision_id, routed.incoming),
+                targets=[router_pb2.DirectTarget(region=t.region, pool=t.pool, model=t.model, url=t.url,
+                                                 ticket=t.ticket, expires_at_unix_s=t.expires_at)
+                         for t in routed.targets],
+            )
+            if codec == PROTO:
+                return HttpResponse(200, answer.SerializeToString(), PROTO)
+            return HttpResponse(200, json_format.MessageToJson(answer, preserving_proto_field_name=True).encode(), JSON)
+        except Exception as exc:
+            response, code = connect_error(exc)
+            return response
+        finally:
+            self.deps.metrics.request("Route", code)
+
+    @staticmethod
+    def _route_message(body: bytes, codec: str) -> messages_pb2.GenerateRequest:
+        if codec == PROTO:
+            parsed = GUARDED_DESERIALIZERS[ROUTE_PATH](body)
+            if isinstance(parsed, RejectedRequest):
+                raise errors.InvalidRequest(parsed.violations)
+            assert isinstance(parsed, messages_pb2.GenerateRequest)
+            return parsed
+        msg = messages_pb2.GenerateRequest()
+        try:
+            json_format.Parse(body, msg)
+        except (json_format.ParseError, UnicodeDecodeError) as exc:
+            raise errors.InvalidRequest([errors.FieldViolation("body", f"not a GenerateRequest: {exc}"[:300])]) \
+                from None
+        return msg
+
+    # --- the OpenAI API ------------------------------------------------------------------
+
+    async def models(self, request: HttpRequest) -> HttpResponse:
+        code = "OK"
+        try:
+            await self._admit(request, "openai.models")
+            snapshot = self.deps.refresher.current()
+            data = [{"id": name, "object": "model", "created": 0, "owned_by": "carbon-scheduler"}
+                    for name in sorted(snapshot.candidates_by_model)]
+            return HttpResponse(200, orjson.dumps({"object": "list", "data": data}))
+        except Exception as exc:
+            response, code = openai_error(exc)
+            return response
+        finally:
+            self.deps.metrics.request("openai.models", code)
+
+    async def completions(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: HttpRequest, chat: bool) -> HttpResponse | StreamingResponse:
+        method = "openai.chat.completions" if chat else "openai.completions"
+        try:
+            principal = await self._admit(request, method)
+            msg, call = openai_front.generate_request(_json_body(request), request.headers, chat)
+            run = self.core.proxy(principal, msg, call.remaining_s)
+        except Exception as exc:
+            response, code = openai_error(exc)
+            self.deps.metrics.request(method, code)
+            return response
+        if call.stream:
+            return StreamingResponse(200, self._sse(principal, run, call, method), headers=_stream_headers(run))
+        return await self._whole(principal, run, call, method)
+
+    async def _whole(self, principal: Principal, run: ProxyRun, call: openai_front.OpenAiCall,
+                     method: str) -> HttpResponse:
+        """Not streamed: relay into one completion object."""
+        code = "OK"
+        slots = self.deps.slots
+        try:
+            slots.acquire(principal)
+            try:
+                texts, finish = [], ""
+                async with run:
+                    async for delta in run:
+                        texts.append(delta.text)
+                        finish = delta.finish_reason or finish
+            finally:
+                slots.release(principal)
+            if run.failure is not None:
+                raise run.failure
+            body = openai_front.completion_object(call, run.decision_id, "".join(texts), finish, run.stream.usage,
+                                                  run.receipt)
+            headers = openai_front.receipt_headers(run.receipt) if run.receipt is not None else ()
+            return HttpResponse(200, orjson.dumps(body), JSON, headers)
+        except Exception as exc:
+            response, code = openai_error(exc)
+            return response
+        finally:
+            self.deps.metrics.request(method, code)
+
+    async def _sse(self, principal: Principal, run: ProxyRun, call: openai_front.OpenAiCall,
+                   method: str) -> AsyncIterator[bytes]:
+        """Streamed: OpenAI chunks, [DONE], then the receipt. A failure before the first text
+        is answered with its own status (``AnswerInstead``); after it, as an error event."""
+        writer = openai_front.ChunkWriter(call, run.decision_id)
+        code = "OK"
+        slots = self.deps.slots
+        try:
+            slots.acquire(principal)
+        except errors.StreamLimited as exc:
+            response, code = openai_error(exc)
+            self.deps.metrics.request(method, code)
+            raise AnswerInstead(response) from None
+        sent = False
+        try:
+            async with run:
+                try:
+                    async for delta in run:
+                        sent = True
+                        yield writer.delta(delta)
+                except Exception as exc:
+                    response, code = openai_error(exc)
+                    if not sent:
+                        raise AnswerInstead(response) from None
+                    yield writer.error(str(exc), "server_error", _openai_mapping(exc).code)
+                    return
+            if run.failure is not None:
+                _, code = openai_error(run.failure)
+                yield writer.error(str(run.failure), "server_error", _openai_mapping(run.failure).code)
+            else:
+                if call.include_usage:
+                    yield writer.usage(run.stream.usage, run.receipt)
+                yield writer.done()
+            if run.receipt is not None:
+                yield writer.receipt(run.receipt)
+        except BaseException:
+            if code == "OK":
+                code = "CANCELLED"
+            raise
+        finally:
+            slots.release(principal)
+            self.deps.metrics.request(method, code)
+
+
+def _stream_headers(run: ProxyRun) -> tuple[tuple[str, str], ...]:
+    return (("cache-control", "no-cache"), ("x-scheduler-decision-id", run.decision_id))
+
+
+def server_ssl_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLContext:
+    """TLS for the HTTP port from the router's gRPC TLS files (mutual when ``client_ca``)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def build_http_server(deps: RouterDeps, limits: ServerLimits | None = None) -> HttpServer:
+    return HttpServer(HttpApi(deps).routes(), limits=limits or ServerLimits(max_body_bytes=MAX_BODY_BYTES),
+                      name="carbon-scheduler-router")

@@ -1,0 +1,382 @@
+"""The OpenAI-compatible front door's formats: an OpenAI request in, our ``GenerateRequest``;
+our stream out, OpenAI's chunks and completion objects, plus the energy receipt.
+
+Requests (``POST /v1/completions``, ``POST /v1/chat/completions``), per OpenAI's API reference:
+``model``, ``prompt`` (a string) or ``messages`` (``role`` and string ``content``, or a list of
+``{"type": "text", "text": ...}`` parts), ``max_tokens`` (chat also ``max_completion_tokens``;
+absent: 16 for completions, OpenAI's default, and ``DEFAULT_CHAT_MAX_TOKENS`` for chat), ``temperature``,
+``top_p``, ``stop``, ``seed``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``,
+``user``. A field that would change the answer and that the router does not carry to the
+region (``tools``, ``response_format``, ``logprobs``, ...) is refused by name, never dropped.
+
+Scheduling hints, in the body's ``x_scheduler`` object (the openai client's ``extra_body``) or
+as ``x-scheduler-<name>`` headers (``extra_headers``; the body wins): ``tenant``,
+``request_id``, ``workload_class``, ``ttft_ms``, ``tpot_ms``, ``deadline_ms``,
+``jurisdictions``, ``certifications`` (lists; comma-separated in a header), ``precision``,
+``task_class``, ``client_location`` (``[lat, lon]`` or ``{"lat", "lon"}``; ``"lat,lon"`` in a
+header), ``prefix_key``, ``prompt_tokens``, ``cached_tokens``.
+
+Answers: streamed, OpenAI's ``text_completion`` / ``chat.completion.chunk`` events, a usage
+chunk (``choices: []``) when ``stream_options.include_usage``, ``data: [DONE]``, and then one
+``event: energy_receipt`` event with the receipt; OpenAI clients stop reading at ``[DONE]``,
+so they never see it. Not streamed: OpenAI's completion object with the receipt in an extra
+``energy_receipt`` field (clients keep unknown fields) and ``x-energy-*`` headers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from scheduler.errors import FieldViolation, InvalidRequest
+from scheduler.server.dispatch import TextDelta
+from scheduler.types import EnergyReceipt
+from scheduler.v1 import messages_pb2 as pb
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+DEFAULT_CHAT_MAX_TOKENS = 1024
+WORKLOAD = {"interactive": pb.WORKLOAD_CLASS_INTERACTIVE, "batch": pb.WORKLOAD_CLASS_BATCH,
+            "deferrable": pb.WORKLOAD_CLASS_DEFERRABLE}
+# OpenAI fields the router carries or that do not change the answer.
+COMPLETION_FIELDS = frozenset({"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
+                               "stream_options", "user", "x_scheduler"})
+CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt"}) | {"messages", "max_completion_tokens"}
+HINTS = ("tenant", "request_id", "workload_class", "ttft_ms", "tpot_ms", "deadline_ms", "jurisdictions",
+         "certifications", "precision", "task_class", "client_location", "prefix_key", "prompt_tokens",
+         "cached_tokens")
+HINT_HEADER = "x-scheduler-"
+
+
+@dataclass(frozen=True)
+class OpenAiCall:
+    """What the request asked beyond the ``GenerateRequest``."""
+
+    chat: bool
+    model: str
+    stream: bool
+    include_usage: bool
+    # The client's deadline from now (``deadline_ms``), None: none.
+    remaining_s: float | None
+
+
+class _Fields:
+    """Collects the violations of one request, each named by its path."""
+
+    def __init__(self) -> None:
+        self.bad: list[FieldViolation] = []
+
+    def fail(self, field: str, description: str) -> None:
+        self.bad.append(FieldViolation(field, description))
+
+    def string(self, field: str, value: Any) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        self.fail(field, f"expected a string, got {type(value).__name__}")
+        return None
+
+    def number(self, field: str, value: Any) -> float | None:
+        if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+            return None if value is None else float(value)
+        self.fail(field, f"expected a number, got {type(value).__name__}")
+        return None
+
+    def integer(self, field: str, value: Any, least: int = 0) -> int | None:
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            self.fail(field, f"expected an integer >= {least}, got {_show(value)}")
+            return None
+        return value
+
+    def strings(self, field: str, value: Any) -> list[str]:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+        self.fail(field, "expected a list of strings")
+        return []
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+def _hints(body: Mapping[str, Any], headers: Mapping[str, str], fields: _Fields) -> dict[str, Any]:
+    """The scheduling hints: the body's ``x_scheduler`` over the ``x-scheduler-*`` headers."""
+    raw = body.get("x_scheduler")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        fields.fail("x_scheduler", "expected an object")
+        raw = {}
+    unknown = sorted(set(raw) - set(HINTS))
+    if unknown:
+        fields.fail(f"x_scheduler.{unknown[0]}", f"unknown hint (known: {', '.join(HINTS)})")
+    hints: dict[str, Any] = {}
+    for name in HINTS:
+        header = headers.get(HINT_HEADER + name.replace("_", "-"))
+        if header is not None:
+            hints[name] = _header_value(name, header, fields)
+    hints.update({k: v for k, v in raw.items() if k in HINTS})
+    return hints
+
+
+def _header_value(name: str, text: str, fields: _Fields) -> Any:
+    if name in ("ttft_ms", "tpot_ms", "deadline_ms"):
+        try:
+            return float(text)
+        except ValueError:
+            fields.fail(f"{HINT_HEADER}{name.replace('_', '-')}", f"expected a number, got {_show(text)}")
+            return None
+    if name in ("prompt_tokens", "cached_tokens"):
+        return int(text) if text.isdigit() else text
+    if name == "client_location":
+        parts = text.split(",")
+        try:
+            return [float(parts[0]), float(parts[1])] if len(parts) == 2 else text
+        except ValueError:
+            return text
+    return text
+
+
+def _messages(value: Any, fields: _Fields) -> list[pb.ChatMessage]:
+    if not isinstance(value, list) or not value:
+        fields.fail("messages", "expected a non-empty list of messages")
+        return []
+    out = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            fields.fail(f"messages[{i}]", "expected an object with a string 'role'")
+            return []
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+            strings = [t for t in texts if isinstance(t, str)]
+            if len(strings) != len(content):
+                fields.fail(f"messages[{i}].content", "only text content is supported (parts of type 'text')")
+                return []
+            content = "".join(strings)
+        if not isinstance(content, str):
+            fields.fail(f"messages[{i}].content", "expected a string or a list of text parts")
+            return []
+        out.append(pb.ChatMessage(role=message["role"], content=content))
+    return out
+
+
+def generate_request(body: Any, headers: Mapping[str, str], chat: bool) -> tuple[pb.GenerateRequest, OpenAiCall]:
+    """The request the router decides on; ``InvalidRequest`` names every bad field."""
+    if not isinstance(body, dict):
+        raise InvalidRequest([FieldViolation("body", "expected a JSON object")])
+    fields = _Fields()
+    unsupported = sorted(set(body) - (CHAT_FIELDS if chat else COMPLETION_FIELDS))
+    if unsupported:
+        fields.fail(unsupported[0], f"not supported by this router: {', '.join(unsupported)} "
+                                    "(it would change the answer and is not passed on)")
+    model = fields.string("model", body.get("model")) or ""
+    if not model:
+        fields.fail("model", "required")
+    msg = pb.GenerateRequest(model=model)
+    if chat:
+        msg.chat.messages.extend(_messages(body.get("messages"), fields))
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = fields.integer("max_tokens", limit, least=1)
+        max_tokens = DEFAULT_CHAT_MAX_TOKENS if limit is None else max_tokens
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            fields.fail("prompt", "expected a string (one prompt; token-id prompts are not supported)")
+            prompt = ""
+        msg.prompt = prompt
+        limit = body.get("max_tokens")
+        max_tokens = fields.integer("max_tokens", limit, least=1)
+        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if limit is None else max_tokens
+    msg.sampling.max_tokens = max_tokens or 0
+    for name in ("temperature", "top_p"):
+        value = fields.number(name, body.get(name))
+        if value is not None:
+            setattr(msg.sampling, name, value)
+    seed = fields.integer("seed", body.get("seed"))
+    if seed is not None:
+        msg.sampling.seed = seed
+    stop = body.get("stop")
+    if stop is not None:
+        msg.sampling.stop.extend([stop] if isinstance(stop, str) else fields.strings("stop", stop))
+    if body.get("n", 1) != 1:
+        fields.fail("n", f"only n=1 is supported (one completion per request), got {_show(body.get('n'))}")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        fields.fail("stream", "expected true or false")
+    options = body.get("stream_options") or {}
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+
+    hints = _hints(body, headers, fields)
+    msg.tenant = fields.string("x_scheduler.tenant", hints.get("tenant")) or ""
+    msg.request_id = fields.string("x_scheduler.request_id", hints.get("request_id")) or ""
+    workload = hints.get("workload_class", "interactive")
+    if workload not in WORKLOAD:
+        fields.fail("x_scheduler.workload_class", f"expected one of {sorted(WORKLOAD)}, got {_show(workload)}")
+    else:
+        msg.workload_class = WORKLOAD[workload]
+    for name in ("ttft_ms", "tpot_ms"):
+        value = fields.number(f"x_scheduler.{name}", hints.get(name))
+        if value is not None:
+            setattr(msg.slo, name, value)
+    msg.compliance.allowed_jurisdictions.extend(fields.strings("x_scheduler.jurisdictions", hints.get("jurisdictions")))
+    msg.compliance.required_certifications.extend(
+        fields.strings("x_scheduler.certifications", hints.get("certifications")))
+    msg.compliance.precision = fields.string("x_scheduler.precision", hints.get("precision")) or ""
+    msg.compliance.task_class = fields.string("x_scheduler.task_class", hints.get("task_class")) or ""
+    msg.prefix_key = fields.string("x_scheduler.prefix_key", hints.get("prefix_key")) or ""
+    location = hints.get("client_location")
+    if isinstance(location, dict):
+        location = [location.get("lat"), location.get("lon")]
+    if location is not None:
+        if (isinstance(location, list) and len(location) == 2
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in location)):
+            msg.client_location.lat, msg.client_location.lon = float(location[0]), float(location[1])
+        else:
+            fields.fail("x_scheduler.client_location", "expected [lat, lon]")
+    for name in ("prompt_tokens", "cached_tokens"):
+        value = fields.integer(f"x_scheduler.{name}", hints.get(name))
+        if value is not None:
+            setattr(msg, name, value)
+    deadline_ms = fields.number("x_scheduler.deadline_ms", hints.get("deadline_ms"))
+    if deadline_ms is not None and deadline_ms <= 0:
+        fields.fail("x_scheduler.deadline_ms", f"must be positive, got {deadline_ms:g}")
+    if fields.bad:
+        raise InvalidRequest(fields.bad)
+    return msg, OpenAiCall(chat, model, stream is True, include_usage,
+                           None if deadline_ms is None else deadline_ms / 1000.0)
+
+
+# ------------------------------------------------------------------------------- answers
+
+_RECEIPT_OPTIONAL = (
+    "energy_j", "energy_j_low", "energy_j_high", "confidence", "waiting_j", "prefill_j", "decode_j",
+    "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens",
+    "reused_tokens", "avoided_j", "carbon_g", "ttft_ms", "carbon_intensity_g_per_kwh",
+)
+
+
+def receipt_object(receipt: EnergyReceipt) -> dict[str, Any]:
+    """The receipt as JSON, with the field names of ``scheduler.v1.EnergyReceipt``."""
+    out: dict[str, Any] = {
+        "decision_id": receipt.decision_id, "request_id": receipt.request_id, "model": receipt.model,
+        "region": receipt.region, "pool": receipt.pool, "pue": receipt.pue,
+        "measurement_source": receipt.measurement_source, "attribution_method": receipt.attribution_method,
+        "duration_ms": receipt.duration_ms, "partial": receipt.partial, "end_reason": receipt.end_reason,
+        "carbon_basis": receipt.carbon_basis,
+    }
+    for name in _RECEIPT_OPTIONAL:
+        value = getattr(receipt, name)
+        if value is not None:
+            out[name] = value
+    if receipt.carbon is not None:
+        signal = receipt.carbon.signal
+        out["carbon_signal"] = {"zone": signal.key, "value": signal.value, "unit": signal.unit,
+                                "observed_at_unix_s": signal.observed_at, "source": signal.source,
+                                "age_s": receipt.carbon.age_s, "stale": receipt.carbon.stale}
+    if receipt.fallbacks:
+        out["fallbacks"] = [{"signal": f.signal, "scorer": f.scorer, "age_s": f.age_s, "max_age_s": f.max_age_s,
+                             "detail": f.detail} for f in receipt.fallbacks]
+    if receipt.failovers:
+        out["failovers"] = [{"region": a.region, "pool": a.pool, "error": a.error, "http_status": a.http_status}
+                            for a in receipt.failovers]
+    return out
+
+
+def receipt_headers(receipt: EnergyReceipt) -> tuple[tuple[str, str], ...]:
+    """``x-energy-*`` headers for an answer that is not streamed."""
+    headers = [("x-energy-decision-id", receipt.decision_id), ("x-energy-region", receipt.region),
+               ("x-energy-pool", receipt.pool), ("x-energy-measurement", receipt.measurement_source),
+               ("x-energy-carbon-basis", receipt.carbon_basis)]
+    for name, value in (("x-energy-joules", receipt.energy_j), ("x-energy-joules-low", receipt.energy_j_low),
+                        ("x-energy-joules-high", receipt.energy_j_high), ("x-energy-gco2e", receipt.carbon_g),
+                        ("x-energy-confidence", receipt.confidence)):
+        if value is not None:
+            headers.append((name, f"{value:.6g}"))
+    return tuple(headers)
+
+
+def usage_object(usage: Mapping[str, Any] | None, receipt: EnergyReceipt | None) -> dict[str, int]:
+    """OpenAI's usage block: the region's counts, else the receipt's."""
+    prompt = usage.get("prompt_tokens") if usage else None
+    completion = usage.get("completion_tokens") if usage else None
+    if not isinstance(prompt, int):
+        prompt = (receipt.prompt_tokens if receipt else None) or 0
+    if not isinstance(completion, int):
+        completion = (receipt.completion_tokens if receipt else None) or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+@dataclass
+class ChunkWriter:
+    """Formats one streamed answer's SSE events."""
+
+    call: OpenAiCall
+    answer_id: str
+    created: int = 0
+    _role_sent: bool = False
+
+    def __post_init__(self) -> None:
+        self.created = self.created or int(time.time())
+        self._object = "chat.completion.chunk" if self.call.chat else "text_completion"
+        self._prefix = ("chatcmpl-" if self.call.chat else "cmpl-") + self.answer_id
+
+    def _event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        body = {"id": self._prefix, "object": self._object, "created": self.created, "model": self.call.model,
+                "choices": choices, **extra}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def delta(self, delta: TextDelta) -> bytes:
+        finish = delta.finish_reason or None
+        if self.call.chat:
+            content: dict[str, Any] = {"content": delta.text}
+            if not self._role_sent:
+                content["role"] = "assistant"
+                self._role_sent = True
+            return self._event([{"index": 0, "delta": content, "logprobs": None, "finish_reason": finish}])
+        return self._event([{"index": 0, "text": delta.text, "logprobs": None, "finish_reason": finish}])
+
+    def usage(self, usage: Mapping[str, Any] | None, receipt: EnergyReceipt | None) -> bytes:
+        return self._event([], usage=usage_object(usage, receipt))
+
+    @staticmethod
+    def done() -> bytes:
+        return b"data: [DONE]\n\n"
+
+    @staticmethod
+    def receipt(receipt: EnergyReceipt) -> bytes:
+        return b"event: energy_receipt\ndata: " + orjson.dumps({"energy_receipt": receipt_object(receipt)}) + b"\n\n"
+
+    @staticmethod
+    def error(message: str, kind: str, code: str) -> bytes:
+        return b"data: " + orjson.dumps({"error": {"message": message, "type": kind, "param": None,
+                                                   "code": code}}) + b"\n\n"
+
+
+def completion_object(call: OpenAiCall, answer_id: str, text: str, finish_reason: str,
+                      usage: Mapping[str, Any] | None, receipt: EnergyReceipt | None) -> dict[str, Any]:
+    """OpenAI's (non-streamed) completion or chat completion object, with the receipt."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason or "stop"}
+    if call.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    out: dict[str, Any] = {
+        "id": ("chatcmpl-" if call.chat else "cmpl-") + answer_id,
+        "object": "chat.completion" if call.chat else "text_completion",
+        "created": int(time.time()), "model": call.model, "choices": [choice], "usage": usage_object(usage, receipt),
+    }
+    if receipt is not None:
+        out["energy_receipt"] = receipt_object(receipt)
+    return out
