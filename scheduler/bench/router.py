@@ -10,7 +10,12 @@ the same completion over each path:
 * ``direct``: HTTP/SSE to a backend (alternating between them), the baseline;
 * ``vllm-router`` (or ``--against URL``): HTTP/SSE through the second router;
 * ``ours-proxy``: the SDK's gRPC ``Generate`` through our router;
-* ``ours-direct``: the SDK's direct mode, a ``Route`` RPC, then HTTP/SSE to the region.
+* ``ours-openai``: HTTP/SSE through our router's OpenAI-compatible front door (``--http-port``);
+* ``ours-direct``: the SDK's direct mode: ``Route`` over our router's HTTP front door (Connect
+  protocol), then HTTP/SSE to the region.
+
+Every HTTP path is driven by the same client (``scheduler.http.client``), so their differences
+are the servers'.
 
 For each concurrency the paths get a warm-up, then ``--rounds`` alternating rounds (the order
 rotates every round) so that drift on a shared machine hits every path alike. TTFT is taken
@@ -43,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scheduler.http.client import HttpClient
+
 BENCH_MODEL = "llama-3.1-8b"
 # One region of the shipped fleet per backend (each lists BENCH_MODEL).
 BENCH_REGIONS = ("eu-north", "eu-central", "uk-south", "us-east")
@@ -51,12 +58,19 @@ PROMPT = "Summarise the energy cost of serving one language-model request in a s
 DIRECT = "direct"
 VLLM_ROUTER = "vllm-router"
 OURS_PROXY = "ours-proxy"
+OURS_OPENAI = "ours-openai"
 OURS_DIRECT = "ours-direct"
 NOT_INSTALLED = "not installed: pip install '.[bench]'"
 
-# The issue's goals.
+# The goals: direct mode's router CPU per request and added TTFT (issue 11); the proxy path's
+# router CPU per 16-token stream, added TTFT at concurrency 1 and throughput at 32 against the
+# second router's (issue 13).
 GOAL_ROUTE_CPU_MS = 0.3
 GOAL_TTFT_CONCURRENCY = 1
+GOAL_PROXY_CPU_MS = 1.0
+GOAL_PROXY_ADDED_TTFT_MS = 1.0
+GOAL_THROUGHPUT_CONCURRENCY = 32
+GOAL_THROUGHPUT_SHARE = 0.7
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -187,6 +201,7 @@ class Setup:
     backends: tuple[str, ...]
     backend_pids: tuple[int, ...]
     router_target: str
+    router_http: str
     router_pid: int
     against_url: str | None
     against_pid: int | None
@@ -250,13 +265,14 @@ def start_all(settings: Settings, processes: Processes) -> Setup:
     router = processes.spawn("router", [
         sys.executable, "-m", "scheduler.cli", "router", "--host", "127.0.0.1", "--port", "0",
         "--regions", str(regions_dir), "--state", "memory", "--rate-limit", "1000000",
-        "--ticket-keys", str(keys_file), "--grace", "1",
+        "--ticket-keys", str(keys_file), "--grace", "1", "--http-port", "0",
         # A loopback benchmark: no API keys (the router warns), no per-tenant stream cap in reach.
         "--insecure", "--max-streams-per-tenant", "100000"])
     router_port = int(processes.wait_for_line(router, re.compile(r"router listening on [^:]+:(\d+)")).group(1))
+    router_http = processes.wait_for_line(router, re.compile(r"HTTP front door on (http://\S+)")).group(1)
     if vllm is not None:
         processes.wait_for_http(vllm, f"{against_url}/health")
-    return Setup(tuple(backends), tuple(backend_pids), f"127.0.0.1:{router_port}", router.pid,
+    return Setup(tuple(backends), tuple(backend_pids), f"127.0.0.1:{router_port}", router_http, router.pid,
                  against_url, against_pid, against_name, note)
 
 
@@ -272,7 +288,7 @@ def completions_url(base: str) -> str:
     return base if base.endswith("/completions") else base + "/v1/completions"
 
 
-async def http_stream(client: Any, url: str, body: bytes) -> float:
+async def http_stream(client: HttpClient, url: str, body: bytes) -> float:
     """One streamed completion over HTTP/SSE; the seconds to the first text."""
     from scheduler.sse import DONE, SseParser
 
@@ -280,14 +296,15 @@ async def http_stream(client: Any, url: str, body: bytes) -> float:
     first = None
     done = False
     start = time.perf_counter()
-    async with client.stream("POST", url, content=body, headers={"content-type": "application/json"}) as reply:
-        if reply.status_code != 200:
-            raise StreamError(f"HTTP {reply.status_code}: {(await reply.aread())[:200]!r}")
-        async for data in reply.aiter_bytes():
+    async with client.stream("POST", url, body=body, headers={"content-type": "application/json"},
+                             read_timeout_s=30.0) as reply:
+        if reply.status != 200:
+            raise StreamError(f"HTTP {reply.status}: {(await reply.read())[:200]!r}")
+        async for data in reply.chunks():
             for payload in parser.feed(data):
                 if payload == DONE:
                     done = True
-                elif first is None:
+                elif first is None and not done:
                     choices = json.loads(payload).get("choices") or []
                     if choices and choices[0].get("text"):
                         first = time.perf_counter()
@@ -413,7 +430,6 @@ def _figures(run: PathRun, base: PathRun | None, has_router: bool, idle_ms_per_s
 
 
 async def measure(settings: Settings, setup: Setup, on_idle: Callable[[dict[str, float]], None]) -> list[dict[str, Any]]:
-    import httpx
     from tqdm import tqdm
 
     from scheduler.client import AsyncSchedulerClient
@@ -421,7 +437,6 @@ async def measure(settings: Settings, setup: Setup, on_idle: Callable[[dict[str,
     body = json.dumps({"model": BENCH_MODEL, "prompt": PROMPT, "max_tokens": settings.max_tokens, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
     widest = max(settings.concurrency)
-    limits = httpx.Limits(max_connections=4 * widest, max_keepalive_connections=4 * widest)
     direct_urls = itertools.cycle([completions_url(b) for b in setup.backends])
     proxy_counts, direct_counts = SdkCounts(), SdkCounts()
     runs: list[dict[str, Any]] = []
@@ -438,20 +453,20 @@ async def measure(settings: Settings, setup: Setup, on_idle: Callable[[dict[str,
         await asyncio.sleep(settings.idle_s)
         return {name: (cpu_seconds(pid) - before[name]) * 1e3 / settings.idle_s for name, pid in pids.items()}
 
-    async with (
-        httpx.AsyncClient(limits=limits, timeout=30.0, trust_env=False) as http,
-        AsyncSchedulerClient(setup.router_target, timeout_s=30.0) as sdk,
-    ):
+    http = HttpClient(max_connections=4 * widest, max_idle_per_origin=4 * widest, read_timeout_s=30.0)
+    async with AsyncSchedulerClient(setup.router_target, timeout_s=30.0, http_url=setup.router_http) as sdk:
         paths = [BenchPath(DIRECT, lambda: http_stream(http, next(direct_urls), body), None)]
         if setup.against_url is not None:
             against = completions_url(setup.against_url)
             paths.append(BenchPath(setup.against_name or "against", lambda: http_stream(http, against, body),
                                setup.against_pid))
+        ours_openai = completions_url(setup.router_http)
         paths += [
             BenchPath(OURS_PROXY, lambda: sdk_stream(sdk, "proxy", settings.max_tokens, proxy_counts),
-                  setup.router_pid, proxy_counts),
+                      setup.router_pid, proxy_counts),
+            BenchPath(OURS_OPENAI, lambda: http_stream(http, ours_openai, body), setup.router_pid),
             BenchPath(OURS_DIRECT, lambda: sdk_stream(sdk, "direct", settings.max_tokens, direct_counts),
-                  setup.router_pid, direct_counts),
+                      setup.router_pid, direct_counts),
         ]
 
         total = len(paths) * len(settings.concurrency) * (settings.warmup + settings.requests)
@@ -484,6 +499,7 @@ async def measure(settings: Settings, setup: Setup, on_idle: Callable[[dict[str,
                     figures[path.name] = _figures(results[path.name], None if path.name == DIRECT else base,
                                                   path.router_pid is not None, router_idle, path.counts)
                 runs.append({"concurrency": concurrency, "paths": figures})
+    await http.aclose()
     return runs
 
 
@@ -508,40 +524,58 @@ def table(run: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _path(runs: list[dict[str, Any]], concurrency: int, name: str | None) -> dict[str, Any] | None:
+    run = next((r for r in runs if r["concurrency"] == concurrency), None)
+    return None if run is None or name is None else run["paths"].get(name)
+
+
 def goals(runs: list[dict[str, Any]], against_name: str | None) -> dict[str, Any]:
-    cpu = {str(r["concurrency"]): r["paths"][OURS_DIRECT]["router_cpu_ms_per_stream"] for r in runs}
-    measured = [v for v in cpu.values() if v is not None]
-    result: dict[str, Any] = {
-        "direct_mode_router_cpu": {
-            "goal": f"our router's CPU per request in direct mode <= {GOAL_ROUTE_CPU_MS} ms",
-            "ms_per_request": cpu,
-            "pass": bool(measured) and all(v <= GOAL_ROUTE_CPU_MS for v in measured),
-        },
-    }
-    at = next((r for r in runs if r["concurrency"] == GOAL_TTFT_CONCURRENCY), None)
-    ttft: dict[str, Any] = {
-        "goal": f"TTFT added by ours-direct at concurrency {GOAL_TTFT_CONCURRENCY} (p50) <= the second router's",
-        "ours_direct_ms": None, "second_router": against_name, "second_router_ms": None, "pass": None,
-    }
-    if at is not None and against_name is not None and against_name in at["paths"]:
-        ours, theirs = at["paths"][OURS_DIRECT]["added_ttft_ms"], at["paths"][against_name]["added_ttft_ms"]
-        if ours is not None and theirs is not None:
-            ttft.update(ours_direct_ms=ours["p50"], second_router_ms=theirs["p50"], ours_direct_p99_ms=ours["p99"],
-                        second_router_p99_ms=theirs["p99"])
-            ttft["pass"] = ours["p50"] <= theirs["p50"]
-    result["direct_mode_added_ttft"] = ttft
+    """Each goal with its figures and a verdict (None: not measurable in this run)."""
+    result: dict[str, Any] = {}
+    for key, path, limit in (("direct_mode_router_cpu", OURS_DIRECT, GOAL_ROUTE_CPU_MS),
+                             ("proxy_router_cpu", OURS_PROXY, GOAL_PROXY_CPU_MS),
+                             ("openai_router_cpu", OURS_OPENAI, GOAL_PROXY_CPU_MS)):
+        cpu = {str(r["concurrency"]): r["paths"][path]["router_cpu_ms_per_stream"] for r in runs if path in r["paths"]}
+        measured = [v for v in cpu.values() if v is not None]
+        result[key] = {"goal": f"our router's CPU per {'request' if path == OURS_DIRECT else 'stream'} in {path} "
+                               f"<= {limit} ms", "ms": cpu,
+                       "pass": (bool(measured) and all(v <= limit for v in measured)) if measured else None}
+    theirs = _path(runs, GOAL_TTFT_CONCURRENCY, against_name)
+    ours = _path(runs, GOAL_TTFT_CONCURRENCY, OURS_DIRECT)
+    added = None if ours is None or theirs is None or not ours["added_ttft_ms"] or not theirs["added_ttft_ms"] else (
+        ours["added_ttft_ms"]["p50"], theirs["added_ttft_ms"]["p50"])
+    result["direct_mode_added_ttft"] = {
+        "goal": f"TTFT added by {OURS_DIRECT} at concurrency {GOAL_TTFT_CONCURRENCY} (p50) <= the second router's",
+        "ms": None if added is None else {OURS_DIRECT: added[0], against_name: added[1]},
+        "pass": None if added is None else added[0] <= added[1]}
+    for key, path in (("proxy_added_ttft", OURS_PROXY), ("openai_added_ttft", OURS_OPENAI)):
+        figures = _path(runs, GOAL_TTFT_CONCURRENCY, path)
+        value = None if figures is None or not figures["added_ttft_ms"] else figures["added_ttft_ms"]["p50"]
+        result[key] = {"goal": f"TTFT added by {path} at concurrency {GOAL_TTFT_CONCURRENCY} (p50) "
+                               f"<= {GOAL_PROXY_ADDED_TTFT_MS} ms",
+                       "ms": value, "pass": None if value is None else value <= GOAL_PROXY_ADDED_TTFT_MS}
+    theirs = _path(runs, GOAL_THROUGHPUT_CONCURRENCY, against_name)
+    for key, path in (("proxy_throughput", OURS_PROXY), ("openai_throughput", OURS_OPENAI)):
+        ours = _path(runs, GOAL_THROUGHPUT_CONCURRENCY, path)
+        share = None if ours is None or theirs is None or not theirs["streams_per_s"] or ours["streams_per_s"] is None \
+            else ours["streams_per_s"] / theirs["streams_per_s"]
+        result[key] = {"goal": f"{path} streams/s at concurrency {GOAL_THROUGHPUT_CONCURRENCY} >= "
+                               f"{GOAL_THROUGHPUT_SHARE:.0%} of the second router's",
+                       "share": share, "pass": None if share is None else share >= GOAL_THROUGHPUT_SHARE}
     return result
 
 
 def goal_lines(result: dict[str, Any]) -> list[str]:
-    cpu = result["direct_mode_router_cpu"]
-    shown = ", ".join(f"c={c}: {_fmt(v, 3)} ms" for c, v in cpu["ms_per_request"].items())
-    lines = [f"{'PASS' if cpu['pass'] else 'FAIL'}  {cpu['goal']} ({shown})"]
-    ttft = result["direct_mode_added_ttft"]
-    verdict = "SKIP" if ttft["pass"] is None else "PASS" if ttft["pass"] else "FAIL"
-    detail = ("no second router or no run at that concurrency" if ttft["pass"] is None else
-              f"ours-direct {ttft['ours_direct_ms']:.2f} ms, {ttft['second_router']} {ttft['second_router_ms']:.2f} ms")
-    lines.append(f"{verdict}  {ttft['goal']} ({detail})")
+    lines = []
+    for goal in result.values():
+        verdict = "SKIP" if goal["pass"] is None else "PASS" if goal["pass"] else "FAIL"
+        if "share" in goal:
+            shown = "not measured" if goal["share"] is None else f"{goal['share']:.0%}"
+        elif isinstance(goal["ms"], dict):
+            shown = ", ".join(f"{k}: {_fmt(v, 3)} ms" for k, v in goal["ms"].items())
+        else:
+            shown = "not measured" if goal["ms"] is None else f"{goal['ms']:.2f} ms"
+        lines.append(f"{verdict}  {goal['goal']} ({shown})")
     return lines
 
 

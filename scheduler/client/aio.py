@@ -146,8 +146,10 @@ class AsyncSchedulerClient:
 
         ``mode``: ``proxy`` (the default: the router streams the answer) or ``direct`` (the
         router decides and signs tickets; this client streams from the region over HTTP).
-        ``options``: the keyword arguments of ``scheduler.client.common.build_request``.
+        ``options``: the keyword arguments of ``scheduler.client.common.build_request``; the
+        decision comes as a summary (the chosen candidate) unless ``decision_detail="full"``.
         """
+        options.setdefault("decision_detail", "summary")
         request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
         timeout = timeout_s if timeout_s is not None else self.timeout_s
         if mode == "direct":

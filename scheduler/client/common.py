@@ -13,6 +13,7 @@ import grpc
 from scheduler.client.errors import SchedulerRpcError, UnavailableError
 from scheduler.v1 import messages_pb2 as pb
 
+DECISION_DETAILS = {"full": pb.DECISION_DETAIL_FULL, "summary": pb.DECISION_DETAIL_SUMMARY}
 WORKLOAD_CLASSES = {
     "interactive": pb.WORKLOAD_CLASS_INTERACTIVE,
     "batch": pb.WORKLOAD_CLASS_BATCH,
@@ -104,10 +105,15 @@ def build_request(
     prefix_key: str = "",
     prompt_tokens: int | None = None,
     cached_tokens: int | None = None,
+    decision_detail: str = "full",
 ) -> pb.GenerateRequest:
-    """A ``GenerateRequest``; the router validates it (INVALID_ARGUMENT names a bad field)."""
+    """A ``GenerateRequest``; the router validates it (INVALID_ARGUMENT names a bad field).
+    ``decision_detail``: ``full`` (every ranked candidate and rejection) or ``summary`` (the
+    chosen candidate only: less work for the router on every request)."""
     if workload_class not in WORKLOAD_CLASSES:
         raise ValueError(f"workload_class must be one of {sorted(WORKLOAD_CLASSES)}, got {workload_class!r}")
+    if decision_detail not in DECISION_DETAILS:
+        raise ValueError(f"decision_detail must be one of {sorted(DECISION_DETAILS)}, got {decision_detail!r}")
     request = pb.GenerateRequest(
         tenant=tenant, request_id=request_id or uuid.uuid4().hex, model=model,
         sampling=pb.SamplingParams(max_tokens=max_tokens, stop=list(stop)),
@@ -116,6 +122,7 @@ def build_request(
                                  required_certifications=list(certifications),
                                  precision=precision, task_class=task_class),
         prefix_key=prefix_key,
+        decision_detail=DECISION_DETAILS[decision_detail],
     )
     if prompt is not None:
         request.prompt = prompt

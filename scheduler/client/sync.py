@@ -138,6 +138,7 @@ class SchedulerClient:
                  timeout_s: float | None = None, mode: str = "proxy",
                  **options: Any) -> Generation | DirectGeneration:
         """``mode``: ``proxy`` (default) or ``direct`` (see ``AsyncSchedulerClient.generate``)."""
+        options.setdefault("decision_detail", "summary")
         request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
         timeout = timeout_s if timeout_s is not None else self.timeout_s
         if mode == "direct":

@@ -39,9 +39,11 @@ import httptools
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 16
+# How often the server closes connections past their deadline (at most; less for short limits).
+SWEEP_S = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class HttpRequest:
     method: str
     path: str
@@ -102,24 +104,22 @@ def error_response(status: int, message: str, code: str | None = None, param: st
     return HttpResponse(status, json.dumps(body).encode(), headers=headers)
 
 
-def _reason(status: int) -> str:
-    try:
-        return http.HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n" for s in http.HTTPStatus}
 
 
 def _head(status: int, content_type: str, headers: tuple[tuple[str, str], ...], length: int | None,
           close: bool, server: str) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_reason(status)}", f"server: {server}", f"content-type: {content_type}"]
-    lines.append(f"content-length: {length}" if length is not None else "transfer-encoding: chunked")
+    parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n", "server: ", server,
+             "\r\ncontent-type: ", content_type,
+             f"\r\ncontent-length: {length}\r\n" if length is not None else "\r\ntransfer-encoding: chunked\r\n"]
     if close:
-        lines.append("connection: close")
+        parts.append("connection: close\r\n")
     for name, value in headers:
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             raise ValueError(f"response header {name!r}: CR/LF not allowed")
-        lines.append(f"{name}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        parts += (name, ": ", value, "\r\n")
+    parts.append("\r\n")
+    return "".join(parts).encode("latin-1")
 
 
 class _Refused(Exception):
@@ -150,7 +150,10 @@ class _ServerConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._queue: collections.deque[_Pending] = collections.deque()
         self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        # When this connection's current wait ends (loop time; None: no limit): the server's
+        # sweep (every ``SWEEP_S``) closes it then. Cheaper than a timer per request.
+        self._deadline: float | None = None
+        self._deadline_is_request = False
         self._writable = asyncio.Event()
         self._writable.set()
         self._closed = False
@@ -174,7 +177,7 @@ class _ServerConnection(asyncio.Protocol):
         if not self.server._admit(self):
             self._refuse(_Refused(503, f"the server has {self.limits.max_connections} connections open; retry"))
             return
-        self._arm(self.limits.idle_timeout_s, self._idle_expired)
+        self._arm(self.limits.idle_timeout_s, request=False)
 
     def data_received(self, data: bytes) -> None:
         if self._closed or self._refused:
@@ -209,7 +212,7 @@ class _ServerConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._start_message()
-        self._arm(self.limits.request_timeout_s, self._request_expired)
+        self._arm(self.limits.request_timeout_s, request=True)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -255,21 +258,20 @@ class _ServerConnection(asyncio.Protocol):
 
     # --- timers -------------------------------------------------------------------------
 
-    def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(seconds, callback)
+    def _arm(self, seconds: float, request: bool) -> None:
+        self._deadline = self.server.now + seconds
+        self._deadline_is_request = request
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline = None
 
-    def _idle_expired(self) -> None:
-        if self._task is None:
-            self.close()
-
-    def _request_expired(self) -> None:
-        self._refuse(_Refused(408, f"the request was not complete within {self.limits.request_timeout_s:g} s"))
+    def expire(self) -> None:
+        """The sweep found this connection past its deadline."""
+        self._deadline = None
+        if self._deadline_is_request:
+            self._refuse(_Refused(408, f"the request was not complete within {self.limits.request_timeout_s:g} s"))
+        elif self._task is None:
+            self.close()  # idle between requests for idle_timeout_s
 
     # --- answering ----------------------------------------------------------------------
 
@@ -310,7 +312,7 @@ class _ServerConnection(asyncio.Protocol):
         finally:
             self._task = None
         if not self._closed and self.transport is not None:
-            self._arm(self.limits.idle_timeout_s, self._idle_expired)
+            self._arm(self.limits.idle_timeout_s, request=False)
             self.transport.resume_reading()
 
     async def _write(self, response: HttpResponse | StreamingResponse, close: bool) -> None:
@@ -360,24 +362,41 @@ class HttpServer:
     limits: ServerLimits = field(default_factory=ServerLimits)
     name: str = "carbon-scheduler"
     stopping: bool = field(default=False, init=False)
+    # The loop's clock at the last sweep (deadlines are set from it: a sweep's resolution).
+    now: float = field(default=0.0, init=False)
     _server: asyncio.Server | None = field(default=None, init=False, repr=False)
     _connections: set[_ServerConnection] = field(default_factory=set, init=False, repr=False)
     _paths: frozenset[str] = field(default=frozenset(), init=False, repr=False)
+    _sweeper: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._paths = frozenset(path for _, path in self.routes)
+        limits = self.limits
+        self._sweep_s = min(SWEEP_S, limits.request_timeout_s / 4, limits.idle_timeout_s / 4)
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen on ``host:port`` (0: any free port); returns the port."""
         loop = asyncio.get_running_loop()
+        self.now = loop.time()
+        self._sweeper = loop.call_later(self._sweep_s, self._sweep)
         self._server = await loop.create_server(lambda: _ServerConnection(self), host, port, ssl=ssl_context,
                                                 reuse_address=True)
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 
+    def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.now = loop.time()
+        for connection in [c for c in self._connections if c._deadline is not None and c._deadline <= self.now]:
+            connection.expire()
+        self._sweeper = loop.call_later(self._sweep_s, self._sweep)
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting; let answers in progress finish for ``grace_s``; close the rest."""
         self.stopping = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
         loop = asyncio.get_running_loop()

@@ -23,6 +23,9 @@ from scheduler.types import CarbonUsed, Decision, EnergyReceipt, Fallback, Fleet
 from scheduler.v1 import messages_pb2 as pb
 
 MAX_TOKENS_LIMIT = 1_048_576
+# A decision message lists at most this many ranked candidates and rejections (the totals say
+# how many there were): every Generate stream carries one.
+MAX_LISTED = 32
 # Caps on what one request may carry (the gRPC message limit bounds the total; these keep
 # each field to what a real request needs, so nothing is built per entry of a hostile list).
 MAX_ID_CHARS = 128
@@ -50,6 +53,8 @@ class Incoming:
     request: Request
     call: RegionCall
     prompt_tokens_estimated: bool
+    # How much of the decision the answer carries (pb.DecisionDetail; unspecified: full).
+    decision_detail: int = pb.DECISION_DETAIL_FULL
 
 
 def _estimate_tokens(text: str) -> int:
@@ -191,7 +196,8 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         prefix_key=msg.prefix_key or None,
         cached_tokens=cached,
     )
-    return Incoming(request, RegionCall(path, body), estimated)
+    detail = pb.DECISION_DETAIL_SUMMARY if msg.decision_detail == pb.DECISION_DETAIL_SUMMARY else pb.DECISION_DETAIL_FULL
+    return Incoming(request, RegionCall(path, body), estimated, detail)
 
 
 def fallback_to_proto(fallback: Fallback) -> pb.Fallback:
@@ -203,10 +209,15 @@ def fallback_to_proto(fallback: Fallback) -> pb.Fallback:
 
 
 def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming) -> pb.Decision:
+    """The decision as the request asked for it (``incoming_.decision_detail``): in full, every
+    ranked candidate and rejection up to ``MAX_LISTED``; as a summary, the chosen one."""
+    full = incoming_.decision_detail != pb.DECISION_DETAIL_SUMMARY
     names, rates = decision.scorer_names, decision.rates
+    shown = len(decision.order) if full else min(1, len(decision.order))
+    shown = min(shown, MAX_LISTED)
     # One conversion of the survivors' quantities and totals to Python floats, in rank order
     # (per-element numpy indexing costs more than the whole message otherwise).
-    order = np.asarray(decision.order).tolist()
+    order = np.asarray(decision.order[:shown]).tolist()
     totals = np.asarray(decision.totals, dtype=np.float64).tolist()
     by_survivor = np.asarray(decision.quantities, dtype=np.float64).reshape(len(names), len(totals)).T.tolist()
     fleet, index = decision.fleet, decision.survivor_index
@@ -227,25 +238,31 @@ def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming)
                 decode_j=e.decode_j, idle_j=e.idle_j, provenance=e.provenance,
             ))
         ranked.append(item)
-    return pb.Decision(
+    message = pb.Decision(
         decision_id=decision_id,
         request_id=decision.request_id,
         decided_at_unix_s=decision.decided_at,
         policy=decision.policy,
         ranked=ranked,
-        rejected=[
-            pb.Rejection(region=r.candidate.region.name, pool=r.candidate.pool.name, plugin=r.plugin, reason=r.reason)
-            for r in decision.rejected
-        ],
         fallbacks=[fallback_to_proto(f) for f in decision.fallbacks],
         rates=dict(zip(decision.scorer_names, decision.rates, strict=True)),
         units=dict(zip(decision.scorer_names, decision.units, strict=True)),
         objective=objective_text(decision),
         energy_ranking=decision.energy_ranking,
-        plugin_timings_ns=dict(decision.plugin_timings_ns),
         prompt_tokens=incoming_.request.prompt_tokens,
         prompt_tokens_estimated=incoming_.prompt_tokens_estimated,
+        ranked_total=len(decision.order),
     )
+    if full:
+        rejected = decision.rejected
+        message.rejected.extend(
+            pb.Rejection(region=r.candidate.region.name, pool=r.candidate.pool.name, plugin=r.plugin, reason=r.reason)
+            for r in rejected[:MAX_LISTED])
+        message.rejected_total = len(rejected)
+        timings = message.plugin_timings_ns
+        for name, ns in decision.plugin_timings_ns.items():
+            timings[name] = ns
+    return message
 
 
 def carbon_to_proto(used: CarbonUsed) -> pb.CarbonSignal:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler import tickets
 from scheduler.tickets import MAX_TICKET_TTL_S, Mode, Ticket, TicketKeyRing, body_prompt_digest
 from scheduler.types import Candidate, FleetSnapshot, Request
 
@@ -35,32 +36,23 @@ class TicketIssuer:
         prompt = body_prompt_digest(body)
         if prompt is None:
             raise ValueError("the request body has no prompt or messages a ticket can bind")
-        digest = prompt[0]
-        ring, clock, ttl_s = self.keys, self.clock, self.ttl_s
+        ring = self.keys
         max_carbon_age = snapshot.policy.max_age.carbon
+        # The claims every candidate's ticket shares, once; each ticket adds where it runs.
+        template = vars(Ticket(
+            decision_id=decision_id, request_id=request.request_id, tenant=request.tenant, region="", pool="",
+            model="", max_tokens=request.max_tokens, prompt_tokens_max=request.prompt_tokens,
+            prompt_sha256=prompt[0], expires_at=self.clock() + self.ttl_s, mode=mode,
+            workload_class=request.workload_class,
+        ))
 
         def sign(candidate: Candidate) -> str:
             region = candidate.region
-            carbon: dict[str, Any] = {}
-            signal = snapshot.carbon.get(region.grid_zone)
-            if mode == "direct" and signal is not None and snapshot.age(signal.observed_at) <= max_carbon_age:
-                carbon = {"carbon_g_per_kwh": signal.value, "carbon_zone": signal.key,
-                          "carbon_observed_at": signal.observed_at, "carbon_source": signal.source}
-            ticket = Ticket(
-                decision_id=decision_id,
-                request_id=request.request_id,
-                tenant=request.tenant,
-                region=region.name,
-                pool=candidate.pool.name,
-                model=candidate.deployment.name,
-                max_tokens=request.max_tokens,
-                prompt_tokens_max=request.prompt_tokens,
-                prompt_sha256=digest,
-                expires_at=clock() + ttl_s,
-                mode=mode,
-                workload_class=request.workload_class,
-                **carbon,
-            )
-            return ticket.sign(ring.of(region.name))
+            claims = dict(template, region=region.name, pool=candidate.pool.name, model=candidate.deployment.name)
+            signal = snapshot.carbon.get(region.grid_zone) if mode == "direct" else None
+            if signal is not None and snapshot.age(signal.observed_at) <= max_carbon_age:
+                claims.update(carbon_g_per_kwh=signal.value, carbon_zone=signal.key,
+                              carbon_observed_at=signal.observed_at, carbon_source=signal.source)
+            return tickets.sign(ring.of(region.name), "ticket", claims)
 
         return sign

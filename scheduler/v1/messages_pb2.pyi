@@ -13,10 +13,19 @@ class WorkloadClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKLOAD_CLASS_INTERACTIVE: _ClassVar[WorkloadClass]
     WORKLOAD_CLASS_BATCH: _ClassVar[WorkloadClass]
     WORKLOAD_CLASS_DEFERRABLE: _ClassVar[WorkloadClass]
+
+class DecisionDetail(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECISION_DETAIL_UNSPECIFIED: _ClassVar[DecisionDetail]
+    DECISION_DETAIL_FULL: _ClassVar[DecisionDetail]
+    DECISION_DETAIL_SUMMARY: _ClassVar[DecisionDetail]
 WORKLOAD_CLASS_UNSPECIFIED: WorkloadClass
 WORKLOAD_CLASS_INTERACTIVE: WorkloadClass
 WORKLOAD_CLASS_BATCH: WorkloadClass
 WORKLOAD_CLASS_DEFERRABLE: WorkloadClass
+DECISION_DETAIL_UNSPECIFIED: DecisionDetail
+DECISION_DETAIL_FULL: DecisionDetail
+DECISION_DETAIL_SUMMARY: DecisionDetail
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -75,7 +84,7 @@ class GeoPoint(_message.Message):
     def __init__(self, lat: _Optional[float] = ..., lon: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("tenant", "request_id", "model", "prompt", "chat", "sampling", "workload_class", "slo", "compliance", "client_location", "prefix_key", "prompt_tokens", "cached_tokens")
+    __slots__ = ("tenant", "request_id", "model", "prompt", "chat", "sampling", "workload_class", "slo", "compliance", "client_location", "prefix_key", "prompt_tokens", "cached_tokens", "decision_detail")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +98,7 @@ class GenerateRequest(_message.Message):
     PREFIX_KEY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_DETAIL_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     request_id: str
     model: str
@@ -102,7 +112,8 @@ class GenerateRequest(_message.Message):
     prefix_key: str
     prompt_tokens: int
     cached_tokens: int
-    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., workload_class: _Optional[_Union[WorkloadClass, str]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., compliance: _Optional[_Union[Compliance, _Mapping]] = ..., client_location: _Optional[_Union[GeoPoint, _Mapping]] = ..., prefix_key: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    decision_detail: DecisionDetail
+    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., workload_class: _Optional[_Union[WorkloadClass, str]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., compliance: _Optional[_Union[Compliance, _Mapping]] = ..., client_location: _Optional[_Union[GeoPoint, _Mapping]] = ..., prefix_key: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., decision_detail: _Optional[_Union[DecisionDetail, str]] = ...) -> None: ...
 
 class EnergyEstimate(_message.Message):
     __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "prefill_j", "decode_j", "idle_j", "provenance")
@@ -185,7 +196,7 @@ class Fallback(_message.Message):
     def __init__(self, signal: _Optional[str] = ..., scorer: _Optional[str] = ..., age_s: _Optional[float] = ..., max_age_s: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("decision_id", "request_id", "decided_at_unix_s", "policy", "ranked", "rejected", "fallbacks", "rates", "units", "objective", "energy_ranking", "plugin_timings_ns", "prompt_tokens", "prompt_tokens_estimated")
+    __slots__ = ("decision_id", "request_id", "decided_at_unix_s", "policy", "ranked", "rejected", "fallbacks", "rates", "units", "objective", "energy_ranking", "plugin_timings_ns", "prompt_tokens", "prompt_tokens_estimated", "ranked_total", "rejected_total")
     class RatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +232,8 @@ class Decision(_message.Message):
     PLUGIN_TIMINGS_NS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_ESTIMATED_FIELD_NUMBER: _ClassVar[int]
+    RANKED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     request_id: str
     decided_at_unix_s: float
@@ -235,7 +248,9 @@ class Decision(_message.Message):
     plugin_timings_ns: _containers.ScalarMap[str, int]
     prompt_tokens: int
     prompt_tokens_estimated: bool
-    def __init__(self, decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decided_at_unix_s: _Optional[float] = ..., policy: _Optional[str] = ..., ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., rates: _Optional[_Mapping[str, float]] = ..., units: _Optional[_Mapping[str, str]] = ..., objective: _Optional[str] = ..., energy_ranking: _Optional[bool] = ..., plugin_timings_ns: _Optional[_Mapping[str, int]] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_estimated: _Optional[bool] = ...) -> None: ...
+    ranked_total: int
+    rejected_total: int
+    def __init__(self, decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decided_at_unix_s: _Optional[float] = ..., policy: _Optional[str] = ..., ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., rates: _Optional[_Mapping[str, float]] = ..., units: _Optional[_Mapping[str, str]] = ..., objective: _Optional[str] = ..., energy_ranking: _Optional[bool] = ..., plugin_timings_ns: _Optional[_Mapping[str, int]] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_estimated: _Optional[bool] = ..., ranked_total: _Optional[int] = ..., rejected_total: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("text", "finish_reason")

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 STREAMS = 4
 TINY = ["bench", "router", "--requests", str(STREAMS), "--rounds", "2", "--warmup", "1", "--concurrency", "1,2",
         "--idle-s", "0", "--no-progress"]
-ROUTERS = (bench.VLLM_ROUTER, bench.OURS_PROXY, bench.OURS_DIRECT)
+ROUTERS = (bench.VLLM_ROUTER, bench.OURS_PROXY, bench.OURS_OPENAI, bench.OURS_DIRECT)
 
 
 def _run(tmp_path: Path, *extra: str) -> dict[str, Any]:
@@ -59,19 +59,21 @@ def test_every_path_with_vllm_router(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert report["settings"]["ticket_keys"] is True
     assert report["skipped"] == {}
     goals = report["goals"]
-    assert isinstance(goals["direct_mode_router_cpu"]["pass"], bool)
-    assert isinstance(goals["direct_mode_added_ttft"]["pass"], bool)
-    assert goals["direct_mode_added_ttft"]["second_router"] == bench.VLLM_ROUTER
+    for name in ("direct_mode_router_cpu", "direct_mode_added_ttft", "proxy_router_cpu", "openai_router_cpu",
+                 "proxy_added_ttft", "openai_added_ttft"):
+        assert isinstance(goals[name]["pass"], bool), name
+    assert set(goals["direct_mode_added_ttft"]["ms"]) == {bench.OURS_DIRECT, bench.VLLM_ROUTER}
+    assert goals["proxy_throughput"]["pass"] is None  # no run at concurrency 32 here
     printed = capsys.readouterr().out
     assert "concurrency 1" in printed and "concurrency 2" in printed
-    assert "our router's CPU per request in direct mode" in printed
+    assert "our router's CPU per request in ours-direct" in printed
 
 
 def test_without_vllm_router_installed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "vllm_router_installed", lambda: False)
     report = _run(tmp_path)
-    _check_paths(report, (bench.DIRECT, bench.OURS_PROXY, bench.OURS_DIRECT))
+    _check_paths(report, (bench.DIRECT, bench.OURS_PROXY, bench.OURS_OPENAI, bench.OURS_DIRECT))
     assert report["skipped"] == {bench.VLLM_ROUTER: bench.NOT_INSTALLED}
     assert report["goals"]["direct_mode_added_ttft"]["pass"] is None
     printed = capsys.readouterr().out
@@ -97,14 +99,18 @@ def test_percentile_and_split() -> None:
     assert sum(bench.split(7, 7)) == 7
 
 
-def _run_figures(c: int, cpu: float, ours_added: float, theirs_added: float | None) -> dict[str, Any]:
+def _run_figures(c: int, cpu: float, ours_added: float, theirs_added: float | None,
+                 proxy_cpu: float = 0.8, proxy_rate: float = 80.0, their_rate: float = 100.0) -> dict[str, Any]:
     paths: dict[str, Any] = {
-        bench.DIRECT: {"added_ttft_ms": None, "router_cpu_ms_per_stream": None},
-        bench.OURS_DIRECT: {"added_ttft_ms": {"p50": ours_added, "p99": ours_added}, "router_cpu_ms_per_stream": cpu},
+        bench.DIRECT: {"added_ttft_ms": None, "router_cpu_ms_per_stream": None, "streams_per_s": 120.0},
+        bench.OURS_PROXY: {"added_ttft_ms": {"p50": 0.9, "p99": 2.0}, "router_cpu_ms_per_stream": proxy_cpu,
+                           "streams_per_s": proxy_rate},
+        bench.OURS_DIRECT: {"added_ttft_ms": {"p50": ours_added, "p99": ours_added}, "router_cpu_ms_per_stream": cpu,
+                            "streams_per_s": 100.0},
     }
     if theirs_added is not None:
         paths[bench.VLLM_ROUTER] = {"added_ttft_ms": {"p50": theirs_added, "p99": theirs_added},
-                                    "router_cpu_ms_per_stream": 0.1}
+                                    "router_cpu_ms_per_stream": 0.1, "streams_per_s": their_rate}
     return {"concurrency": c, "paths": paths}
 
 
@@ -112,11 +118,16 @@ def test_goals() -> None:
     good = bench.goals([_run_figures(1, 0.2, 0.5, 0.6), _run_figures(32, 0.3, 2.0, 1.0)], bench.VLLM_ROUTER)
     assert good["direct_mode_router_cpu"]["pass"] is True
     assert good["direct_mode_added_ttft"]["pass"] is True  # judged at concurrency 1 only
-    bad = bench.goals([_run_figures(1, 0.2, 0.7, 0.6), _run_figures(32, 0.31, 0.1, 1.0)], bench.VLLM_ROUTER)
+    assert good["proxy_router_cpu"]["pass"] is True and good["proxy_added_ttft"]["pass"] is True
+    assert good["proxy_throughput"]["pass"] is True and good["proxy_throughput"]["share"] == pytest.approx(0.8)
+    assert good["openai_router_cpu"]["pass"] is None  # the path was not run
+    bad = bench.goals([_run_figures(1, 0.2, 0.7, 0.6), _run_figures(32, 0.31, 0.1, 1.0, proxy_cpu=1.2, proxy_rate=60.0)],
+                      bench.VLLM_ROUTER)
     assert bad["direct_mode_router_cpu"]["pass"] is False
     assert bad["direct_mode_added_ttft"]["pass"] is False
+    assert bad["proxy_router_cpu"]["pass"] is False and bad["proxy_throughput"]["pass"] is False
     lines = bench.goal_lines(bad)
     assert lines[0].startswith("FAIL") and lines[1].startswith("FAIL")
     alone = bench.goals([_run_figures(1, 0.2, 0.7, None)], None)
     assert alone["direct_mode_added_ttft"]["pass"] is None
-    assert bench.goal_lines(alone)[1].startswith("SKIP")
+    assert any(line.startswith("SKIP  TTFT added by ours-direct") for line in bench.goal_lines(alone))

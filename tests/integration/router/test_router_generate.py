@@ -48,6 +48,25 @@ async def test_tokens_stream_through_the_router_with_a_receipt(stub_fleet: Fleet
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 
+async def test_a_stream_carries_the_decision_it_asks_for(stub_fleet: Fleet, make_router: RouterFactory) -> None:
+    """Generate defaults to a summary (the chosen candidate); full detail on request; Route in full."""
+    router = await make_router(stub_fleet.configs)
+    async with AsyncSchedulerClient(f"127.0.0.1:{router.port}") as client:
+        summary = client.generate(PROMPT, model="llama-3.1-8b", max_tokens=2)
+        await summary.text()
+        full = client.generate(PROMPT, model="llama-3.1-8b", max_tokens=2, decision_detail="full",
+                               jurisdictions=["EU"])
+        await full.text()
+        routed = await client.route(PROMPT, model="llama-3.1-8b", max_tokens=2, jurisdictions=["EU"])
+    assert summary.decision is not None and full.decision is not None
+    assert len(summary.decision.ranked) == 1 and summary.decision.ranked_total > 1
+    assert summary.decision.ranked[0].quantities and summary.decision.ranked[0].HasField("energy")
+    assert not summary.decision.rejected and not summary.decision.plugin_timings_ns
+    for decision in (full.decision, routed):
+        assert len(decision.ranked) == decision.ranked_total > 1
+        assert decision.rejected_total == len(decision.rejected) > 0  # us-east: residency
+
+
 async def test_chat_and_model_energy_when_the_region_reports_none(stub_fleet: Fleet,
                                                                   make_router: RouterFactory) -> None:
     for stub in stub_fleet.regions.values():
