@@ -14,26 +14,32 @@ from typing import Any
 import orjson
 
 DONE = "[DONE]"
+DONE_BYTES = b"[DONE]"
 
 
 @dataclass
 class SseParser:
     _buffer: bytes = field(default=b"", init=False, repr=False)
 
-    def feed(self, data: bytes) -> list[str]:
-        """The ``data`` payloads of the events completed by ``data`` (one string per event)."""
-        self._buffer = (self._buffer + data).replace(b"\r\n", b"\n")
-        *complete, self._buffer = self._buffer.split(b"\n\n")
+    def feed_bytes(self, data: bytes) -> list[bytes]:
+        """The ``data`` payloads of the events completed by ``data`` (one bytes object per event)."""
+        buffer = self._buffer + data if self._buffer else data
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        *complete, self._buffer = buffer.split(b"\n\n")
         payloads = []
         for block in complete:
-            lines = [
-                line[5:].removeprefix(b" ")
-                for line in block.split(b"\n")
-                if line.startswith(b"data:")
-            ]
+            if block.startswith(b"data: ") and b"\n" not in block:
+                payloads.append(block[6:])  # the usual shape: one data line
+                continue
+            lines = [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
             if lines:
-                payloads.append(b"\n".join(lines).decode("utf-8", errors="replace"))
+                payloads.append(b"\n".join(lines))
         return payloads
+
+    def feed(self, data: bytes) -> list[str]:
+        """The ``data`` payloads of the events completed by ``data`` (one string per event)."""
+        return [payload.decode("utf-8", errors="replace") for payload in self.feed_bytes(data)]
 
     @property
     def pending(self) -> bool:
@@ -45,13 +51,13 @@ class MalformedEvent(ValueError):
     """An event that is not a JSON object, or an OpenAI error event (the message says which)."""
 
 
-def parse_event(payload: str) -> dict[str, Any]:
+def parse_event(payload: str | bytes) -> dict[str, Any]:
     """One event's JSON object; ``MalformedEvent`` for anything else or an error event."""
     try:
         event = orjson.loads(payload)
     except ValueError:
         raise MalformedEvent(f"malformed event: {payload[:80]!r}") from None
-    if not isinstance(event, dict):
+    if type(event) is not dict:
         raise MalformedEvent(f"malformed event: {payload[:80]!r}")
     if "error" in event:
         message, _ = openai_error(orjson.dumps(event))
@@ -61,13 +67,13 @@ def parse_event(payload: str) -> dict[str, Any]:
 
 def choice_text(event: dict[str, Any]) -> tuple[str, str]:
     """(text, finish_reason) of a completion or chat chunk's first choice ("" when none)."""
-    choices = event.get("choices") or []
-    if not choices:
+    choices = event.get("choices")
+    if not choices or type(choices) is not list or type(choice := choices[0]) is not dict:
         return "", ""
-    choice = choices[0]
     delta = choice.get("delta")
-    text = (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or ""
-    return str(text), str(choice.get("finish_reason") or "")
+    text = (delta.get("content") if type(delta) is dict else choice.get("text")) or ""
+    reason = choice.get("finish_reason") or ""
+    return text if type(text) is str else str(text), reason if type(reason) is str else str(reason)
 
 
 def openai_error(raw: bytes) -> tuple[str, str]:

@@ -34,7 +34,7 @@ import orjson
 
 from scheduler import errors
 from scheduler.http.client import HttpClient, HttpError, Response
-from scheduler.sse import DONE, MalformedEvent, SseParser, choice_text, openai_error, parse_event
+from scheduler.sse import DONE_BYTES, MalformedEvent, SseParser, choice_text, openai_error, parse_event
 from scheduler.tickets import HEADER as TICKET_HEADER
 from scheduler.types import Candidate, Decision
 
@@ -208,8 +208,8 @@ class RegionStream:
             if data is None:
                 break
             texts = []
-            for payload in parser.feed(data):
-                if payload == DONE:
+            for payload in parser.feed_bytes(data):
+                if payload == DONE_BYTES:
                     done = True
                     break
                 text, reason = self._event(payload)
@@ -237,15 +237,16 @@ class RegionStream:
             f"the stream passed its deadline ({what}) after {self.content_events} content events"
             + (f"; last failure {detail}" if detail else ""))
 
-    def _event(self, payload: str) -> tuple[str, str]:
+    def _event(self, payload: bytes) -> tuple[str, str]:
         try:
             event = parse_event(payload)
         except MalformedEvent as exc:
             raise _RegionFailed(str(exc)) from None
-        if isinstance(event.get("usage"), dict):
-            self.usage = event["usage"]
-            energy = event.get("energy", event["usage"].get("energy"))
-            if isinstance(energy, dict):
+        usage = event.get("usage")
+        if type(usage) is dict:
+            self.usage = usage
+            energy = event.get("energy", usage.get("energy"))
+            if type(energy) is dict:
                 self.energy = energy
         return choice_text(event)
 

@@ -45,9 +45,9 @@ WORKLOAD = {"interactive": pb.WORKLOAD_CLASS_INTERACTIVE, "batch": pb.WORKLOAD_C
 COMPLETION_FIELDS = frozenset({"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
                                "stream_options", "user", "x_scheduler"})
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt"}) | {"messages", "max_completion_tokens"}
-HINTS = ("tenant", "request_id", "workload_class", "ttft_ms", "tpot_ms", "deadline_ms", "jurisdictions",
-         "certifications", "precision", "task_class", "client_location", "prefix_key", "prompt_tokens",
-         "cached_tokens")
+HINTS = frozenset({"tenant", "request_id", "workload_class", "ttft_ms", "tpot_ms", "deadline_ms", "jurisdictions",
+                   "certifications", "precision", "task_class", "client_location", "prefix_key", "prompt_tokens",
+                   "cached_tokens"})
 HINT_HEADER = "x-scheduler-"
 
 
@@ -118,12 +118,13 @@ def _hints(body: Mapping[str, Any], headers: Mapping[str, str], fields: _Fields)
         raw = {}
     unknown = sorted(set(raw) - set(HINTS))
     if unknown:
-        fields.fail(f"x_scheduler.{unknown[0]}", f"unknown hint (known: {', '.join(HINTS)})")
+        fields.fail(f"x_scheduler.{unknown[0]}", f"unknown hint (known: {', '.join(sorted(HINTS))})")
     hints: dict[str, Any] = {}
-    for name in HINTS:
-        header = headers.get(HINT_HEADER + name.replace("_", "-"))
-        if header is not None:
-            hints[name] = _header_value(name, header, fields)
+    for header, text in headers.items():
+        if header.startswith(HINT_HEADER):
+            name = header[len(HINT_HEADER):].replace("-", "_")
+            if name in HINTS:
+                hints[name] = _header_value(name, text, fields)
     hints.update({k: v for k, v in raw.items() if k in HINTS})
     return hints
 
