@@ -82,6 +82,11 @@ def _check_header(name: str, value: str) -> None:
         raise ValueError(f"header {name!r}: CR, LF (or ':' in the name) are not allowed")
 
 
+def _end_waiter(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _fail_waiter(waiter: asyncio.Future[None], error: Exception) -> None:
     if not waiter.done():
         waiter.set_exception(error)
@@ -173,6 +178,17 @@ class _Connection(asyncio.Protocol):
             timer.cancel()
             self._waiter = None
 
+    async def wait_quietly(self, timeout_s: float) -> None:
+        """Until the next event on this connection or ``timeout_s``, whichever comes first."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(max(0.0, timeout_s), _end_waiter, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
     def take_body(self) -> bytes:
         data = b"".join(self._body)
         self._body.clear()
@@ -225,6 +241,25 @@ class Response:
             if connection.error is not None:
                 raise connection.error
             await connection.wait(self.read_timeout_s if timeout_s is None else timeout_s, "more of the body")
+
+    async def more_within(self, seconds: float) -> bytes | None:
+        """The body that arrives within ``seconds`` (b"" if none did: not an error), None at
+        the end of the body."""
+        connection = self._connection
+        data = connection.take_body()
+        if data:
+            return data
+        if connection.complete:
+            return None
+        if connection.error is not None:
+            raise connection.error
+        await connection.wait_quietly(seconds)
+        data = connection.take_body()
+        if data or not connection.complete:
+            if not data and connection.error is not None:
+                raise connection.error
+            return data
+        return None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while (data := await self.next_chunk()) is not None:
