@@ -1,4 +1,4 @@
-"""``scheduler bench router``."""
+"""``scheduler bench router`` and ``scheduler bench load``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,19 @@ def register_bench(bench_sub: Any) -> None:
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(handler=_bench_router)
 
+    load = bench_sub.add_parser(
+        "load", help="many concurrent streams through one router process: errors, TTFT, CPU and memory per stream",
+        description="Starts two slow stub backends and our router, opens --streams streams at once through it "
+                    "(the SDK's gRPC proxy mode or the OpenAI front door) and holds them to their end; prints "
+                    "completed/errors, TTFT p50/p99, the router's CPU and its RSS per open stream.")
+    load.add_argument("--streams", type=int, default=1000, help="concurrent streams (default 1000)")
+    load.add_argument("--seconds", type=float, default=60.0, help="how long each stream lasts (default 60)")
+    load.add_argument("--max-tokens", type=int, default=60, help="tokens per stream, spread over --seconds")
+    load.add_argument("--ramp-s", type=float, default=10.0, help="seconds over which the streams are opened")
+    load.add_argument("--path", choices=("grpc", "openai"), default="grpc", help="gRPC (SDK) or the OpenAI front door")
+    load.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    load.set_defaults(handler=_bench_load)
+
 
 def _bench_router(args: argparse.Namespace) -> int:
     from scheduler.bench.router import run_router_bench, settings_from_args
@@ -57,3 +70,13 @@ def _bench_router(args: argparse.Namespace) -> int:
     invoked = Path(sys.argv[0]).name == "scheduler" or sys.argv[0].endswith("scheduler/cli.py")
     command = "scheduler " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if invoked else None
     return run_router_bench(settings, command=command)
+
+
+def _bench_load(args: argparse.Namespace) -> int:
+    from scheduler.bench.load import LoadSettings, run_load_bench
+
+    if args.streams < 1 or args.seconds <= 0 or args.max_tokens < 1 or args.ramp_s < 0:
+        print("--streams, --seconds and --max-tokens must be positive, --ramp-s not negative", file=sys.stderr)
+        return 2
+    return run_load_bench(LoadSettings(streams=args.streams, seconds=args.seconds, max_tokens=args.max_tokens,
+                                       ramp_s=args.ramp_s, path=args.path, json_path=args.json))

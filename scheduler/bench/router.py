@@ -83,6 +83,8 @@ class Settings:
     warmup: int = 50
     max_tokens: int = 16
     first_token_delay_ms: float = 0.0
+    # The stub backends' time between two tokens (0: as fast as they can).
+    token_interval_ms: float = 0.0
     backends: tuple[str, ...] = ()
     against: str | None = None
     against_pid: int | None = None
@@ -221,7 +223,8 @@ def start_all(settings: Settings, processes: Processes) -> Setup:
     if not backends:
         stubs = [processes.spawn(f"backend-{i}", [
             sys.executable, "-m", "scheduler.server.stub_region", "--port", "0", "--name", f"backend-{i}",
-            "--first-token-delay-ms", str(settings.first_token_delay_ms)]) for i in range(2)]
+            "--first-token-delay-ms", str(settings.first_token_delay_ms),
+            "--token-interval-ms", str(settings.token_interval_ms)]) for i in range(2)]
         for stub in stubs:
             port = int(processes.wait_for_line(stub, re.compile(r"PORT (\d+)")).group(1))
             backends.append(f"http://127.0.0.1:{port}")

@@ -374,13 +374,15 @@ class HttpServer:
         limits = self.limits
         self._sweep_s = min(SWEEP_S, limits.request_timeout_s / 4, limits.idle_timeout_s / 4)
 
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
-        """Listen on ``host:port`` (0: any free port); returns the port."""
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+                    reuse_port: bool = False) -> int:
+        """Listen on ``host:port`` (0: any free port; ``reuse_port``: beside other processes on
+        it, SO_REUSEPORT); returns the port."""
         loop = asyncio.get_running_loop()
         self.now = loop.time()
         self._sweeper = loop.call_later(self._sweep_s, self._sweep)
         self._server = await loop.create_server(lambda: _ServerConnection(self), host, port, ssl=ssl_context,
-                                                reuse_address=True)
+                                                reuse_address=True, reuse_port=reuse_port or None)
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 

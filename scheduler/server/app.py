@@ -121,6 +121,8 @@ class RouterDeps:
     # gRPC's): its port (None: not served; 0: any free port) and address.
     http_port: int | None = None
     http_host: str = "127.0.0.1"
+    # Bind with SO_REUSEPORT: one of several worker processes on the same ports (--workers).
+    reuse_port: bool = False
     # Called before a Generate is dispatched (e.g. the tenant's energy budget); may raise a
     # SchedulerError (BudgetExhausted -> RESOURCE_EXHAUSTED); must not block.
     admission: list[Callable[[Request], object]] = field(default_factory=list)
@@ -227,7 +229,7 @@ def create_server(
     not started. ``health``: the health servicer to serve (a new one, NOT_SERVING, if None)."""
     server = grpc.aio.server(
         interceptors=[EdgeInterceptor(lambda: deps.keys, deps.limiter, deps.metrics, deps.slots)],
-        options=[("grpc.so_reuseport", 0), ("grpc.keepalive_permit_without_calls", 1),
+        options=[("grpc.so_reuseport", 1 if deps.reuse_port else 0), ("grpc.keepalive_permit_without_calls", 1),
                  ("grpc.max_receive_message_length", deps.max_message_bytes),
                  ("grpc.max_concurrent_streams", deps.max_concurrent_streams)],
     )
@@ -320,7 +322,7 @@ async def start_router(address: str, deps: RouterDeps) -> RunningRouter:
             http = build_http_server(deps)
             tls = deps.tls
             context = None if tls is None else server_ssl_context(tls.cert, tls.key, tls.client_ca)
-            running.http_port = await http.start(deps.http_host, deps.http_port, context)
+            running.http_port = await http.start(deps.http_host, deps.http_port, context, reuse_port=deps.reuse_port)
             running.http = http
             log.info("HTTP front door on %s://%s:%d (Connect Route, OpenAI API)",
                      "https" if context else "http", deps.http_host, running.http_port)

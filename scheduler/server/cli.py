@@ -54,6 +54,10 @@ def register(sub: Any) -> None:
                              "protocol); same keys and TLS as gRPC (0: any free port)")
     router.add_argument("--http-host", default="127.0.0.1",
                         help="address of the HTTP front door (default: loopback only)")
+    router.add_argument("--workers", type=int, default=1,
+                        help="router processes on the same ports (SO_REUSEPORT), one per core the pod has; "
+                             "needs --state redis://... and fixed ports (default 1; docs/deploying.md)")
+    router.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     router.add_argument("--no-carbon-pollers", action="store_true",
                         help="do not poll carbon providers (another process writes the signals)")
     router.add_argument("--ticket-keys", type=Path, default=os.environ.get(KEYS_FILE_ENV) or None,
@@ -116,6 +120,8 @@ def _router(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
         print("--tls-cert and --tls-key go together; --tls-client-ca needs them", file=sys.stderr)
         return 2
+    if args.workers != 1:
+        return _supervise(args)
     try:
         fleet = load_checked_fleet(args.regions, args.policies)
         policy = fleet.policy(args.policy)
@@ -163,6 +169,11 @@ def _router(args: argparse.Namespace) -> int:
     deps.direct_targets = args.direct_targets
     deps.metrics_host = args.metrics_host
     deps.http_port, deps.http_host = args.http_port, args.http_host
+    if args.worker_index is not None:
+        # One of --workers: the ports are shared (SO_REUSEPORT); each has its own /metrics.
+        deps.reuse_port = True
+        if deps.metrics_port is not None:
+            deps.metrics_port += args.worker_index
     from dataclasses import replace
     deps.dispatcher.settings = replace(deps.dispatcher.settings, max_stream_s=args.max_stream_s or None)
     if args.max_streams_per_tenant is not None:
@@ -176,11 +187,14 @@ def _router(args: argparse.Namespace) -> int:
         deps.background.append(reloader)
     with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets)
 
+    _raise_open_files_limit()
+
     async def serve() -> None:
         running = await start_router(f"{args.host}:{args.port}", deps)
         if reloader is not None:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.reload)
-        print(f"router listening on {args.host}:{running.port}", flush=True)
+        worker = "" if args.worker_index is None else f" (worker {args.worker_index})"
+        print(f"router listening on {args.host}:{running.port}{worker}", flush=True)
         if running.metrics_endpoint is not None:
             print(f"metrics on http://{args.metrics_host}:{running.metrics_endpoint.port}/metrics", flush=True)
         if running.http_port is not None:
@@ -194,6 +208,39 @@ def _router(args: argparse.Namespace) -> int:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(serve())
     return 0
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    from scheduler.server.workers import Supervisor
+
+    problems = []
+    if args.workers < 1:
+        problems.append(f"--workers: expected at least 1, got {args.workers}")
+    if args.state == "memory":
+        problems.append("--workers > 1 needs a shared state store: --state redis://HOST:PORT/DB (the workers share "
+                        "rate limits, the ledger, the audit stream and the kill switch through it)")
+    if args.port == 0 or args.http_port == 0 or args.metrics_port == 0:
+        problems.append("--workers > 1 needs fixed ports (0 would give every worker its own)")
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 2
+    print(f"router: {args.workers} workers on {args.host}:{args.port}", flush=True)
+    return Supervisor(args.argv, args.workers, args.grace).run()
+
+
+def _raise_open_files_limit() -> None:
+    """Every proxied stream holds two sockets (client and region): lift the soft limit on open
+    files to the hard one, as servers do (1,024 would cap a router near 500 streams)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if hard < 4096:
+        log.warning("the open-files limit is %d: this router can hold about %d streams at once", hard, hard // 2)
 
 
 def _codes(text: str) -> tuple[str, ...]:

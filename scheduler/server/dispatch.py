@@ -46,6 +46,8 @@ COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 # Region answers that mean "this request is wrong" rather than "this region is unwell".
 CLIENT_ERRORS = frozenset({400, 422})
+# Coalescing waits only while reads come within this many windows of each other (a burst).
+COALESCE_BURST = 4
 # Longest region error message kept (in failover records, receipts and statuses).
 REGION_MESSAGE_CHARS = 300
 
@@ -76,7 +78,8 @@ class DispatchSettings:
     max_stream_s: float | None = 600.0
     # After the first text: text arriving within this long of a read joins it in one chunk
     # (fewer, larger messages to the client; 0: only what one read brings). The first text is
-    # never held back, so TTFT does not change.
+    # never held back, so TTFT does not change; nor is text of a region that streams slower
+    # than COALESCE_BURST windows a read (nothing would join it: the wait would only cost).
     coalesce_s: float = 0.002
 
 
@@ -209,16 +212,21 @@ class RegionStream:
         # A finish reason may come in an event of its own: it waits for the next yield.
         finish = ""
         read_timeout, coalesce_s = self.settings.read_timeout_s, self.settings.coalesce_s
+        last_read_at: float | None = None
         while not done:
             # Each read is bounded by the time left, so the deadline bounds the whole stream.
             data = await response.next_chunk(self._timeout(read_timeout))
             if data is None:
                 break
+            read_at = self.clock()
+            # Text in a burst (this read soon after the last one): wait a moment for the rest.
+            bursting = last_read_at is not None and read_at - last_read_at <= COALESCE_BURST * coalesce_s
+            last_read_at = read_at
             texts: list[str] = []
             read_finish, done = self._take(parser, data, texts)
             finish = read_finish or finish
-            if coalesce_s > 0 and self.first_text_at is not None:
-                until = self.clock() + coalesce_s
+            if coalesce_s > 0 and bursting and self.first_text_at is not None:
+                until = read_at + coalesce_s
                 while not done and (left := until - self.clock()) > 0:
                     more = await response.more_within(left)
                     if not more:
