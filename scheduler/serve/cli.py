@@ -38,6 +38,8 @@ def register(sub: Any) -> None:
                     help="state key namespace (default: local; --demo: a fresh one, deleted at exit)")
     up.add_argument("--router", default="127.0.0.1:50051", help="router gRPC address (port 0: any free port)")
     up.add_argument("--http-port", type=int, default=8000, help="Serve HTTP port, if free (else any free port)")
+    up.add_argument("--router-http-port", type=int, default=8080,
+                    help="the router's HTTP front door (OpenAI API, Route for direct mode), if free (else any)")
     up.add_argument("--ticket-keys", type=Path,
                     help="the regions' dispatch-ticket keys (default: fresh keys for this run, kept in memory)")
     up.add_argument("--insecure-no-tickets", action="store_true",
@@ -108,7 +110,8 @@ def _up(args: argparse.Namespace) -> int:
         only=tuple(name.strip() for name in args.only.split(",") if name.strip()),
         state_url=args.state, namespace=args.namespace or ("local" if not args.demo else None),
         clean_namespace=args.demo, router_address=f"{host or '127.0.0.1'}:{router_port}",
-        http_port=args.http_port, tickets=not args.insecure_no_tickets, ticket_keys=ticket_keys,
+        http_port=args.http_port, router_http_port=free_port(args.router_http_port) if args.router_http_port else 0,
+        tickets=not args.insecure_no_tickets, ticket_keys=ticket_keys,
         api_keys=None if api_key is None else KeyRing.of([api_key.entry]),
     )
     try:
@@ -137,6 +140,8 @@ async def _run(options: Any, args: argparse.Namespace, api_key: NewKey | None) -
         await stack.start()
         _say(f"ready in {time.monotonic() - started:.0f} s")
         _say(f"router (gRPC)   {stack.router_target}")
+        _say(f"router (HTTP)   {stack.router_http}  (OpenAI API: /v1/chat/completions, /v1/completions, "
+             "/v1/models; SDK direct mode: http_url=...)")
         _say(f"API key         {api_key.key if api_key else 'none (--insecure)'}  (this run only; "
              "send it as `authorization: Bearer <key>`, SDK: api_key=...)")
         _say("regions (HTTP)  " + ", ".join(stack.endpoint(r.name) for r in stack.regions))
@@ -176,8 +181,9 @@ async def _demo(stack: Any, requests: int, api_key: str | None) -> int:
             apps = await dashboard.serve_applications(stack.dashboard_url, client)
             _say("Ray dashboard REST API, Serve applications: "
                  + ", ".join(f"{name} {status}" for name, status in sorted(apps.items())))
-        outcomes, wall = await demo.replay(stack.router_target, trace, options)
-        probe = await demo.probe_ttft(stack.router_target, tokenizer, options) if stack.ticket_keys else None
+        outcomes, wall = await demo.replay(stack.router_target, trace, options, http_url=stack.router_http)
+        probe = (await demo.probe_ttft(stack.router_target, tokenizer, options, http_url=stack.router_http)
+                 if stack.ticket_keys else None)
         metrics: dict[str, float] = {}
         if stack.dashboard_url:
             metrics = await dashboard.metric_samples(stack.dashboard_url, client, "ray_scheduler_region_requests")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import json
 import random
 import time
 from collections import Counter
@@ -38,8 +39,10 @@ class DemoOptions:
     # (jurisdiction, share of requests that must stay in it)
     residency: tuple[tuple[str, float], ...] = (("EU", 0.2), ("US", 0.15), ("JP", 0.1))
     concurrency: int = 16
-    # Share of the requests sent in direct mode (the SDK streams from the region itself).
+    # Shares of the requests sent in direct mode (the SDK streams from the region itself) and
+    # through the router's OpenAI-compatible front door; the rest: the SDK's proxy mode.
     direct_share: float = 0.25
+    openai_share: float = 0.15
     probes: int = 20
     seed: int = 0
     # The router's API key (None: a router running without authentication).
@@ -110,9 +113,15 @@ def build_requests(options: DemoOptions, tokenizer: Any) -> list[TraceRequest]:
             max_tokens=min(options.max_output_tokens, max(4, int(int(row["GeneratedTokens"]) * options.token_scale))),
             conversation=conversation,
             jurisdiction=_pick_jurisdiction(rng.random(), options.residency),
-            mode="direct" if rng.random() < options.direct_share else "proxy",
+            mode=_pick_mode(rng.random(), options),
         ))
     return requests
+
+
+def _pick_mode(draw: float, options: DemoOptions) -> str:
+    if draw < options.direct_share:
+        return "direct"
+    return "openai" if draw < options.direct_share + options.openai_share else "proxy"
 
 
 def _pick_jurisdiction(draw: float, residency: Sequence[tuple[str, float]]) -> str:
@@ -123,10 +132,50 @@ def _pick_jurisdiction(draw: float, residency: Sequence[tuple[str, float]]) -> s
     return ""
 
 
-async def _one(client: Any, request: TraceRequest, semaphore: asyncio.Semaphore) -> Outcome:
+async def _openai(http: Any, url: str, api_key: str | None, request: TraceRequest, outcome: Outcome) -> Outcome:
+    """One request through the router's OpenAI front door: the chunks, then the receipt event."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": request.prompt}],
+            "max_tokens": request.max_tokens, "stream": True,
+            "x_scheduler": {"tenant": "demo", "prefix_key": f"conversation-{request.conversation}",
+                            "jurisdictions": [request.jurisdiction] if request.jurisdiction else []}}
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    started = time.monotonic()
+    receipt: dict[str, Any] | None = None
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120) as answer:
+        if answer.status_code != 200:
+            outcome.error = f"HTTP {answer.status_code}"
+            return outcome
+        async for line in answer.aiter_lines():
+            if line.startswith("data:") and '"content":' in line and outcome.ttft_s is None:
+                outcome.ttft_s = time.monotonic() - started
+            if line.startswith("data:") and "energy_receipt" in line:
+                receipt = json.loads(line.removeprefix("data:"))["energy_receipt"]
+    if receipt is None:
+        outcome.error = "no receipt"
+        return outcome
+    outcome.region, outcome.pool = receipt["region"], receipt["pool"]
+    outcome.router_ttft_ms = receipt.get("ttft_ms")
+    outcome.energy_j = receipt.get("energy_j", 0.0)
+    outcome.carbon_g = receipt.get("carbon_g")
+    outcome.prompt_tokens = receipt.get("prompt_tokens", 0)
+    outcome.reused_tokens = receipt.get("reused_tokens", 0)
+    outcome.completion_tokens = receipt.get("completion_tokens", 0)
+    outcome.fallbacks = tuple(f["signal"] for f in receipt.get("fallbacks", ()))
+    outcome.measurement_source = receipt.get("measurement_source", "")
+    return outcome
+
+
+async def _one(client: Any, request: TraceRequest, semaphore: asyncio.Semaphore, http: Any = None,
+               http_url: str | None = None, api_key: str | None = None) -> Outcome:
     from scheduler.client import SchedulerRpcError
 
     outcome = Outcome(mode=request.mode)
+    if request.mode == "openai":
+        async with semaphore:
+            if http is None or http_url is None:
+                outcome.error = "no HTTP front door"
+                return outcome
+            return await _openai(http, http_url, api_key, request, outcome)
     async with semaphore:
         started = time.monotonic()
         generation = client.generate(
@@ -158,18 +207,23 @@ async def _one(client: Any, request: TraceRequest, semaphore: asyncio.Semaphore)
     return outcome
 
 
-async def replay(target: str, requests: Sequence[TraceRequest], options: DemoOptions) -> tuple[list[Outcome], float]:
+async def replay(target: str, requests: Sequence[TraceRequest], options: DemoOptions,
+                 http_url: str | None = None) -> tuple[list[Outcome], float]:
+    """Send ``requests`` at their offsets: SDK proxy and direct mode (Route over ``http_url``,
+    the router's HTTP front door, when given) and, through ``http_url``, the OpenAI API."""
+    import httpx
     from tqdm import tqdm
 
     from scheduler.client import AsyncSchedulerClient
 
     semaphore = asyncio.Semaphore(options.concurrency)
     started = time.monotonic()
-    async with AsyncSchedulerClient(target, api_key=options.api_key, timeout_s=120.0) as client:
+    async with (AsyncSchedulerClient(target, api_key=options.api_key, timeout_s=120.0, http_url=http_url) as client,
+                httpx.AsyncClient() as http):
 
         async def at_offset(request: TraceRequest) -> Outcome:
             await asyncio.sleep(max(0.0, started + request.offset_s - time.monotonic()))
-            return await _one(client, request, semaphore)
+            return await _one(client, request, semaphore, http, http_url, options.api_key)
 
         tasks = [asyncio.create_task(at_offset(r)) for r in requests]
         outcomes = []
@@ -189,7 +243,7 @@ class TtftProbe:
     region_s: list[float] = field(default_factory=list)
 
 
-async def probe_ttft(target: str, tokenizer: Any, options: DemoOptions) -> TtftProbe:
+async def probe_ttft(target: str, tokenizer: Any, options: DemoOptions, http_url: str | None = None) -> TtftProbe:
     """Sequential, unloaded requests of the same size, in turn: through the router, in direct
     mode, and straight to the region the router picks (each prompt is new: no cache hits)."""
     import httpx
@@ -202,7 +256,7 @@ async def probe_ttft(target: str, tokenizer: Any, options: DemoOptions) -> TtftP
     rng = random.Random(options.seed + 1)
     vocabulary = _vocabulary(tokenizer)
     result = TtftProbe()
-    async with (AsyncSchedulerClient(target, api_key=options.api_key) as client,
+    async with (AsyncSchedulerClient(target, api_key=options.api_key, http_url=http_url) as client,
                 httpx.AsyncClient(timeout=30) as http):
         for _ in range(options.probes):
             for mode, samples in (("proxy", result.router_s), ("direct", result.direct_mode_s)):

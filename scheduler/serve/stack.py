@@ -135,6 +135,8 @@ class StackOptions:
     # Delete the namespace's keys from Redis at stop.
     clean_namespace: bool = True
     router_address: str = "127.0.0.1:0"
+    # The router's HTTP front door (the OpenAI API, Route for direct mode); None: not served.
+    router_http_port: int | None = 0
     # Serve's HTTP proxy: 8000 when free, else any free port.
     http_port: int = 8000
     dashboard: bool = True
@@ -170,6 +172,12 @@ class LocalStack:
     @property
     def router_target(self) -> str:
         return f"127.0.0.1:{self.router.port}"
+
+    @property
+    def router_http(self) -> str | None:
+        """The router's HTTP front door (None: not served)."""
+        port = self.router.http_port
+        return None if port is None else f"http://127.0.0.1:{port}"
 
     def endpoint(self, region: str) -> str:
         return f"{self.http_base}/{region}"
@@ -291,6 +299,7 @@ class LocalStack:
         if self.state_url == "memory":
             endpoints = {r.name: self.endpoint(r.name) for r in self.regions}
             deps.background.append(StateBridge(endpoints, store, interval_s=self.options.publish_interval_s))
+        deps.http_port = self.options.router_http_port
         # As a production router runs: carbon pollers (CSV replay by default) and the ledger.
         with_services(deps, carbon_pollers=self.options.carbon)
         return await start_router(self.options.router_address, deps)

@@ -143,3 +143,30 @@ async def test_direct_and_proxy_mode_both_end_with_a_receipt_in_the_ledger(stack
     finally:
         await store.close()
     assert {proxied.receipt.decision_id, direct.receipt.decision_id} <= audited  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(120)
+async def test_the_openai_front_door_and_direct_mode_over_http_reach_the_real_region(stack: LocalStack) -> None:
+    """The official openai client through the router's HTTP front door to a real vLLM region,
+    and the SDK's direct mode with Route over HTTP (the real gateway checks the tickets)."""
+    import openai
+
+    assert stack.router_http is not None
+    client = openai.AsyncOpenAI(base_url=stack.router_http + "/v1", api_key="unused", max_retries=0)
+    try:
+        chat = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=4)
+        parsed = chat.parse()
+        chunks = [c async for c in await client.completions.create(model=MODEL, prompt="Once upon", max_tokens=4,
+                                                                   stream=True)]
+    finally:
+        await client.close()
+    assert parsed.choices[0].message.content and parsed.usage is not None and parsed.usage.completion_tokens > 0
+    receipt = (parsed.model_extra or {})["energy_receipt"]
+    assert receipt["region"] == REGION and receipt["pool"] in ("h200-long", "a100-batch") and receipt["energy_j"] > 0
+    assert chat.headers["x-energy-region"] == REGION
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+    async with AsyncSchedulerClient(stack.router_target, http_url=stack.router_http) as sdk:
+        direct = sdk.generate("And this one over HTTP?", model=MODEL, max_tokens=4, mode="direct")
+        assert await direct.text()
+    assert direct.receipt is not None and direct.receipt.region == REGION and direct.receipt.energy_j > 0
