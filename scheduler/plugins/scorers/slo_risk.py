@@ -18,6 +18,7 @@ ttft_log_sigma, queue_cv.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
@@ -31,14 +32,17 @@ from scheduler.plugins.filters.slo_reachable import ttft_budget_s
 TYPE = "slo-risk-scorer"
 
 
+SQRT_HALF = math.sqrt(0.5)
+
+
 def normal_sf(z: FloatArray) -> FloatArray:
-    """1 - Phi(z), the standard normal's upper tail (Abramowitz and Stegun 7.1.26 for erfc;
-    absolute error below 1.5e-7)."""
-    x = np.abs(z) / np.sqrt(2.0)
-    t = 1.0 / (1.0 + 0.3275911 * x)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erfc = poly * np.exp(-x * x)
-    tail: FloatArray = np.where(z >= 0, 0.5 * erfc, 1.0 - 0.5 * erfc)
+    """1 - Phi(z) = erfc(z / sqrt(2)) / 2, the standard normal's upper tail, from the C
+    library's erfc (math.erfc): absolute error below 2e-16, relative error below 1e-13 for
+    |z| <= 10 (tests/unit/plugins/test_normal_sf.py). Element by element in Python: on the
+    few dozen survivors of a decision that is several times faster than any closed-form
+    approximation as numpy operations (each costs ~1 us whatever the length)."""
+    erfc = math.erfc
+    tail: FloatArray = np.array([0.5 * erfc(x * SQRT_HALF) for x in z.tolist()], dtype=np.float64)
     return tail
 
 
@@ -56,6 +60,6 @@ class SloRiskScorer(NoColumns):
     def score(self, view: RequestView, cols: None, positions: Positions) -> FloatArray | Abstain:
         budget = ttft_budget_s(view.request, view.snapshot)
         ttft = np.maximum(view.ttft_s[positions], 1e-6)
-        queue_share = view.queue_wait_s[positions] / ttft
-        sigma = np.sqrt(self.ttft_log_sigma * self.ttft_log_sigma + (self.queue_cv * queue_share) ** 2)
+        # sqrt(ttft_log_sigma^2 + (queue_cv x queue share)^2)
+        sigma = np.hypot(self.ttft_log_sigma, self.queue_cv * (view.queue_wait_s[positions] / ttft))
         return normal_sf(np.log(budget / ttft) / sigma)
