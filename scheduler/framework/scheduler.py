@@ -65,6 +65,17 @@ def store_fallbacks(snapshot: FleetSnapshot) -> tuple[Fallback, ...]:
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
+def _costs(rates: FloatArray, quantities: FloatArray) -> FloatArray:
+    """Each survivor's cost, sum over scorers of rate x quantity [USD]: one dot product per
+    survivor (a contiguous row of its quantities), computed alike for every survivor. A
+    vector-matrix product across the survivors (rates @ quantities) rounds some of them in
+    other SIMD lanes than others, so two identical candidates could differ by an ulp, and
+    which of them wins an exact tie would depend on their positions in the list rather than
+    on the tie-break key."""
+    costs: FloatArray = np.ascontiguousarray(quantities.T).dot(rates)
+    return costs
+
+
 @dataclass(frozen=True)
 class LazyRejections:
     """The candidates one filter rejected; their reasons are formatted only when read."""
@@ -293,7 +304,7 @@ class Scheduler:
             mask |= 1 << bit
         labels = self._labels(terms, mask, answered, klass)
         quantities = np.array(rows, dtype=np.float64).reshape(len(rows), count)
-        totals: FloatArray = labels.rates @ quantities if rows else np.zeros(count)
+        totals: FloatArray = _costs(labels.rates, quantities) if rows else np.zeros(count)
         if not math.isfinite(float(np.add.reduce(totals))):
             # Rare: drop the scorers that gave a non-finite quantity (recorded as fallbacks).
             row_finite: BoolArray = np.all(np.isfinite(quantities), axis=1)
@@ -309,7 +320,7 @@ class Scheduler:
             kept_mask = sum(1 << terms.index(term) for term in kept)
             labels = self._labels(terms, kept_mask, kept, klass)
             quantities = quantities[np.asarray(finite, dtype=bool)]
-            totals = labels.rates @ quantities if kept else np.zeros(count)
+            totals = _costs(labels.rates, quantities) if kept else np.zeros(count)
         return _Ranking(labels.names, labels.units, labels.rate_values, labels.written, quantities, totals)
 
     def _labels(self, terms: tuple[Term, ...], mask: int, answered: list[Term], klass: int) -> _Labels:
