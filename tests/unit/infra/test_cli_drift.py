@@ -110,8 +110,10 @@ def test_router_ports_and_probes_agree_with_the_cli(parser: argparse.ArgumentPar
         assert router[probe]["grpc"]["port"] == port, f"{probe} must call grpc.health.v1 on the router's port"
     # In-flight streams get --grace seconds; the pod must outlive them.
     assert deployment.body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > parsed.grace + 5
+    (http_port,) = [p["containerPort"] for p in router["ports"] if p["name"] == "http"]
+    assert parsed.http_port == http_port and parsed.http_host == "0.0.0.0"
     service = one("Service", "scheduler-router")
-    assert [p["port"] for p in service.body["spec"]["ports"]] == [port]
+    assert [(p["port"], p["targetPort"]) for p in service.body["spec"]["ports"]] == [(port, "grpc"), (http_port, "http")]
     flag = flag_value(list(router["args"]), "--port")
     assert flag == str(port)
 

@@ -286,10 +286,12 @@ def test_redis_admits_only_routers_regions_and_ops() -> None:
         assert got == allowed, f"redis from {peer.name}: {sorted(got)}"
 
 
-def test_router_grpc_is_open_and_its_metrics_are_not() -> None:
+def test_router_grpc_and_http_are_open_and_its_metrics_are_not() -> None:
     router = one("Deployment", "scheduler-router").body["spec"]["template"]["metadata"]["labels"]
-    assert admitted(POLICIES, router, Peer("client", ip="203.0.113.9"), 50051)
-    assert admitted(POLICIES, router, Peer("tenant pod", {}, PLAIN_NS), 50051)
+    for port in (50051, 8080):  # gRPC and the HTTP front door: every call carries a key
+        assert admitted(POLICIES, router, Peer("client", ip="203.0.113.9"), port)
+        assert admitted(POLICIES, router, Peer("tenant pod", {}, PLAIN_NS), port)
+    assert not admitted(POLICIES, router, Peer("client", ip="203.0.113.9"), 8265)
     assert not admitted(POLICIES, router, Peer("tenant pod", {}, PLAIN_NS), 9464)
     assert admitted(POLICIES, router, Peer("prometheus", {}, MONITORING), 9464)
 
