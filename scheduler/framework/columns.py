@@ -6,9 +6,10 @@ predictions, the scorers). Done per candidate in Python that costs ~3 us per can
 numpy columns it costs ~1 us per operation whatever the fleet size.
 
 The framework's columns (``Frame``) are the candidate index by model, each candidate's
-region, location and tie-break key (static: once per candidate tuple) and the prediction
-matrix from each candidate's ``CandidatePerf`` (once per perf tuple, which the snapshot
-builder reuses while no pool's live state changes). A plugin's columns come from its
+region, location and tie-break key, and a memo of RTT rows per client location (static: once
+per candidate tuple) and the prediction matrix from each candidate's ``CandidatePerf`` (once
+per perf tuple, which the snapshot builder reuses while no pool's live state changes; a new
+perf tuple recomputes only the rows of the candidates whose ``CandidatePerf`` changed). A plugin's columns come from its
 ``prepare`` and live as long as its ``LIFETIME`` says (``live``: as long as the snapshot's
 ``live_key``, which the snapshots that differ only in pending dispatches share). All of them are kept in the
 snapshot's ``column_cache`` (shared by the snapshots of one builder), each entry with the
@@ -54,7 +55,7 @@ class Prepares(Protocol):
 @dataclass(frozen=True)
 class Frame:
     """The framework's per-candidate columns, for the whole fleet (``model`` "") or restricted
-    to the candidates of one model (then row p is the candidate ``index[p]``)."""
+    to the candidates of one model (then column p is the candidate ``index[p]``)."""
 
     model: str
     index: IndexArray
@@ -64,10 +65,17 @@ class Frame:
     # crc32 of the candidate's region/pool/model: orders exact ties the same way whoever else
     # is in the list.
     key_hash: HashArray
-    # candidate x PREDICTIONS x REQUEST_FEATURES
+    # (PREDICTIONS x candidates) x REQUEST_FEATURES: ``prediction @ features`` is every
+    # candidate's energy_j, then every candidate's ttft_s without RTT, then every tpot_s
+    # (row p x n + i: prediction p of candidate i; one 6-term dot product per row, computed
+    # alike for every row, so identical candidates get identical predictions).
     prediction: FloatArray
     queue_wait_s: FloatArray
     live: BoolArray
+    # client (lat, lon) -> the RTT row over these candidates (scheduler.framework.network):
+    # one memo per candidate tuple and model, shared by the frames of every perf tuple.
+    rtt_memo: dict[tuple[float, float], FloatArray] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False)
 
 
 def _col(values: list[float]) -> FloatArray:
@@ -87,21 +95,57 @@ def _static(candidates: tuple[Candidate, ...]) -> dict[str, Any]:
     }
 
 
-def _perf(perf: tuple[CandidatePerf, ...]) -> dict[str, Any]:
-    rows = []
-    for p in perf:
-        e, t = p.energy, p.latency
-        rows.append((
-            # EnergyCoefficients.joules: ... + (N - 1) (step_j + step_j_per_context_token x mid)
-            (e.start_j - e.step_j, e.prefill_j_per_token, e.prefill_j_per_pair, -e.step_j_per_context_token, e.step_j,
-             e.step_j_per_context_token),
-            # queue wait + LatencyCoefficients prefill
-            (p.queue_wait_s + t.prefill_s, t.prefill_s_per_token, t.prefill_s_per_pair, 0.0, 0.0, 0.0),
-            # LatencyCoefficients tpot
-            (t.tpot_s, 0.0, 0.0, t.tpot_s_per_context_token, 0.0, 0.0),
-        ))
+def _coefficients(p: CandidatePerf) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """One candidate's PREDICTIONS x REQUEST_FEATURES coefficients."""
+    e, t = p.energy, p.latency
+    return (
+        # EnergyCoefficients.joules: ... + (N - 1) (step_j + step_j_per_context_token x mid)
+        (e.start_j - e.step_j, e.prefill_j_per_token, e.prefill_j_per_pair, -e.step_j_per_context_token, e.step_j,
+         e.step_j_per_context_token),
+        # queue wait + LatencyCoefficients prefill
+        (p.queue_wait_s + t.prefill_s, t.prefill_s_per_token, t.prefill_s_per_pair, 0.0, 0.0, 0.0),
+        # LatencyCoefficients tpot
+        (t.tpot_s, 0.0, 0.0, t.tpot_s_per_context_token, 0.0, 0.0),
+    )
+
+
+def _prediction_block(perf: list[CandidatePerf]) -> FloatArray:
+    """(PREDICTIONS x len(perf)) x REQUEST_FEATURES, the layout of ``Frame.prediction``."""
+    n = len(perf)
+    rows = np.asarray([_coefficients(p) for p in perf], dtype=np.float64).reshape(n, len(PREDICTIONS),
+                                                                                   len(REQUEST_FEATURES))
+    block: FloatArray = np.ascontiguousarray(rows.transpose(1, 0, 2)).reshape(-1, len(REQUEST_FEATURES))
+    return block
+
+
+def _rows_of(index: IndexArray, n: int) -> IndexArray:
+    """The rows of ``Frame.prediction`` (fleet layout, ``n`` candidates) of the candidates at ``index``."""
+    rows: IndexArray = np.concatenate([index + k * n for k in range(len(PREDICTIONS))])
+    return rows
+
+
+def _perf(perf: tuple[CandidatePerf, ...], last: tuple[tuple[CandidatePerf, ...], dict[str, Any]] | None) -> dict[str, Any]:
+    """The fleet's perf columns; from ``last`` (an earlier perf tuple of the same candidates and
+    its columns) only the candidates whose ``CandidatePerf`` is another object are recomputed
+    (the snapshot builder keeps the object of every candidate whose pool state did not change)."""
+    n = len(perf)
+    if last is not None and len(last[0]) == n:
+        previous, columns = last
+        changed = [i for i, (now, then) in enumerate(zip(perf, previous, strict=True)) if now is not then]
+        if len(changed) * 2 < n:
+            if not changed:
+                return columns
+            prediction = columns["prediction"].copy()
+            queue_wait_s = columns["queue_wait_s"].copy()
+            live = columns["live"].copy()
+            at = np.asarray(changed, dtype=np.intp)
+            changed_perf = [perf[i] for i in changed]
+            prediction[_rows_of(at, n)] = _prediction_block(changed_perf)
+            queue_wait_s[at] = [p.queue_wait_s for p in changed_perf]
+            live[at] = [p.live for p in changed_perf]
+            return {"prediction": prediction, "queue_wait_s": queue_wait_s, "live": live}
     return {
-        "prediction": np.asarray(rows, dtype=np.float64).reshape(len(perf), len(PREDICTIONS), len(REQUEST_FEATURES)),
+        "prediction": _prediction_block(list(perf)),
         "queue_wait_s": _col([p.queue_wait_s for p in perf]),
         "live": np.asarray([p.live for p in perf], dtype=bool),
     }
@@ -138,13 +182,31 @@ def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
     if isinstance(entry, tuple) and entry[0] is snapshot.candidates and entry[1] is snapshot.perf:
         result: Frame = entry[2]
         return result
-    static = _cached(cache, ("frame-static",), snapshot.candidates, lambda: _static(snapshot.candidates))
-    perf = _cached(cache, ("frame-perf",), snapshot.perf, lambda: _perf(snapshot.perf))
+    candidates = snapshot.candidates
+    n = len(candidates)
+    static = _cached(cache, ("frame-static",), candidates, lambda: _static(candidates))
+    # Per model: the static columns, the prediction columns and the RTT memo (while the candidates stay).
+    def restrict_static() -> tuple[dict[str, Any], IndexArray, dict[tuple[float, float], FloatArray]]:
+        return {name: column[index] for name, column in static.items()}, _rows_of(index, n), {}
+
+    restricted = (_cached(cache, ("frame-static", model), candidates, restrict_static) if len(index)
+                  else restrict_static())
+    last = cache.get(("frame-perf",))
+    if isinstance(last, tuple) and last[0] is snapshot.perf:
+        perf = last[1]
+    else:
+        previous = last if isinstance(last, tuple) and len(last) == 3 and last[2] is candidates else None
+        perf = _perf(snapshot.perf, None if previous is None else (previous[0], previous[1]))
+        cache[("frame-perf",)] = (snapshot.perf, perf, candidates)
+    static_columns, prediction_rows, rtt_memo = restricted
     result = Frame(
         model=model,
         index=index,
-        **{name: column[index] for name, column in static.items()},
-        **{name: column[index] for name, column in perf.items()},
+        **static_columns,
+        prediction=perf["prediction"][prediction_rows],
+        queue_wait_s=perf["queue_wait_s"][index],
+        live=perf["live"][index],
+        rtt_memo=rtt_memo,
     )
     if len(index):  # a model nobody serves (any name a client sends) is not worth a cache entry
         cache[key] = (snapshot.candidates, snapshot.perf, result)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.framework.columns import FloatArray, Frame, memo
+from scheduler.framework.columns import FloatArray, Frame
 from scheduler.types import FleetSnapshot, GeoPoint
 
 FIBRE_KM_PER_S = 200_000.0
 ROUTE_FACTOR = 1.4
 BASE_RTT_S = 0.002
 EARTH_KM = 6371.0
+# Client locations whose RTT rows one frame's memo keeps before it starts over.
+RTT_MEMO_LIMIT = 4096
 
 
 def rtt_row(lat_rad: FloatArray, lon_rad: FloatArray, client: GeoPoint) -> FloatArray:
@@ -29,11 +31,17 @@ def rtt_row(lat_rad: FloatArray, lon_rad: FloatArray, client: GeoPoint) -> Float
 
 
 def rtt_s(snapshot: FleetSnapshot, frame: Frame, client: GeoPoint | None) -> FloatArray | None:
-    """Round trip from ``client`` to each of the frame's candidates (None: no location)."""
+    """Round trip from ``client`` to each of the frame's candidates (None: no location),
+    memoized per client location for the frame's candidates (``Frame.rtt_memo``)."""
     if client is None:
         return None
     if not len(frame.index):
         return np.zeros(0)
-    row: FloatArray = memo(snapshot, ("rtt", frame.model, client.lat, client.lon), snapshot.candidates,
-                           lambda: rtt_row(frame.lat_rad, frame.lon_rad, client))
+    memo = frame.rtt_memo
+    key = (client.lat, client.lon)
+    row = memo.get(key)
+    if row is None:
+        if len(memo) >= RTT_MEMO_LIMIT:
+            memo.clear()
+        row = memo[key] = rtt_row(frame.lat_rad, frame.lon_rad, client)
     return row

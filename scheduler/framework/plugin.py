@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import ConfigDict
 
 from scheduler.framework.columns import BoolArray, FloatArray, HashArray, IndexArray
-from scheduler.types import FleetSnapshot, Rejection, Request
+from scheduler.types import FleetSnapshot, Rejection, Request, build_frozen
 
 Reason = tuple[str, tuple[object, ...]]
 # Which of the view's candidates survive: an index array, or ``slice(None)`` for all of them.
@@ -51,7 +51,7 @@ class Abstain:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RequestView:
     """One request against one snapshot, with the framework's predictions for each candidate
     that serves the model (arrays aligned with ``base``, candidate indices of the snapshot).
@@ -75,6 +75,17 @@ class RequestView:
     live: BoolArray
     # crc32 of each candidate's key (orders exact ties; scheduler.framework.columns)
     key_hash: HashArray
+
+    @classmethod
+    def of(
+        cls, request: Request, snapshot: FleetSnapshot, base: IndexArray, rtt_s: FloatArray, queue_wait_s: FloatArray,
+        ttft_s: FloatArray, tpot_s: FloatArray, energy_j: FloatArray, live: BoolArray, key_hash: HashArray,
+    ) -> RequestView:
+        """The same view as the constructor's, built the cheap way (once per decision)."""
+        return build_frozen(cls, {
+            "request": request, "snapshot": snapshot, "base": base, "rtt_s": rtt_s, "queue_wait_s": queue_wait_s,
+            "ttft_s": ttft_s, "tpot_s": tpot_s, "energy_j": energy_j, "live": live, "key_hash": key_hash,
+        })
 
 
 class CandidateSource(Protocol):

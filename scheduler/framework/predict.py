@@ -11,7 +11,8 @@ Every prediction is linear in the request features (scheduler.framework.columns)
                    + the wait the router's own pending dispatches add (snapshot.pending_wait_s)
     tpot_s   = decode step time at the mid-output context
 
-so one matrix product (candidates x 3 x 6 by 6) gives them all.
+so one matrix-vector product (the frame's (3 x candidates) x 6 coefficients by the
+features) gives them all.
 """
 
 from __future__ import annotations
@@ -31,24 +32,18 @@ def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray) ->
     out = float(request.max_tokens)
     mid_context = prompt + out * 0.5
     features = np.array((1.0, uncached, uncached * (prompt - uncached * 0.5), mid_context, out, out * mid_context))
-    predicted = cols.prediction @ features  # candidate x (energy_j, ttft_s without RTT, tpot_s)
+    # energy_j of every candidate, then ttft_s without RTT, then tpot_s
+    predicted = np.dot(cols.prediction, features)
+    n = len(base)
     rtt = rtt_s(snapshot, cols, request.client_location)
-    ttft = predicted[:, 1] if rtt is None else predicted[:, 1] + rtt
+    ttft = predicted[n:2 * n] if rtt is None else predicted[n:2 * n] + rtt
     queue_wait = cols.queue_wait_s
     pending = snapshot.pending_wait_s
     if pending is not None:
         extra = pending[base]
         queue_wait = queue_wait + extra
         ttft = ttft + extra
-    return RequestView(
-        request=request,
-        snapshot=snapshot,
-        base=base,
-        rtt_s=np.zeros(len(base)) if rtt is None else rtt,
-        queue_wait_s=queue_wait,
-        ttft_s=ttft,
-        tpot_s=predicted[:, 2],
-        energy_j=predicted[:, 0],
-        live=cols.live,
-        key_hash=cols.key_hash,
+    return RequestView.of(
+        request, snapshot, base, np.zeros(n) if rtt is None else rtt, queue_wait, ttft, predicted[2 * n:],
+        predicted[:n], cols.live, cols.key_hash,
     )

@@ -33,7 +33,8 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from scheduler.framework.columns import BoolArray, FloatArray, HashArray, IndexA
 from scheduler.framework.plugin import Abstain, CandidateSource, Filter, Picker, Positions, RequestView, Scorer
 from scheduler.framework.predict import request_view
 from scheduler.framework.registry import Plan, Registry, Term
-from scheduler.types import Decision, Fallback, FleetSnapshot, Rejection, Request
+from scheduler.types import Decision, Fallback, FleetSnapshot, Rejection, Request, build_frozen
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,23 @@ def _costs(rates: FloatArray, quantities: FloatArray) -> FloatArray:
 
 @dataclass(frozen=True)
 class LazyRejections:
-    """The candidates one filter rejected; their reasons are formatted only when read."""
+    """The candidates one filter rejected; their positions are found and their reasons
+    formatted only when read."""
 
     plugin: Filter
     view: RequestView
     cols: object
-    positions: Sequence[int]
+    # the filter's mask over the view (True: kept), and which candidates were alive before it
+    # (None: all of them)
+    keep: BoolArray
+    alive: BoolArray | None = None
+
+    @cached_property
+    def positions(self) -> list[int]:
+        """The view positions this filter rejected."""
+        dropped = ~self.keep if self.alive is None else self.alive & ~self.keep
+        positions: list[int] = dropped.nonzero()[0].tolist()
+        return positions
 
     def materialize(self) -> list[Rejection]:
         candidates = self.view.snapshot.candidates
@@ -95,8 +107,7 @@ class LazyRejections:
         return out
 
 
-@dataclass(frozen=True)
-class _Ranking:
+class _Ranking(NamedTuple):
     names: tuple[str, ...]
     units: tuple[str, ...]
     rates: tuple[float, ...]
@@ -137,12 +148,19 @@ class Scheduler:
     registry: Registry
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     timer: Callable[[], int] = time.perf_counter_ns
+    # Plugins are timed (``Decision.plugin_timings_ns``) on one decision in ``timing_every``:
+    # the first this scheduler makes, then every timing_every-th. Two clock reads per plugin
+    # cost a decision more than some of its plugins do; 1 times every decision.
+    timing_every: int = 16
 
     def __post_init__(self) -> None:
+        if self.timing_every < 1:
+            raise ValueError(f"timing_every must be at least 1, got {self.timing_every}")
         self._salt = self.rng.getrandbits(32)
         # id(policy) -> its compiled plan; the policy is kept in it so its id stays its own.
         self._compiled: dict[int, _Compiled] = {}
         self._label_memo: dict[tuple[int, int, int], _Labels] = {}
+        self._decisions = 0
 
     @classmethod
     def from_registry(cls, registry: Registry, rng: random.Random | None = None) -> Scheduler:
@@ -191,45 +209,53 @@ class Scheduler:
         return columns
 
     def schedule(self, request: Request, snapshot: FleetSnapshot) -> Decision:
-        timer = self.timer
-        timings: dict[str, int] = {}
         policy = snapshot.policy
         compiled = self._compile(policy)
-        start = timer()
-        base, eager_rejections = self.source.select(request, snapshot)
-        timings[self.source.TYPE] = timer() - start
-        model = request.model
+        decisions = self._decisions
+        self._decisions = decisions + 1
+        timer = self.timer if decisions % self.timing_every == 0 else None
+        timings: dict[str, int] = {}
+        source = self.source
+        if timer is None:
+            base, eager_rejections = source.select(request, snapshot)
+        else:
+            start = timer()
+            base, eager_rejections = source.select(request, snapshot)
+            timings[source.TYPE] = timer() - start
         view = request_view(request, snapshot, base)
-        columns = self._columns(compiled, snapshot, model, base)
+        columns = self._columns(compiled, snapshot, request.model, base)
         lazy: list[LazyRejections] = []
 
         # None while every candidate is still alive (the common case: no mask work at all).
         alive: BoolArray | None = None
         count = len(base)
-        for k, (plugin, may_empty) in enumerate(compiled.narrowing):
-            start = timer()
-            cols = columns[k]
-            keep = plugin.keep(view, cols)
-            timings[plugin.TYPE] = timer() - start
+        for (plugin, may_empty), cols in zip(compiled.narrowing, columns, strict=False):
+            if timer is None:
+                keep = plugin.keep(view, cols)
+            else:
+                start = timer()
+                keep = plugin.keep(view, cols)
+                timings[plugin.TYPE] = timer() - start
             if keep is not None:
                 narrowed = keep if alive is None else alive & keep
                 kept = int(np.count_nonzero(narrowed))
                 # A matcher that would leave nothing is ignored (it only narrows).
                 if kept != count and (kept or may_empty):
-                    dropped = ~keep if alive is None else alive & ~keep
-                    lazy.append(LazyRejections(plugin, view, cols, np.flatnonzero(dropped).tolist()))
+                    lazy.append(build_frozen(LazyRejections, {
+                        "plugin": plugin, "view": view, "cols": cols, "keep": keep, "alive": alive}))
                     alive, count = narrowed, kept
 
         if count == 0:
-            return Decision(
-                request_id=request.request_id, decided_at=snapshot.now, policy=policy.name,
-                fleet=snapshot.candidates, survivor_index=(), order=(), totals=(), scorer_names=(), units=(),
-                rates=(), rates_written=(), quantities=(), eager_rejections=tuple(eager_rejections),
-                lazy_rejections=tuple(lazy), fallbacks=store_fallbacks(snapshot), energy_ranking=False,
-                plugin_timings_ns=timings,
-            )
+            return build_frozen(Decision, {
+                "request_id": request.request_id, "decided_at": snapshot.now, "policy": policy.name,
+                "fleet": snapshot.candidates, "survivor_index": (), "order": (), "totals": (), "scorer_names": (),
+                "units": (), "rates": (), "rates_written": (), "quantities": (),
+                "eager_rejections": tuple(eager_rejections), "lazy_rejections": tuple(lazy),
+                "fallbacks": store_fallbacks(snapshot), "energy_ranking": False, "energy_inputs": None,
+                "plugin_timings_ns": timings,
+            })
 
-        positions: Positions = slice(None) if alive is None else np.flatnonzero(alive)
+        positions: Positions = slice(None) if alive is None else alive.nonzero()[0]
         fallbacks: list[Fallback] = list(store_fallbacks(snapshot))
         energy_ranking = snapshot.energy_routing_enabled
         if not energy_ranking:
@@ -241,47 +267,49 @@ class Scheduler:
         ranking = None
         if energy_ranking:
             ranking = self._evaluate(primary, columns[narrowing:narrowing + len(primary)], view, positions, count,
-                                     klass, fallbacks, timings, primary=True)
+                                     klass, fallbacks, timings, timer, primary=True)
         if ranking is None:
             energy_ranking = False
             ranking = self._evaluate(compiled.plan.fallback, columns[narrowing + len(primary):], view, positions,
-                                     count, klass, fallbacks, timings, primary=False)
+                                     count, klass, fallbacks, timings, timer, primary=False)
             assert ranking is not None
         survivor_index = base[positions]
-        order = self.picker.pick(ranking.totals, self._tiebreak(request, view, positions))
+        totals = ranking.totals
+        order = self.picker.pick(totals, self._tiebreak(request, view, positions))
         best = snapshot.candidates[survivor_index[order[0]]]
-        decision = Decision(
-            request_id=request.request_id,
-            decided_at=snapshot.now,
-            policy=policy.name,
-            fleet=snapshot.candidates,
-            survivor_index=survivor_index,
-            order=order,
-            totals=ranking.totals,
-            scorer_names=ranking.names,
-            units=ranking.units,
-            rates=ranking.rates,
-            rates_written=ranking.written,
-            quantities=ranking.quantities,
-            eager_rejections=tuple(eager_rejections),
-            lazy_rejections=tuple(lazy),
-            fallbacks=tuple(fallbacks),
-            energy_ranking=energy_ranking,
-            energy_inputs=(snapshot.perf[best.index].energy, request.prompt_tokens, request.cached_tokens,
-                           request.max_tokens),
-            plugin_timings_ns=timings,
-        )
+        decision: Decision = build_frozen(Decision, {
+            "request_id": request.request_id,
+            "decided_at": snapshot.now,
+            "policy": policy.name,
+            "fleet": snapshot.candidates,
+            "survivor_index": survivor_index,
+            "order": order,
+            "totals": totals,
+            "scorer_names": ranking.names,
+            "units": ranking.units,
+            "rates": ranking.rates,
+            "rates_written": ranking.written,
+            "quantities": ranking.quantities,
+            "eager_rejections": tuple(eager_rejections),
+            "lazy_rejections": tuple(lazy),
+            "fallbacks": tuple(fallbacks),
+            "energy_ranking": energy_ranking,
+            "energy_inputs": (snapshot.perf[best.index].energy, request.prompt_tokens, request.cached_tokens,
+                              request.max_tokens),
+            "plugin_timings_ns": timings,
+        })
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request %s: chose %s (cost %.3g USD) of %d; objective %s; fallbacks %s; plugin ns %s",
-                request.request_id, best.key, float(ranking.totals[order[0]]), len(order),
+                request.request_id, best.key, float(totals[order[0]]), len(order),
                 "primary" if energy_ranking else "fallback", [f.signal for f in fallbacks], timings,
             )
         return decision
 
     def _evaluate(
         self, terms: tuple[Term, ...], columns: tuple[Any, ...], view: RequestView, positions: Positions, count: int,
-        klass: int, fallbacks: list[Fallback], timings: dict[str, int], primary: bool,
+        klass: int, fallbacks: list[Fallback], timings: dict[str, int], timer: Callable[[], int] | None,
+        primary: bool,
     ) -> _Ranking | None:
         """The quantities of ``terms``' scorers over the survivors and each survivor's cost;
         None when an energy-layer scorer of the primary objective abstained (the fallback
@@ -291,9 +319,12 @@ class Scheduler:
         mask = 0
         for bit, (term, cols) in enumerate(zip(terms, columns, strict=False)):
             scorer = term.scorer
-            start = self.timer()
-            result = scorer.score(view, cols, positions)
-            timings[scorer.TYPE] = self.timer() - start
+            if timer is None:
+                result = scorer.score(view, cols, positions)
+            else:
+                start = timer()
+                result = scorer.score(view, cols, positions)
+                timings[scorer.TYPE] = timer() - start
             if isinstance(result, Abstain):
                 fallbacks.append(Fallback(result.signal, scorer.TYPE, result.age_s, result.max_age_s, result.detail))
                 if primary and scorer.ENERGY_LAYER:
@@ -304,8 +335,8 @@ class Scheduler:
             mask |= 1 << bit
         labels = self._labels(terms, mask, answered, klass)
         quantities = np.array(rows, dtype=np.float64).reshape(len(rows), count)
-        totals: FloatArray = _costs(labels.rates, quantities) if rows else np.zeros(count)
-        if not math.isfinite(float(np.add.reduce(totals))):
+        totals = _costs(labels.rates, quantities) if rows else np.zeros(count)
+        if not math.isfinite(np.add.reduce(totals)):
             # Rare: drop the scorers that gave a non-finite quantity (recorded as fallbacks).
             row_finite: BoolArray = np.all(np.isfinite(quantities), axis=1)
             finite = [bool(ok) for ok in row_finite]
@@ -345,6 +376,7 @@ class Scheduler:
     def _tiebreak(self, request: Request, view: RequestView, positions: Positions) -> HashArray:
         """A per-candidate key mixing the candidate's key hash with the request id's: exact
         ties fall differently for different requests, and never depend on the others."""
-        salt = np.uint64(zlib.crc32(request.request_id.encode(), self._salt))
-        keys: HashArray = (view.key_hash[positions] ^ salt) * _MIX
+        salt = zlib.crc32(request.request_id.encode(), self._salt)
+        keys: HashArray = np.bitwise_xor(view.key_hash[positions], salt, dtype=np.uint64)
+        keys *= _MIX  # a new array (``bitwise_xor`` made it), not the frame's
         return keys

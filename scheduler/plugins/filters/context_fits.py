@@ -11,6 +11,7 @@ Reads: request.prompt_tokens, request.max_tokens, the candidates' KV capacity (s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -26,6 +27,11 @@ TYPE = "context-fits"
 class Columns:
     kv_capacity: FloatArray
 
+    @cached_property
+    def smallest(self) -> float:
+        """The least KV capacity of these candidates: a request that needs no more fits all."""
+        return float(self.kv_capacity.min()) if len(self.kv_capacity) else float("inf")
+
 
 @dataclass(frozen=True)
 class ContextFitsFilter(Plugin):
@@ -37,6 +43,8 @@ class ContextFitsFilter(Plugin):
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         need = view.request.prompt_tokens + view.request.max_tokens
+        if need <= cols.smallest:
+            return None
         keep: BoolArray = cols.kv_capacity >= need
         return keep
 

@@ -40,7 +40,16 @@ class ModelAvailableFilter(Plugin):
     LIFETIME: ClassVar[Lifetime | None] = "static"
 
     def select(self, request: Request, snapshot: FleetSnapshot) -> tuple[IndexArray, tuple[Rejection, ...]]:
-        return by_model(snapshot).get(request.model, _NONE), _rejections(snapshot, request.model)
+        model = request.model
+        cache = snapshot.column_cache
+        entry = cache.get(("model-select", model))
+        if isinstance(entry, tuple) and entry[0] is snapshot.candidates:
+            selected: tuple[IndexArray, tuple[Rejection, ...]] = entry[1]
+            return selected
+        selected = by_model(snapshot).get(model, _NONE), _rejections(snapshot, model)
+        if len(selected[0]):  # once per served model (not per name a client sends)
+            cache[("model-select", model)] = (snapshot.candidates, selected)
+        return selected
 
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
         cands = snapshot.candidates

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -34,6 +35,14 @@ class Columns:
     # per snapshot candidate: None (served) or why not
     verdicts: tuple[Reason | None, ...]
 
+    @cached_property
+    def smallest_context(self) -> float:
+        """The least live context limit when every one of these candidates is served (a
+        request that needs no more is kept by all), else -inf."""
+        if not len(self.served) or not self.served.all():
+            return -math.inf if len(self.served) else math.inf
+        return float(self.live_context.min())
+
 
 @dataclass(frozen=True)
 class PoolServedFilter(Plugin):
@@ -50,6 +59,8 @@ class PoolServedFilter(Plugin):
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         need = view.request.prompt_tokens + view.request.max_tokens
+        if need <= cols.smallest_context:
+            return None
         keep: BoolArray = cols.served & (cols.live_context >= need)
         return keep
 

@@ -44,6 +44,8 @@ class Columns:
     region: IndexArray
     # per region: None (may take requests) or why not
     verdicts: tuple[Verdict, ...]
+    # every region may take requests
+    all_healthy: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,10 @@ class RegionHealthFilter(Plugin):
         position = {name: i for i, name in enumerate(names)}
         region = np.asarray([position[c.region.name] for c in snapshot.candidates], dtype=np.intp)
         healthy = np.asarray([v is None for v in verdicts], dtype=bool)[region]
-        return Columns(healthy, region, verdicts)
+        return Columns(healthy, region, verdicts, all(v is None for v in verdicts))
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
-        return cols.healthy
+        return None if cols.all_healthy else cols.healthy
 
     def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
         verdict = cols.verdicts[int(cols.region[position])]

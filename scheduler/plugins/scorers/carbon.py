@@ -12,6 +12,7 @@ candidates and not others would favour the unknown ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -33,6 +34,11 @@ class Columns:
     # per candidate: its region's position in ``why``; per region: why its signal is unusable
     region: IndexArray
     why: tuple[Abstain | None, ...]
+
+    @cached_property
+    def all_usable(self) -> bool:
+        """Every one of these candidates' signals is usable (so any survivors' are)."""
+        return bool(self.usable.all())
 
 
 @dataclass(frozen=True)
@@ -62,11 +68,12 @@ class CarbonScorer(Plugin):
         return Columns(np.asarray(factors, dtype=np.float64)[region_of], usable, region_of, tuple(why))
 
     def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
-        usable = cols.usable[positions]
-        if not usable.all():
-            worst = int(np.flatnonzero(~usable)[0])
-            problem = cols.why[int(cols.region[positions][worst])]
-            assert problem is not None
-            return problem
+        if not cols.all_usable:
+            usable = cols.usable[positions]
+            if not usable.all():
+                worst = int(np.flatnonzero(~usable)[0])
+                problem = cols.why[int(cols.region[positions][worst])]
+                assert problem is not None
+                return problem
         grams: FloatArray = view.energy_j[positions] * cols.g_per_j[positions]
         return grams
