@@ -174,7 +174,7 @@ class SnapshotRefresher:
             energy_routing_enabled=self._energy_routing,
         )
         status = self.status
-        return dataclasses.replace(
+        built = dataclasses.replace(
             snapshot,
             store=StoreStatus(status.reachable, status.last_success_at, self._live_since, status.last_error,
                               status.recovered_at),
@@ -184,6 +184,10 @@ class SnapshotRefresher:
             # Health verdicts are cached per live_key: new inputs, a new key.
             live_key=object(),
         )
+        # Computed here, once: every dispatch's snapshot is a shallow copy of this one
+        # (``with_pending``) and would otherwise compute it again for each request.
+        _ = built.candidates_by_model, built.pools
+        return built
 
     def _last_seen(self) -> dict[str, float]:
         """Per region: the later of its last-seen record and the state we hold."""
