@@ -17,7 +17,15 @@ from scheduler.energy.model import EnergyModel
 from scheduler.energy.models import MODEL_CATALOGUE
 from scheduler.energy.profile_model import ProfileEnergyModel
 from scheduler.energy.step import GPU_MEMORY_UTILIZATION, RatedCosts, mean_context, predict
-from scheduler.types import Candidate, CandidatePerf, FleetSnapshot, PoolLiveState, RegionLiveState, Signal
+from scheduler.types import (
+    Candidate,
+    CandidatePerf,
+    FleetSnapshot,
+    PoolLiveState,
+    RegionLiveState,
+    Signal,
+    build_frozen,
+)
 
 
 @dataclass(frozen=True)
@@ -104,8 +112,12 @@ class SnapshotBuilder:
             self.energy_model.rated_costs(c.model, c.gpu, c.deployment.precision, c.deployment.tensor_parallel)
             for c in self.candidates
         )
+        # per region (``regions`` order): its candidates
+        self._by_region: tuple[tuple[Candidate, ...], ...] = tuple(
+            tuple(c for c in self.candidates if c.region.name == region.name) for region in self.regions)
         self._perf_memo: dict[tuple[int, PoolLiveState | None], CandidatePerf] = {}
-        self._last: tuple[tuple[object, ...], tuple[CandidatePerf, ...]] | None = None
+        # the fresh pool states per region of the last build, and its perf tuple
+        self._last: tuple[list[Mapping[str, PoolLiveState] | None], tuple[CandidatePerf, ...]] | None = None
 
     def build(
         self,
@@ -114,30 +126,54 @@ class SnapshotBuilder:
         live: Mapping[str, RegionLiveState] | None = None,
         energy_routing_enabled: bool = True,
     ) -> FleetSnapshot:
+        """The snapshot at ``now``. A candidate's ``CandidatePerf`` is recomputed (or taken from
+        the memo) only when its region's fresh pool states differ from the last build's; the
+        perf tuple itself is the last one while no region's do."""
         live = live or {}
-        fresh = {region.name: self._fresh_pools(live.get(region.name), now) for region in self.regions}
-        key = tuple(fresh.values())
-        if self._last is not None and self._last[0] == key:
-            perf = self._last[1]
+        max_age = self.policy.max_age.region_state
+        fresh: list[Mapping[str, PoolLiveState] | None] = []
+        for region in self.regions:
+            state = live.get(region.name)
+            fresh.append(None if state is None or now - state.observed_at > max_age else state.pools)
+        last = self._last
+        if last is None:
+            perf = self._in_fleet_order(fresh)
         else:
-            perf = tuple(self._memo_perf(c, fresh[c.region.name]) for c in self.candidates)
-            self._last = (key, perf)
-        return FleetSnapshot(
-            now=now,
-            policy=self.policy,
-            regions=self.regions,
-            candidates=self.candidates,
-            perf=perf,
-            carbon=dict(carbon or {}),
-            live=dict(live),
-            energy_routing_enabled=energy_routing_enabled,
-            column_cache=self.column_cache,
-        )
+            before, perf = last
+            changed: list[CandidatePerf] | None = None
+            for r, pools in enumerate(fresh):
+                was = before[r]
+                if pools is was or (pools is not None and was is not None and pools == was):
+                    continue
+                if changed is None:
+                    changed = list(perf)
+                for c in self._by_region[r]:
+                    changed[c.index] = self._memo_perf(c, pools)
+            if changed is not None:
+                perf = tuple(changed)
+        self._last = (fresh, perf)
+        snapshot: FleetSnapshot = build_frozen(FleetSnapshot, {
+            "now": now,
+            "policy": self.policy,
+            "regions": self.regions,
+            "candidates": self.candidates,
+            "perf": perf,
+            "carbon": dict(carbon or {}),
+            "live": dict(live),
+            "energy_routing_enabled": energy_routing_enabled,
+            "store": None,
+            "probes": {},
+            "last_seen": {},
+            "live_since": None,
+            "pending_wait_s": None,
+            "live_key": object(),
+            "column_cache": self.column_cache,
+        })
+        return snapshot
 
-    def _fresh_pools(self, state: RegionLiveState | None, now: float) -> Mapping[str, PoolLiveState] | None:
-        if state is None or now - state.observed_at > self.policy.max_age.region_state:
-            return None
-        return state.pools
+    def _in_fleet_order(self, fresh: list[Mapping[str, PoolLiveState] | None]) -> tuple[CandidatePerf, ...]:
+        region_of = {region.name: r for r, region in enumerate(self.regions)}
+        return tuple(self._memo_perf(c, fresh[region_of[c.region.name]]) for c in self.candidates)
 
     def _memo_perf(self, c: Candidate, pools: Mapping[str, PoolLiveState] | None) -> CandidatePerf:
         pool_state = None if pools is None else pools.get(c.pool.name)

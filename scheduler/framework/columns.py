@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.types import Candidate, CandidatePerf, FleetSnapshot
+from scheduler.types import Candidate, CandidatePerf, FleetSnapshot, build_frozen
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -138,11 +138,13 @@ def _perf(perf: tuple[CandidatePerf, ...], last: tuple[tuple[CandidatePerf, ...]
             prediction = columns["prediction"].copy()
             queue_wait_s = columns["queue_wait_s"].copy()
             live = columns["live"].copy()
-            at = np.asarray(changed, dtype=np.intp)
             changed_perf = [perf[i] for i in changed]
-            prediction[_rows_of(at, n)] = _prediction_block(changed_perf)
-            queue_wait_s[at] = [p.queue_wait_s for p in changed_perf]
-            live[at] = [p.live for p in changed_perf]
+            coefficients = [_coefficients(p) for p in changed_perf]
+            # rows k x n + i, PREDICTIONS-major, as in ``Frame.prediction``
+            prediction[[k * n + i for k in range(len(PREDICTIONS)) for i in changed]] = [
+                c[k] for k in range(len(PREDICTIONS)) for c in coefficients]
+            queue_wait_s[changed] = [p.queue_wait_s for p in changed_perf]
+            live[changed] = [p.live for p in changed_perf]
             return {"prediction": prediction, "queue_wait_s": queue_wait_s, "live": live}
     return {
         "prediction": _prediction_block(list(perf)),
@@ -174,6 +176,31 @@ def by_model(snapshot: FleetSnapshot) -> Mapping[str, IndexArray]:
     return result
 
 
+def region_members(snapshot: FleetSnapshot) -> tuple[tuple[Candidate, ...], ...] | None:
+    """Per region (``snapshot.regions`` order): its candidates, when the candidate tuple is
+    those runs one after the other (as the snapshot builder enumerates them), else None (once
+    per candidate tuple; for plugins that judge region by region)."""
+    def compute() -> tuple[tuple[Candidate, ...], ...] | None:
+        members = tuple(tuple(c for c in snapshot.candidates if c.region.name == r.name) for r in snapshot.regions)
+        in_order = tuple(c for group in members for c in group) == snapshot.candidates
+        return members if in_order else None
+
+    members: tuple[tuple[Candidate, ...], ...] | None = _cached(
+        snapshot.column_cache, ("region-members",), snapshot.candidates, compute)
+    return members
+
+
+def region_positions(snapshot: FleetSnapshot) -> IndexArray:
+    """Per candidate of the whole fleet: its region's position in ``snapshot.regions`` (once
+    per candidate tuple; for plugins that judge regions and spread the verdicts)."""
+    def compute() -> IndexArray:
+        position = {r.name: i for i, r in enumerate(snapshot.regions)}
+        return np.asarray([position[c.region.name] for c in snapshot.candidates], dtype=np.intp)
+
+    positions: IndexArray = _cached(snapshot.column_cache, ("region-positions",), snapshot.candidates, compute)
+    return positions
+
+
 def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
     """The framework's columns restricted to ``index`` (the candidates of ``model``)."""
     cache = snapshot.column_cache
@@ -199,15 +226,15 @@ def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
         perf = _perf(snapshot.perf, None if previous is None else (previous[0], previous[1]))
         cache[("frame-perf",)] = (snapshot.perf, perf, candidates)
     static_columns, prediction_rows, rtt_memo = restricted
-    result = Frame(
-        model=model,
-        index=index,
+    result = build_frozen(Frame, {
+        "model": model,
+        "index": index,
         **static_columns,
-        prediction=perf["prediction"][prediction_rows],
-        queue_wait_s=perf["queue_wait_s"][index],
-        live=perf["live"][index],
-        rtt_memo=rtt_memo,
-    )
+        "prediction": perf["prediction"][prediction_rows],
+        "queue_wait_s": perf["queue_wait_s"][index],
+        "live": perf["live"][index],
+        "rtt_memo": rtt_memo,
+    })
     if len(index):  # a model nobody serves (any name a client sends) is not worth a cache entry
         cache[key] = (snapshot.candidates, snapshot.perf, result)
     return result
@@ -241,9 +268,14 @@ def prepared(plugin: Prepares, snapshot: FleetSnapshot, model: str, index: Index
     else:
         columns = plugin.prepare(snapshot)
         cache[full_key] = (plugin, anchor, columns)
-    restricted = restrict(columns, index, len(snapshot.candidates))
+    if isinstance(entry, tuple) and entry[0] is plugin and entry[3] is columns and entry[4] is index:
+        # prepare gave the very columns it gave before (a plugin may keep them while its
+        # inputs are unchanged): so is their restriction
+        restricted = entry[2]
+    else:
+        restricted = restrict(columns, index, len(snapshot.candidates))
     if len(index):  # as in ``frame``: no entry per unserved model name
-        cache[key] = (plugin, anchor, restricted)
+        cache[key] = (plugin, anchor, restricted, columns, index)
     return restricted
 
 
@@ -252,16 +284,24 @@ def restrict(columns: Any, index: IndexArray, n: int) -> Any:
     them is indexed; other fields are kept."""
     if columns is None or not dataclasses.is_dataclass(columns) or isinstance(columns, type):
         return columns
+    names = _FIELDS.get(type(columns))
+    if names is None:
+        names = _FIELDS[type(columns)] = tuple(f.name for f in dataclasses.fields(columns))
     changes: dict[str, Any] = {}
-    for f in dataclasses.fields(columns):
-        value = getattr(columns, f.name)
-        if isinstance(value, np.ndarray) and value.ndim >= 1 and len(value) == n:
-            changes[f.name] = value[index]
+    for name in names:
+        value = getattr(columns, name)
+        if isinstance(value, np.ndarray):
+            if value.ndim >= 1 and len(value) == n:
+                changes[name] = value[index]
         elif isinstance(value, Mapping) and value and all(
             isinstance(v, np.ndarray) and len(v) == n for v in value.values()
         ):
-            changes[f.name] = {k: v[index] for k, v in value.items()}
+            changes[name] = {k: v[index] for k, v in value.items()}
     return dataclasses.replace(columns, **changes) if changes else columns
+
+
+# Columns class -> its dataclass field names (restrict reads them for every live column).
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def memo(snapshot: FleetSnapshot, key: object, anchor: object, compute: Any) -> Any:

@@ -136,8 +136,9 @@ class _Compiled:
     # (plugin, may leave nothing): the hard filters, then the policy's matchers
     narrowing: tuple[tuple[Filter, bool], ...]
     # Every plugin whose columns a decision may read, in this order: the narrowing plugins,
-    # the primary objective's scorers, the fallback objective's.
+    # the primary objective's scorers, the fallback objective's; and their LIFETIMEs.
     prepares: tuple[Filter | Scorer, ...]
+    lifetimes: tuple[str | None, ...]
 
 
 @dataclass
@@ -190,7 +191,7 @@ class Scheduler:
             narrowing = (*((f, True) for f in self.filters), *((m, False) for m in plan.matchers))
             prepares: tuple[Filter | Scorer, ...] = (
                 *(p for p, _ in narrowing), *(t.scorer for t in plan.primary), *(t.scorer for t in plan.fallback))
-            compiled = _Compiled(policy, plan, narrowing, prepares)
+            compiled = _Compiled(policy, plan, narrowing, prepares, tuple(p.LIFETIME for p in prepares))
             self._compiled[id(policy)] = compiled
         return compiled
 
@@ -200,12 +201,22 @@ class Scheduler:
         cache = snapshot.column_cache
         key = ("plan-columns", id(compiled), model)
         entry = cache.get(key)
-        if isinstance(entry, tuple) and entry[0] is compiled and entry[1] is snapshot.live_key:
-            columns: tuple[Any, ...] = entry[2]
-            return columns
+        if isinstance(entry, tuple) and entry[0] is compiled:
+            if entry[1] is snapshot.live_key:
+                columns: tuple[Any, ...] = entry[2]
+                return columns
+            if entry[3] is snapshot.candidates:
+                # Another build of the same fleet: only the columns whose inputs may differ.
+                same_perf = entry[4] is snapshot.perf
+                columns = tuple(
+                    kept if lifetime is None or lifetime == "static" or (lifetime == "perf" and same_perf)
+                    else prepared(plugin, snapshot, model, base)
+                    for plugin, lifetime, kept in zip(compiled.prepares, compiled.lifetimes, entry[2], strict=True))
+                cache[key] = (compiled, snapshot.live_key, columns, snapshot.candidates, snapshot.perf)
+                return columns
         columns = tuple(prepared(plugin, snapshot, model, base) for plugin in compiled.prepares)
         if len(base):  # no entry per unserved model name (any name a client sends)
-            cache[key] = (compiled, snapshot.live_key, columns)
+            cache[key] = (compiled, snapshot.live_key, columns, snapshot.candidates, snapshot.perf)
         return columns
 
     def schedule(self, request: Request, snapshot: FleetSnapshot) -> Decision:

@@ -52,6 +52,8 @@ class SimDataLayer:
         # region -> the last time it published (its state may be unchanged since the build)
         self._last_publish: dict[str, float] = {}
         self.pending = PendingDispatches()
+        # region -> the pool states it last published and the mapping made of them
+        self._states: dict[str, tuple[tuple[PoolLiveState, ...], Mapping[str, PoolLiveState]]] = {}
 
     def snapshot(self, now: float) -> FleetSnapshot:
         """The snapshot a router would hold at ``now`` (rebuilt when older than refresh_s).
@@ -64,8 +66,9 @@ class SimDataLayer:
         if snap is not None and now - snap.now < self.refresh_s:
             return self.pending.apply(snap)
         carbon = self.carbon.published(now)
-        live = {region: tuple(pool.live(now) for pool in pools) for region, pools in self._pools.items()
-                if region not in self.down}
+        down = self.down
+        live = {region: tuple([pool.live(now) for pool in pools]) for region, pools in self._pools.items()
+                if region not in down}
         for region in live:
             self._last_publish[region] = now
         self.pending.settle_regions(dict.fromkeys(live, now), now)
@@ -79,9 +82,16 @@ class SimDataLayer:
             if last is not None and self._last_publish.get(region, 0.0) > last.observed_at:
                 published[region] = dataclasses.replace(last, observed_at=self._last_publish[region])
         for region, pool_states in live.items():
-            states = dict(self._idle[region])
-            for pool, state in zip(self._pools[region], pool_states, strict=True):
-                states[pool.candidate.pool.name] = state
+            # The same mapping while the region's pool states are the same (the snapshot
+            # builder then reuses its candidates' predictions).
+            kept = self._states.get(region)
+            if kept is not None and kept[0] == pool_states:
+                states = kept[1]
+            else:
+                states = dict(self._idle[region])
+                for pool, state in zip(self._pools[region], pool_states, strict=True):
+                    states[pool.candidate.pool.name] = state
+                self._states[region] = (pool_states, states)
             published[region] = RegionLiveState(region, True, now, states)
         snap = self.builder.build(now, carbon, published)
         self._snapshot, self._inputs = snap, inputs

@@ -103,6 +103,12 @@ class PoolSim:
     def live(self, now: float) -> PoolLiveState:
         """What the pool publishes at ``now`` (the same object while nothing changed); the
         rates cover the interval since the previous call."""
+        live = self._live
+        if (not self._arrivals and not self.totals.changed and self._window_start is not None
+                and not live.arrival_rate and not live.prompt_tokens_rate):
+            # Idle since the last call, rates at 0: the averages stay 0, the state as it was.
+            self._window_start = now
+            return live
         window = None if self._window_start is None else now - self._window_start
         self._window_start = now
         arrival_rate, prompt_rate = self._live.arrival_rate, self._live.prompt_tokens_rate

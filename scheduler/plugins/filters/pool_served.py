@@ -20,9 +20,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, FloatArray
+from scheduler.framework.columns import BoolArray, FloatArray, region_members
 from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
-from scheduler.types import Candidate, FleetSnapshot
+from scheduler.types import Candidate, FleetSnapshot, RegionLiveState
 
 TYPE = "pool-served"
 
@@ -50,12 +50,25 @@ class PoolServedFilter(Plugin):
     LIFETIME: ClassVar[Lifetime | None] = "live"
 
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        judged = [_judge(snapshot, c) for c in snapshot.candidates]
-        return Columns(
-            np.asarray([verdict is None for verdict, _ in judged], dtype=bool),
-            np.asarray([context for _, context in judged], dtype=np.float64),
-            tuple(verdict for verdict, _ in judged),
-        )
+        members = region_members(snapshot)
+        if members is None:
+            fresh = {r.name: snapshot.fresh_live(r.name) for r in snapshot.regions}
+            judged = [_judge_in(fresh[c.region.name], c) for c in snapshot.candidates]
+            return Columns(
+                np.asarray([verdict is None for verdict, _ in judged], dtype=bool),
+                np.asarray([context for _, context in judged], dtype=np.float64),
+                tuple(verdict for verdict, _ in judged),
+            )
+        served: list[bool] = []
+        contexts: list[float] = []
+        verdicts: list[Reason | None] = []
+        for region, candidates in zip(snapshot.regions, members, strict=True):
+            region_served, region_contexts, region_verdicts = _judge_region(
+                snapshot, snapshot.fresh_live(region.name), region.name, candidates)
+            served += region_served
+            contexts += region_contexts
+            verdicts += region_verdicts
+        return Columns(np.asarray(served, dtype=bool), np.asarray(contexts, dtype=np.float64), tuple(verdicts))
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         need = view.request.prompt_tokens + view.request.max_tokens
@@ -72,8 +85,32 @@ class PoolServedFilter(Plugin):
         return "{:,} tokens exceed the served context limit {:,}", (need, int(cols.live_context[position]))
 
 
+def _judge_region(
+    snapshot: FleetSnapshot, state: RegionLiveState | None, region: str, candidates: tuple[Candidate, ...],
+) -> tuple[list[bool], list[float], list[Reason | None]]:
+    """The verdicts on a region's candidates given its fresh live state, judged again only
+    when the state's pool mapping is another object than the last one judged (a state
+    republished unchanged keeps its mapping)."""
+    if state is None or not state.pools:
+        return [True] * len(candidates), [math.inf] * len(candidates), [None] * len(candidates)
+    cache = snapshot.column_cache
+    key = ("pool-served", region)
+    entry = cache.get(key)
+    if isinstance(entry, tuple) and entry[0] is state.pools and entry[1] is candidates:
+        judged: tuple[list[bool], list[float], list[Reason | None]] = entry[2]
+        return judged
+    verdicts = [_judge_in(state, c) for c in candidates]
+    judged = [v is None for v, _ in verdicts], [context for _, context in verdicts], [v for v, _ in verdicts]
+    cache[key] = (state.pools, candidates, judged)
+    return judged
+
+
 def _judge(snapshot: FleetSnapshot, candidate: Candidate) -> tuple[Reason | None, float]:
-    state = snapshot.fresh_live(candidate.region.name)
+    return _judge_in(snapshot.fresh_live(candidate.region.name), candidate)
+
+
+def _judge_in(state: RegionLiveState | None, candidate: Candidate) -> tuple[Reason | None, float]:
+    """The verdict on ``candidate`` given its region's fresh live state (None: not fresh)."""
     if state is None or not state.pools:
         return None, math.inf
     pool = state.pools.get(candidate.pool.name)

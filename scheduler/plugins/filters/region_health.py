@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, IndexArray
+from scheduler.framework.columns import BoolArray, IndexArray, memo, region_positions
 from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
 from scheduler.types import FleetSnapshot, RegionLiveState
 
@@ -54,12 +54,15 @@ class RegionHealthFilter(Plugin):
     LIFETIME: ClassVar[Lifetime | None] = "live"
 
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        names = [r.name for r in snapshot.regions]
-        verdicts = tuple(region_verdict(snapshot, name) for name in names)
-        position = {name: i for i, name in enumerate(names)}
-        region = np.asarray([position[c.region.name] for c in snapshot.candidates], dtype=np.intp)
+        verdicts = tuple(region_verdicts(snapshot))
+        region = region_positions(snapshot)
+        if all(v is None for v in verdicts):
+            # The same columns for every snapshot of the fleet in which all regions are healthy.
+            every: Columns = memo(snapshot, ("region-health-all",), snapshot.candidates, lambda: Columns(
+                np.ones(len(snapshot.candidates), dtype=bool), region, verdicts, True))
+            return every
         healthy = np.asarray([v is None for v in verdicts], dtype=bool)[region]
-        return Columns(healthy, region, verdicts, all(v is None for v in verdicts))
+        return Columns(healthy, region, verdicts, False)
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         return None if cols.all_healthy else cols.healthy
@@ -67,6 +70,28 @@ class RegionHealthFilter(Plugin):
     def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
         verdict = cols.verdicts[int(cols.region[position])]
         return verdict if verdict is not None else ("healthy", ())
+
+
+def region_verdicts(snapshot: FleetSnapshot) -> list[Verdict]:
+    """``region_verdict`` of every region (``snapshot.regions`` order), with what they share
+    looked up once: while the store answers and no recovery is recent, a region whose state is
+    fresh and healthy may take requests, and any other is judged by ``_by_state``."""
+    store = snapshot.store
+    now = snapshot.now
+    max_age = snapshot.policy.max_age.region_state
+    if snapshot.store_outage_s is not None or (
+        store is not None and store.reachable and store.recovered_at is not None and now - store.recovered_at <= max_age
+    ):
+        return [region_verdict(snapshot, r.name) for r in snapshot.regions]
+    live = snapshot.live
+    verdicts: list[Verdict] = []
+    for r in snapshot.regions:
+        state = live.get(r.name)
+        if state is not None and state.healthy and now - state.observed_at <= max_age:
+            verdicts.append(None)
+        else:
+            verdicts.append(_by_state(snapshot, r.name))
+    return verdicts
 
 
 def region_verdict(snapshot: FleetSnapshot, region: str) -> Verdict:

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, FloatArray, IndexArray
+from scheduler.framework.columns import BoolArray, FloatArray, IndexArray, region_positions
 from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
 from scheduler.signal_check import signal_problem
 from scheduler.types import FleetSnapshot
@@ -53,8 +53,8 @@ class CarbonScorer(Plugin):
         max_age = snapshot.policy.max_age.carbon
         factors: list[float] = []
         why: list[Abstain | None] = []
-        for region in snapshot.regions:
-            signal = snapshot.carbon.get(region.grid_zone)
+        signals = tuple(snapshot.carbon.get(region.grid_zone) for region in snapshot.regions)
+        for region, signal in zip(snapshot.regions, signals, strict=True):
             problem: Abstain | None = None
             if signal is None:
                 problem = Abstain("carbon", None, max_age, f"no carbon signal for zone {region.grid_zone}")
@@ -62,10 +62,22 @@ class CarbonScorer(Plugin):
                 problem = Abstain("carbon", found.age_s, max_age, f"zone {region.grid_zone}: {found.reason}")
             why.append(problem)
             factors.append(0.0 if problem is not None or signal is None else signal.value * region.pue / J_PER_KWH)
-        position = {r.name: i for i, r in enumerate(snapshot.regions)}
-        region_of = np.asarray([position[c.region.name] for c in snapshot.candidates], dtype=np.intp)
+        region_of = region_positions(snapshot)
+        every_usable = all(w is None for w in why)
+        if every_usable:
+            # Every signal usable: the columns are those of the last snapshot with the same
+            # signal objects (the hourly values stay while the hour does).
+            cache = snapshot.column_cache
+            kept = cache.get(("carbon-usable", self))
+            if (isinstance(kept, tuple) and kept[0] is snapshot.candidates and kept[1] is snapshot.regions
+                    and all(a is b for a, b in zip(kept[2], signals, strict=True))):
+                same: Columns = kept[3]
+                return same
         usable = np.asarray([w is None for w in why], dtype=bool)[region_of]
-        return Columns(np.asarray(factors, dtype=np.float64)[region_of], usable, region_of, tuple(why))
+        columns = Columns(np.asarray(factors, dtype=np.float64)[region_of], usable, region_of, tuple(why))
+        if every_usable:
+            snapshot.column_cache[("carbon-usable", self)] = (snapshot.candidates, snapshot.regions, signals, columns)
+        return columns
 
     def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
         if not cols.all_usable:
