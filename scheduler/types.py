@@ -289,6 +289,8 @@ class Rejection:
 
 
 class RejectionGroup(Protocol):
+    def __len__(self) -> int: ...
+
     def materialize(self) -> list[Rejection]: ...
 
 
@@ -375,6 +377,11 @@ class Decision:
     def ranked_candidates(self) -> tuple[Candidate, ...]:
         """Best first: the order dispatch tries them in (failover walks down this list)."""
         return tuple(self.fleet[self.survivor_index[i]] for i in self.order)
+
+    @property
+    def rejected_count(self) -> int:
+        """How many candidates were rejected (without formatting their reasons)."""
+        return len(self.eager_rejections) + sum(len(group) for group in self.lazy_rejections)
 
     @cached_property
     def rejected(self) -> tuple[Rejection, ...]:

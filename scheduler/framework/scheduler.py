@@ -97,6 +97,9 @@ class LazyRejections:
         positions: list[int] = dropped.nonzero()[0].tolist()
         return positions
 
+    def __len__(self) -> int:
+        return len(self.positions)
+
     def materialize(self) -> list[Rejection]:
         candidates = self.view.snapshot.candidates
         base = self.view.base

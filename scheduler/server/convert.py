@@ -252,13 +252,13 @@ def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming)
         prompt_tokens=incoming_.request.prompt_tokens,
         prompt_tokens_estimated=incoming_.prompt_tokens_estimated,
         ranked_total=len(decision.order),
+        rejected_total=decision.rejected_count,
     )
     if full:
         rejected = decision.rejected
         message.rejected.extend(
             pb.Rejection(region=r.candidate.region.name, pool=r.candidate.pool.name, plugin=r.plugin, reason=r.reason)
             for r in rejected[:MAX_LISTED])
-        message.rejected_total = len(rejected)
         timings = message.plugin_timings_ns
         for name, ns in decision.plugin_timings_ns.items():
             timings[name] = ns

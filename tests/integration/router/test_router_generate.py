@@ -14,8 +14,10 @@ from scheduler.client import (
     UnavailableError,
     UnschedulableError,
 )
+from scheduler.server.app import RunningRouter
 from scheduler.state import keys as store_keys
 from scheduler.state.memory_store import MemoryStore
+from scheduler.v1.messages_pb2 import Decision
 
 from .conftest import Fleet, RouterFactory
 
@@ -62,9 +64,20 @@ async def test_a_stream_carries_the_decision_it_asks_for(stub_fleet: Fleet, make
     assert len(summary.decision.ranked) == 1 and summary.decision.ranked_total > 1
     assert summary.decision.ranked[0].quantities and summary.decision.ranked[0].HasField("energy")
     assert not summary.decision.rejected and not summary.decision.plugin_timings_ns
+    assert summary.decision.rejected_total == 0  # every region allowed: nothing rejected
+    eu_summary = await _eu_summary(router)
+    assert not eu_summary.rejected and eu_summary.rejected_total > 0  # counted, not listed
     for decision in (full.decision, routed):
         assert len(decision.ranked) == decision.ranked_total > 1
-        assert decision.rejected_total == len(decision.rejected) > 0  # us-east: residency
+        assert decision.rejected_total == len(decision.rejected) == eu_summary.rejected_total  # us-east: residency
+
+
+async def _eu_summary(router: RunningRouter) -> Decision:
+    async with AsyncSchedulerClient(f"127.0.0.1:{router.port}") as client:
+        generation = client.generate(PROMPT, model="llama-3.1-8b", max_tokens=2, jurisdictions=["EU"])
+        await generation.text()
+    assert generation.decision is not None
+    return generation.decision
 
 
 async def test_chat_and_model_energy_when_the_region_reports_none(stub_fleet: Fleet,
