@@ -23,6 +23,8 @@ import dataclasses
 import zlib
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from itertools import compress
+from operator import is_not
 from typing import Any, Protocol
 
 import numpy as np
@@ -131,7 +133,7 @@ def _perf(perf: tuple[CandidatePerf, ...], last: tuple[tuple[CandidatePerf, ...]
     n = len(perf)
     if last is not None and len(last[0]) == n:
         previous, columns = last
-        changed = [i for i, (now, then) in enumerate(zip(perf, previous, strict=True)) if now is not then]
+        changed = list(compress(range(n), map(is_not, perf, previous)))
         if len(changed) * 2 < n:
             if not changed:
                 return columns

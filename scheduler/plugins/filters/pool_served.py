@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, FloatArray, region_members
+from scheduler.framework.columns import BoolArray, FloatArray, memo, region_members
 from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
 from scheduler.types import Candidate, FleetSnapshot, RegionLiveState
 
@@ -59,15 +59,27 @@ class PoolServedFilter(Plugin):
                 np.asarray([context for _, context in judged], dtype=np.float64),
                 tuple(verdict for verdict, _ in judged),
             )
+        by_region = [_judge_region(snapshot, snapshot.fresh_live(region.name), region.name, candidates)
+                     for region, candidates in zip(snapshot.regions, members, strict=True)]
+        if all(j is None for j in by_region):
+            # Every candidate served, no live context limit: the same columns for every such
+            # snapshot of the fleet.
+            n = len(snapshot.candidates)
+            every: Columns = memo(snapshot, ("pool-served-all",), snapshot.candidates, lambda: Columns(
+                np.ones(n, dtype=bool), np.full(n, math.inf), (None,) * n))
+            return every
         served: list[bool] = []
         contexts: list[float] = []
         verdicts: list[Reason | None] = []
-        for region, candidates in zip(snapshot.regions, members, strict=True):
-            region_served, region_contexts, region_verdicts = _judge_region(
-                snapshot, snapshot.fresh_live(region.name), region.name, candidates)
-            served += region_served
-            contexts += region_contexts
-            verdicts += region_verdicts
+        for region_judged, candidates in zip(by_region, members, strict=True):
+            if region_judged is None:
+                served += [True] * len(candidates)
+                contexts += [math.inf] * len(candidates)
+                verdicts += [None] * len(candidates)
+            else:
+                served += region_judged[0]
+                contexts += region_judged[1]
+                verdicts += region_judged[2]
         return Columns(np.asarray(served, dtype=bool), np.asarray(contexts, dtype=np.float64), tuple(verdicts))
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
@@ -87,20 +99,23 @@ class PoolServedFilter(Plugin):
 
 def _judge_region(
     snapshot: FleetSnapshot, state: RegionLiveState | None, region: str, candidates: tuple[Candidate, ...],
-) -> tuple[list[bool], list[float], list[Reason | None]]:
-    """The verdicts on a region's candidates given its fresh live state, judged again only
-    when the state's pool mapping is another object than the last one judged (a state
-    republished unchanged keeps its mapping)."""
+) -> tuple[list[bool], list[float], list[Reason | None]] | None:
+    """The verdicts on a region's candidates given its fresh live state (None: every one
+    served, with no live context limit), judged again only when the state's pool mapping is
+    another object than the last one judged (a state republished unchanged keeps its mapping)."""
     if state is None or not state.pools:
-        return [True] * len(candidates), [math.inf] * len(candidates), [None] * len(candidates)
+        return None
     cache = snapshot.column_cache
     key = ("pool-served", region)
     entry = cache.get(key)
     if isinstance(entry, tuple) and entry[0] is state.pools and entry[1] is candidates:
-        judged: tuple[list[bool], list[float], list[Reason | None]] = entry[2]
-        return judged
+        kept: tuple[list[bool], list[float], list[Reason | None]] | None = entry[2]
+        return kept
     verdicts = [_judge_in(state, c) for c in candidates]
-    judged = [v is None for v, _ in verdicts], [context for _, context in verdicts], [v for v, _ in verdicts]
+    judged: tuple[list[bool], list[float], list[Reason | None]] | None = (
+        [v is None for v, _ in verdicts], [context for _, context in verdicts], [v for v, _ in verdicts])
+    if all(v is None and context == math.inf for v, context in verdicts):
+        judged = None
     cache[key] = (state.pools, candidates, judged)
     return judged
 
