@@ -256,6 +256,13 @@ def start_all(settings: Settings, processes: Processes) -> Setup:
     for name, endpoint in zip(BENCH_REGIONS, backends, strict=False):
         raw = shipped[name].model_copy(update={"endpoint": endpoint}).model_dump(mode="json")
         (regions_dir / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+    # The stub backends publish no live state: the bench's policy trusts a region it has never
+    # seen (the shipped default does so only for the router's first 30 s).
+    policies_dir = work / "policies"
+    policies_dir.mkdir()
+    default = load_checked_fleet().policy("default").model_dump(mode="json")
+    default["unknown_region_state"] = {**default["unknown_region_state"], "missing": "assume-healthy"}
+    (policies_dir / "default.yaml").write_text(yaml.safe_dump(default))
     keygen = build_parser().parse_args(["tickets", "keygen", "--regions", str(regions_dir)])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -267,7 +274,7 @@ def start_all(settings: Settings, processes: Processes) -> Setup:
     keys_file.chmod(0o600)
     router = processes.spawn("router", [
         sys.executable, "-m", "scheduler.cli", "router", "--host", "127.0.0.1", "--port", "0",
-        "--regions", str(regions_dir), "--state", "memory", "--rate-limit", "1000000",
+        "--regions", str(regions_dir), "--policies", str(policies_dir), "--state", "memory", "--rate-limit", "1000000",
         "--ticket-keys", str(keys_file), "--grace", "1", "--http-port", "0",
         # A loopback benchmark: no API keys (the router warns), no per-tenant stream cap in reach.
         "--insecure", "--max-streams-per-tenant", "100000"])
