@@ -44,6 +44,7 @@ from scheduler.server.rate_limit import SharedRateLimiter
 from scheduler.server.region_receipts import RegionReceiptIngest
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
 from scheduler.server.stream_slots import StreamSlots
+from scheduler.server.tracing import RouterTracing
 from scheduler.state.store import StateStore
 from scheduler.tickets import TicketKeyRing
 from scheduler.types import EnergyReceipt, Request
@@ -130,6 +131,8 @@ class RouterDeps:
     tickets: TicketIssuer | None = None
     # How many ranked candidates a Route answer carries tickets for (direct mode).
     direct_targets: int = 3
+    # Request traces (OpenTelemetry), this router's own provider; off (no provider) by default.
+    tracing: RouterTracing = field(default_factory=RouterTracing)
     # The largest request gRPC accepts (a 4 MiB prompt and its envelope); larger: RESOURCE_EXHAUSTED.
     max_message_bytes: int = 8 * 2**20
     # HTTP/2 streams one client connection may have open at once.
@@ -151,8 +154,8 @@ class RouterDeps:
             sink(receipt)
 
     def lifecycle(self) -> list[BackgroundTask]:
-        """Start order; stopped in reverse."""
-        return [self.refresher, self.audit, self.limiter, *self.background]
+        """Start order; stopped in reverse (tracing last: the final streams' spans are flushed)."""
+        return [self.tracing, self.refresher, self.audit, self.limiter, *self.background]
 
 
 def build_deps(
@@ -228,7 +231,7 @@ def create_server(
     """The gRPC server with every service, bound to ``address`` (``127.0.0.1:0``: any free port);
     not started. ``health``: the health servicer to serve (a new one, NOT_SERVING, if None)."""
     server = grpc.aio.server(
-        interceptors=[EdgeInterceptor(lambda: deps.keys, deps.limiter, deps.metrics, deps.slots)],
+        interceptors=[EdgeInterceptor(lambda: deps.keys, deps.limiter, deps.metrics, deps.slots, deps.tracing)],
         options=[("grpc.so_reuseport", 1 if deps.reuse_port else 0), ("grpc.keepalive_permit_without_calls", 1),
                  ("grpc.max_receive_message_length", deps.max_message_bytes),
                  ("grpc.max_concurrent_streams", deps.max_concurrent_streams)],

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,12 @@ def register(sub: Any) -> None:
     router.add_argument("--max-stream-s", type=float, default=600.0,
                         help="longest a Generate stream may last, whatever the client's deadline; past it "
                              "the stream ends with DEADLINE_EXCEEDED and a partial receipt (0: no limit; default 600)")
+    router.add_argument("--otlp-endpoint", metavar="URL",
+                        help="export request traces (OpenTelemetry) to this OTLP collector over http/protobuf, "
+                             "e.g. http://collector:4318 (needs the `otlp` extra; default: tracing off; "
+                             "docs/tracing.md)")
+    router.add_argument("--otlp-service-name", default="carbon-scheduler-router",
+                        help="service.name of the exported traces (default carbon-scheduler-router)")
     router.set_defaults(handler=_router)
 
     tickets = sub.add_parser("tickets", help="manage the regions' dispatch-ticket keys")
@@ -114,12 +121,20 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.server.auth import KeyRing
     from scheduler.server.keys_reload import KeysReloader
     from scheduler.server.stream_slots import StreamSlots
+    from scheduler.server.tracing import RouterTracing
     from scheduler.state.factory import open_store
     from scheduler.tickets import TicketKeyRing, TicketKeysError
 
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
         print("--tls-cert and --tls-key go together; --tls-client-ca needs them", file=sys.stderr)
         return 2
+    if args.otlp_endpoint:
+        from scheduler.server.tracing import TracingUnavailable, otlp_traces_url
+        try:
+            otlp_traces_url(args.otlp_endpoint)
+        except TracingUnavailable as exc:
+            print(exc, file=sys.stderr)
+            return 2
     if args.workers != 1:
         return _supervise(args)
     try:
@@ -160,6 +175,11 @@ def _router(args: argparse.Namespace) -> int:
         print(f"no --ticket-keys (or ${KEYS_FILE_ENV}): make them with `scheduler tickets keygen`, "
               "or pass --insecure-no-tickets for development", file=sys.stderr)
         return 2
+    tracing = RouterTracing()
+    if args.otlp_endpoint:
+        # One exporter per worker process, each its own service instance.
+        tracing = RouterTracing.otlp(args.otlp_endpoint, args.otlp_service_name,
+                                     instance_id=f"{socket.gethostname()}:{os.getpid()}")
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     backend = "memory" if args.state == "memory" else "redis"
     store = open_store(args.state, args.namespace)
@@ -167,6 +187,7 @@ def _router(args: argparse.Namespace) -> int:
                       rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
                       metrics_port=args.metrics_port, ticket_keys=ticket_keys)
     deps.direct_targets = args.direct_targets
+    deps.tracing = tracing
     deps.metrics_host = args.metrics_host
     deps.http_port, deps.http_host = args.http_port, args.http_host
     if args.worker_index is not None:

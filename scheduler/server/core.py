@@ -27,8 +27,14 @@ from scheduler.server import convert
 from scheduler.server.auth import Principal, scope_jurisdictions
 from scheduler.server.dispatch import RegionStream, TextDelta
 from scheduler.server.receipt import ReceiptInputs, build_receipt
+from scheduler.server.tracing import NO_TRACE, RequestTrace, decision_attributes, receipt_attributes, request_attributes
 from scheduler.types import Candidate, Decision, EnergyReceipt, FleetSnapshot
 from scheduler.v1 import messages_pb2
+
+# gRPC cancels a call at its deadline on its own timer, and the deadline we hold was read from
+# ``time_remaining()`` a moment before the stream started: a cancellation this close to the
+# client's deadline is the deadline, not the client leaving.
+DEADLINE_CLOCK_SLACK_S = 0.05
 
 if TYPE_CHECKING:
     from scheduler.server.app import RouterDeps
@@ -84,6 +90,7 @@ class ProxyRun:
     stream: RegionStream
     started: float
     client_deadline: float | None
+    trace: RequestTrace = NO_TRACE
     receipt: EnergyReceipt | None = None
     failure: errors.SchedulerError | None = None
     _booked: bool = field(default=False, init=False)
@@ -122,7 +129,8 @@ class ProxyRun:
                 # after text went out: the client cannot get a receipt any more, but the ledger
                 # and the audit do. Booked before any await, so a stopping router's ledger
                 # drains it.
-                passed = self.client_deadline is not None and deps.monotonic() >= self.client_deadline
+                passed = (self.client_deadline is not None
+                          and deps.monotonic() >= self.client_deadline - DEADLINE_CLOCK_SLACK_S)
                 self._book("deadline" if passed else "cancelled")
         deps.active_streams -= 1
         deltas, self._deltas = self._deltas, None
@@ -131,6 +139,8 @@ class ProxyRun:
         await self.stream.aclose()
         if self.stream.failovers:
             deps.metrics.inc("scheduler_router_failovers_total", amount=len(self.stream.failovers))
+        if self.trace.recording:
+            self.trace.span.set_attribute("scheduler.failovers", len(self.stream.failovers))
 
     def _book(self, end_reason: str) -> EnergyReceipt | None:
         """Build and book this stream's receipt once; None when no region answered (no text)."""
@@ -140,6 +150,8 @@ class ProxyRun:
         if self._booked or candidate is None:
             return None
         deps = self.deps
+        trace = self.trace
+        span = trace.child("scheduler.receipt")
         receipt = build_receipt(ReceiptInputs(
             decision_id=self.decision_id,
             request_id=self.incoming.request.request_id,
@@ -159,6 +171,11 @@ class ProxyRun:
         ))
         self._booked = True
         deps.book(receipt)
+        if trace.recording:
+            attributes = receipt_attributes(receipt, stream.finish_reason)
+            span.set_attributes(attributes)
+            trace.span.set_attributes(attributes)
+        span.end()
         return receipt
 
 
@@ -166,34 +183,43 @@ class RouterCore:
     def __init__(self, deps: RouterDeps) -> None:
         self.deps = deps
 
-    def decide(self, principal: Principal, msg: messages_pb2.GenerateRequest,
+    def decide(self, principal: Principal, msg: messages_pb2.GenerateRequest, trace: RequestTrace = NO_TRACE,
                ) -> tuple[FleetSnapshot, convert.Incoming, Decision]:
         """Validate, decide, count the dispatch; ``Unschedulable`` when nothing survives."""
-        tenant = msg.tenant or principal.tenant
-        if tenant != principal.tenant and not principal.admin:
-            raise errors.PermissionDenied(f"a key of tenant {principal.tenant!r} cannot act for {convert.show(tenant)}")
-        deps = self.deps
-        snapshot = deps.refresher.current()
-        incoming = convert.incoming(msg, tenant, snapshot)
-        # A key bound to jurisdictions narrows (or fills in) where the request may run.
-        allowed = scope_jurisdictions(principal, sorted(incoming.request.allowed_jurisdictions))
-        if frozenset(allowed) != incoming.request.allowed_jurisdictions:
-            incoming = dataclasses.replace(incoming, request=dataclasses.replace(
-                incoming.request, allowed_jurisdictions=frozenset(allowed)))
-        decision = deps.scheduler.schedule(incoming.request, snapshot)
-        deps.metrics.decision(decision)
-        if not decision.schedulable:
-            raise unschedulable(decision)
+        with trace.child("scheduler.decide") as span:
+            tenant = msg.tenant or principal.tenant
+            if tenant != principal.tenant and not principal.admin:
+                raise errors.PermissionDenied(
+                    f"a key of tenant {principal.tenant!r} cannot act for {convert.show(tenant)}")
+            deps = self.deps
+            snapshot = deps.refresher.current()
+            incoming = convert.incoming(msg, tenant, snapshot)
+            # A key bound to jurisdictions narrows (or fills in) where the request may run.
+            allowed = scope_jurisdictions(principal, sorted(incoming.request.allowed_jurisdictions))
+            if frozenset(allowed) != incoming.request.allowed_jurisdictions:
+                incoming = dataclasses.replace(incoming, request=dataclasses.replace(
+                    incoming.request, allowed_jurisdictions=frozenset(allowed)))
+            if trace.recording:
+                trace.span.set_attributes(request_attributes(incoming))
+            decision = deps.scheduler.schedule(incoming.request, snapshot)
+            deps.metrics.decision(decision)
+            if trace.recording:
+                span.set_attributes(decision_attributes(decision))
+            if not decision.schedulable:
+                raise unschedulable(decision)
         # Route answers send the client there too (direct mode): both count as dispatched.
         deps.refresher.record_dispatch(snapshot, decision.ranked_candidates[0], incoming.request)
         return snapshot, incoming, decision
 
-    def route(self, principal: Principal, msg: messages_pb2.GenerateRequest) -> Routed:
+    def route(self, principal: Principal, msg: messages_pb2.GenerateRequest, trace: RequestTrace = NO_TRACE,
+              ) -> Routed:
         """The decision and, when the router signs tickets, the top ranked candidates with one
         each: the client may dispatch itself, after the same admission as a proxied stream."""
-        snapshot, incoming, decision = self.decide(principal, msg)
+        snapshot, incoming, decision = self.decide(principal, msg, trace)
         decision_id = uuid.uuid4().hex
         deps = self.deps
+        if trace.recording:
+            trace.span.set_attribute("scheduler.decision_id", decision_id)
         issuer = deps.tickets
         if issuer is None:
             return Routed(decision_id, snapshot, incoming, decision, ())
@@ -209,15 +235,18 @@ class RouterCore:
         )
         return Routed(decision_id, snapshot, incoming, decision, targets)
 
-    def proxy(self, principal: Principal, msg: messages_pb2.GenerateRequest, remaining_s: float | None) -> ProxyRun:
+    def proxy(self, principal: Principal, msg: messages_pb2.GenerateRequest, remaining_s: float | None,
+              trace: RequestTrace = NO_TRACE) -> ProxyRun:
         """A stream to run (``async with``): decided and admitted here, dispatched on entry.
-        ``remaining_s``: the client's deadline from now (None: none)."""
+        ``remaining_s``: the client's deadline from now (None: none); ``trace``: the request's."""
         deps = self.deps
         started = deps.monotonic()
-        snapshot, incoming, decision = self.decide(principal, msg)
+        snapshot, incoming, decision = self.decide(principal, msg, trace)
         for admit in deps.admission:
             admit(incoming.request)
         decision_id = uuid.uuid4().hex
+        if trace.recording:
+            trace.span.set_attribute("scheduler.decision_id", decision_id)
         tenant = incoming.request.tenant
         issuer = deps.tickets
         ticket_for: Callable[[Candidate], str] | None = None if issuer is None else issuer.signer(
@@ -226,5 +255,5 @@ class RouterCore:
         client_deadline = None if remaining_s is None else started + remaining_s
         # The stream's deadline: the client's, capped by the router's max_stream_s.
         stream = deps.dispatcher.stream(decision, incoming.call, client_deadline,
-                                        {"decision_id": decision_id, "tenant": tenant}, ticket_for)
-        return ProxyRun(deps, decision_id, snapshot, incoming, decision, stream, started, client_deadline)
+                                        {"decision_id": decision_id, "tenant": tenant}, ticket_for, trace)
+        return ProxyRun(deps, decision_id, snapshot, incoming, decision, stream, started, client_deadline, trace)

@@ -36,6 +36,7 @@ import orjson
 
 from scheduler import errors
 from scheduler.http.client import HttpClient, HttpError, Response
+from scheduler.server.tracing import NO_TRACE, RequestTrace, attempt_failed, attempt_span, usage_attributes
 from scheduler.sse import DONE_BYTES, MalformedEvent, SseParser, choice_text, openai_error, parse_event
 from scheduler.tickets import HEADER as TICKET_HEADER
 from scheduler.types import Candidate, Decision
@@ -97,6 +98,8 @@ class RegionStream:
     clock: Callable[[], float] = time.monotonic
     # The signed dispatch ticket for a candidate (None: regions run without tickets).
     ticket_for: Callable[[Candidate], str] | None = None
+    # The request's trace: a span per attempt, its context to the region in ``traceparent``.
+    trace: RequestTrace = NO_TRACE
     candidate: Candidate | None = None
     usage: Mapping[str, Any] | None = None
     energy: Mapping[str, Any] | None = None
@@ -106,6 +109,8 @@ class RegionStream:
     current: Candidate | None = None
     # SSE events with text relayed to the client (about one token each; see the module doc).
     content_events: int = 0
+    # The region's last finish reason ("stop", "length", ...; empty: none yet).
+    finish_reason: str = ""
     _deltas: AsyncGenerator[TextDelta, None] | None = field(default=None, init=False, repr=False)
     _first: asyncio.Future[TextDelta | None] | None = field(default=None, init=False, repr=False)
 
@@ -182,20 +187,33 @@ class RegionStream:
         headers = {"content-type": "application/json"}
         if self.ticket_for is not None:
             headers[TICKET_HEADER] = self.ticket_for(candidate)
+        trace = self.trace
+        span = attempt_span(trace, candidate, url, self.call.path, len(self.failovers))
+        trace.inject(span, headers)
         try:
-            async with self.client.stream("POST", url, body=orjson.dumps(body), headers=headers,
-                                          connect_timeout_s=self._timeout(settings.connect_timeout_s),
-                                          read_timeout_s=self._timeout(settings.read_timeout_s)) as response:
-                if response.status != 200:
-                    await self._reject(response)
-                async for delta in self._relay(response):
-                    yield delta
-        except TimeoutError as exc:
-            if self.deadline_s is not None and self.clock() >= self.deadline_s:
-                raise self._deadline_exceeded("") from None
-            raise _RegionFailed(f"timeout ({exc})") from None
-        except HttpError as exc:
-            raise _RegionFailed(f"{type(exc).__name__}: {exc}") from None
+            try:
+                async with self.client.stream("POST", url, body=orjson.dumps(body), headers=headers,
+                                              connect_timeout_s=self._timeout(settings.connect_timeout_s),
+                                              read_timeout_s=self._timeout(settings.read_timeout_s)) as response:
+                    if trace.recording:
+                        span.set_attribute("http.response.status_code", response.status)
+                    if response.status != 200:
+                        await self._reject(response)
+                    async for delta in self._relay(response):
+                        yield delta
+            except TimeoutError as exc:
+                if self.deadline_s is not None and self.clock() >= self.deadline_s:
+                    raise self._deadline_exceeded("") from None
+                raise _RegionFailed(f"timeout ({exc})") from None
+            except HttpError as exc:
+                raise _RegionFailed(f"{type(exc).__name__}: {exc}") from None
+            if trace.recording:
+                span.set_attributes(usage_attributes(self.usage, self.finish_reason))
+        except BaseException as exc:
+            attempt_failed(span, exc)
+            raise
+        finally:
+            span.end()
 
     async def _reject(self, response: Response) -> None:
         raw = await response.read()
@@ -237,6 +255,8 @@ class RegionStream:
             if text or (finish and done):
                 if self.first_text_at is None and text:
                     self.first_text_at = self.clock()
+                if finish:
+                    self.finish_reason = finish
                 yield TextDelta(text, finish)
                 finish = ""
         if not done:
@@ -302,15 +322,16 @@ class RegionDispatcher:
                                  read_timeout_s=self.settings.read_timeout_s, user_agent="carbon-scheduler-router")
 
     def stream(self, decision: Decision, call: RegionCall, deadline_s: float | None,
-               x_scheduler: Mapping[str, str], ticket_for: Callable[[Candidate], str] | None = None) -> RegionStream:
+               x_scheduler: Mapping[str, str], ticket_for: Callable[[Candidate], str] | None = None,
+               trace: RequestTrace = NO_TRACE) -> RegionStream:
         """``deadline_s``: the client's, on this dispatcher's clock (None: none); the stream's
-        deadline is the earlier of it and ``settings.max_stream_s`` from now."""
+        deadline is the earlier of it and ``settings.max_stream_s`` from now. ``trace``: the request's."""
         limit = self.settings.max_stream_s
         if limit is not None:
             cap = self.clock() + limit
             deadline_s = cap if deadline_s is None else min(deadline_s, cap)
         return RegionStream(decision, call, self.client, self.settings, deadline_s, x_scheduler, self.clock,
-                            ticket_for)
+                            ticket_for, trace)
 
     async def start(self) -> None:
         return None

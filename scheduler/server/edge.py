@@ -8,7 +8,8 @@ slots, given back however the stream ends, then runs the servicer with the calle
 ``Principal`` available through ``current_principal()``, and (4) turns any
 ``scheduler.errors`` outcome (or an unexpected exception) into a gRPC status with
 ``google.rpc`` details (``scheduler.server.status``). Health and reflection stay open, as
-load balancers and grpcurl expect.
+load balancers and grpcurl expect. Generate and Route get the request's trace span
+(``current_trace()``; ``scheduler.server.tracing``), ended here with the call's status.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -28,6 +29,7 @@ from scheduler.server.metrics import RouterMetrics
 from scheduler.server.rate_limit import SharedRateLimiter
 from scheduler.server.status import status_for
 from scheduler.server.stream_slots import StreamSlots
+from scheduler.server.tracing import NO_TRACE, RequestTrace, RouterTracing
 from scheduler.server.wire import GENERATE_REQUEST_FIELDS, RejectedRequest, decoded, guarded
 from scheduler.v1 import messages_pb2
 
@@ -40,6 +42,10 @@ GUARDED_DESERIALIZERS = {
     method: guarded(messages_pb2.GenerateRequest.FromString, GENERATE_REQUEST_FIELDS, "scheduler.v1.GenerateRequest")
     for method in ("/scheduler.v1.GlobalRouter/Route", "/scheduler.v1.GlobalRouter/Generate")
 }
+# Methods that decide (and dispatch): one trace span each.
+TRACED_METHODS = frozenset(GUARDED_DESERIALIZERS)
+# The W3C trace context a caller may send in its metadata.
+TRACE_METADATA = ("traceparent", "tracestate")
 
 
 def _refuse_rejected(request: Any) -> None:
@@ -51,10 +57,16 @@ LOCAL_PRINCIPAL = Principal(tenant="local", admin=True)
 
 # The calling principal, set by the edge for the duration of one call (per-task context).
 _principal: contextvars.ContextVar[Principal] = contextvars.ContextVar("scheduler_principal")
+# The call's trace (NO_TRACE: not traced), likewise.
+_trace: contextvars.ContextVar[RequestTrace] = contextvars.ContextVar("scheduler_trace", default=NO_TRACE)
 
 
 def current_principal() -> Principal:
     return _principal.get()
+
+
+def current_trace() -> RequestTrace:
+    return _trace.get()
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
@@ -82,6 +94,11 @@ def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     return None
 
 
+def _trace_context(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
+    return {key: value for key, value in context.invocation_metadata() or ()
+            if key in TRACE_METADATA and isinstance(value, str)}
+
+
 Unary = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 Streaming = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
 
@@ -93,6 +110,14 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     limiter: SharedRateLimiter
     metrics: RouterMetrics
     slots: StreamSlots
+    tracing: RouterTracing = field(default_factory=RouterTracing)
+
+    def _begin(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> RequestTrace:
+        if not self.tracing.enabled or method not in TRACED_METHODS:
+            return NO_TRACE
+        trace = self.tracing.begin_rpc(method, _trace_context(context))
+        _trace.set(trace)
+        return trace
 
     async def admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
         return await admit(self.keys(), self.limiter, method, _authorization(context),
@@ -106,7 +131,8 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def _unary(self, method: str, inner: Unary) -> Unary:
         async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            code = grpc.StatusCode.OK
+            code, message = grpc.StatusCode.OK, ""
+            trace = self._begin(method, context)
             try:
                 _principal.set(await self.admit(method, context))
                 _refuse_rejected(request)
@@ -116,17 +142,19 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 raise
             except Exception as exc:
                 status = self._status(exc)
-                code = status.code
+                code, message = status.code, status.details
                 await _abort(context, status)
             finally:
                 self.metrics.request(method, code.name)
+                trace.end(code.name, message)
 
         return behavior
 
     def _streaming(self, method: str, inner: Streaming) -> Streaming:
         async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            code = grpc.StatusCode.OK
+            code, message = grpc.StatusCode.OK, ""
             slot: Principal | None = None
+            trace = self._begin(method, context)
             try:
                 principal = await self.admit(method, context)
                 _principal.set(principal)
@@ -143,12 +171,13 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 raise
             except Exception as exc:
                 status = self._status(exc)
-                code = status.code
+                code, message = status.code, status.details
                 await _abort(context, status)
             finally:
                 if slot is not None:
                     self.slots.release(slot)
                 self.metrics.request(method, code.name)
+                trace.end(code.name, message)
 
         return behavior
 

@@ -159,14 +159,17 @@ class HttpApi:
     # --- Route (Connect unary) ------------------------------------------------------------
 
     async def route(self, request: HttpRequest) -> HttpResponse:
-        code = "OK"
+        code, message = "OK", ""
+        trace = self.deps.tracing.begin_http(request.method, ROUTE_PATH, request.headers)
+        response: HttpResponse | None = None
         try:
             principal = await self._admit(request, ROUTE_PATH)
             codec = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if codec not in (PROTO, JSON):
-                return error_response(415, f"content-type must be {PROTO} or {JSON}, got {codec or 'none'!r}")
+                response = error_response(415, f"content-type must be {PROTO} or {JSON}, got {codec or 'none'!r}")
+                return response
             msg = self._route_message(request.body, codec)
-            routed = self.core.route(principal, msg)
+            routed = self.core.route(principal, msg, trace)
             answer = router_pb2.RouteResponse(
                 decision=convert.decision_to_proto(routed.decision, routed.decision_id, routed.incoming),
                 targets=[router_pb2.DirectTarget(region=t.region, pool=t.pool, model=t.model, url=t.url,
@@ -174,13 +177,18 @@ class HttpApi:
                          for t in routed.targets],
             )
             if codec == PROTO:
-                return HttpResponse(200, answer.SerializeToString(), PROTO)
-            return HttpResponse(200, json_format.MessageToJson(answer, preserving_proto_field_name=True).encode(), JSON)
+                response = HttpResponse(200, answer.SerializeToString(), PROTO)
+            else:
+                response = HttpResponse(200, json_format.MessageToJson(answer, preserving_proto_field_name=True)
+                                        .encode(), JSON)
+            return response
         except Exception as exc:
             response, code = connect_error(exc)
+            message = str(exc)
             return response
         finally:
             self.deps.metrics.request("Route", code)
+            trace.end(code, message, None if response is None else response.status)
 
     @staticmethod
     def _route_message(body: bytes, codec: str) -> messages_pb2.GenerateRequest:
@@ -222,13 +230,15 @@ class HttpApi:
 
     async def _generate(self, request: HttpRequest, chat: bool) -> HttpResponse | StreamingResponse:
         method = "openai.chat.completions" if chat else "openai.completions"
+        trace = self.deps.tracing.begin_http(request.method, request.path, request.headers)
         try:
             principal = await self._admit(request, method)
             msg, call = openai_front.generate_request(_json_body(request), request.headers, chat)
-            run = self.core.proxy(principal, msg, call.remaining_s)
+            run = self.core.proxy(principal, msg, call.remaining_s, trace)
         except Exception as exc:
             response, code = openai_error(exc)
             self.deps.metrics.request(method, code)
+            trace.end(code, str(exc), response.status)
             return response
         if call.stream:
             return StreamingResponse(200, self._sse(principal, run, call, method), headers=_stream_headers(run))
@@ -237,7 +247,7 @@ class HttpApi:
     async def _whole(self, principal: Principal, run: ProxyRun, call: openai_front.OpenAiCall,
                      method: str) -> HttpResponse:
         """Not streamed: relay into one completion object."""
-        code = "OK"
+        code, message, status = "OK", "", 200
         slots = self.deps.slots
         try:
             slots.acquire(principal)
@@ -257,22 +267,25 @@ class HttpApi:
             return HttpResponse(200, orjson.dumps(body), JSON, headers)
         except Exception as exc:
             response, code = openai_error(exc)
+            message, status = str(exc), response.status
             return response
         finally:
             self.deps.metrics.request(method, code)
+            run.trace.end(code, message, status)
 
     async def _sse(self, principal: Principal, run: ProxyRun, call: openai_front.OpenAiCall,
                    method: str) -> AsyncIterator[bytes]:
         """Streamed: OpenAI chunks, [DONE], then the receipt. A failure before the first text
         is answered with its own status (``AnswerInstead``); after it, as an error event."""
         writer = openai_front.ChunkWriter(call, run.decision_id)
-        code = "OK"
+        code, message, status = "OK", "", 200
         slots = self.deps.slots
         try:
             slots.acquire(principal)
         except errors.StreamLimited as exc:
             response, code = openai_error(exc)
             self.deps.metrics.request(method, code)
+            run.trace.end(code, str(exc), response.status)
             raise AnswerInstead(response) from None
         sent = False
         try:
@@ -283,12 +296,15 @@ class HttpApi:
                         yield writer.delta(delta)
                 except Exception as exc:
                     response, code = openai_error(exc)
+                    message = str(exc)
                     if not sent:
+                        status = response.status
                         raise AnswerInstead(response) from None
                     yield writer.error(str(exc), "server_error", _openai_mapping(exc).code)
                     return
             if run.failure is not None:
                 _, code = openai_error(run.failure)
+                message = str(run.failure)
                 yield writer.error(str(run.failure), "server_error", _openai_mapping(run.failure).code)
             else:
                 if call.include_usage:
@@ -303,6 +319,7 @@ class HttpApi:
         finally:
             slots.release(principal)
             self.deps.metrics.request(method, code)
+            run.trace.end(code, message, status)
 
 
 def _stream_headers(run: ProxyRun) -> tuple[tuple[str, str], ...]:

@@ -23,7 +23,7 @@ from scheduler import errors
 from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server import convert
 from scheduler.server.core import RouterCore
-from scheduler.server.edge import current_principal
+from scheduler.server.edge import current_principal, current_trace
 from scheduler.state import keys
 from scheduler.state.store import StateUnavailable
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
@@ -45,7 +45,7 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
         self.core = RouterCore(deps)
 
     async def Route(self, request: messages_pb2.GenerateRequest, context: Context) -> router_pb2.RouteResponse:
-        routed = self.core.route(current_principal(), request)
+        routed = self.core.route(current_principal(), request, current_trace())
         return router_pb2.RouteResponse(
             decision=convert.decision_to_proto(routed.decision, routed.decision_id, routed.incoming),
             targets=[router_pb2.DirectTarget(region=t.region, pool=t.pool, model=t.model, url=t.url, ticket=t.ticket,
@@ -55,7 +55,7 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
     async def Generate(
         self, request: messages_pb2.GenerateRequest, context: Context
     ) -> AsyncIterator[messages_pb2.GenerateResponse]:
-        run = self.core.proxy(current_principal(), request, context.time_remaining())
+        run = self.core.proxy(current_principal(), request, context.time_remaining(), current_trace())
         async with run:
             # The region request went out on entry; the decision message is built while it prefills.
             await asyncio.sleep(0)

@@ -42,9 +42,11 @@ class StubRegionSettings:
 
 @dataclass
 class StubRegionLog:
-    """What the stub received (tests read it): request bodies, without changing them."""
+    """What the stub received (tests read it): request bodies and their headers (names lower-cased),
+    without changing them; ``headers[i]`` came with ``bodies[i]``."""
 
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
 
 
 def _error(status: int, message: str, param: str | None, code: str) -> Any:  # a starlette JSONResponse
@@ -71,6 +73,7 @@ def build_app(settings: StubRegionSettings, log: StubRegionLog | None = None) ->
             return _error(400, "body is not JSON", None, "invalid_json")
         if log is not None:
             log.bodies.append(body)
+            log.headers.append(dict(request.headers))
         if settings.fail_status is not None:
             return _error(settings.fail_status, f"region {settings.name} is unwell", None, "unavailable")
         max_tokens = body.get("max_tokens")

@@ -18,6 +18,7 @@ from scheduler.ledger.budget import TenantBudget
 from scheduler.server.app import RouterDeps, RunningRouter, TlsFiles, build_deps, start_router, with_services
 from scheduler.server.auth import KeyRing, NewKey, create_key
 from scheduler.server.stub_region import StubRegion, StubRegionSettings
+from scheduler.server.tracing import RouterTracing
 from scheduler.state.memory_store import MemoryStore
 from scheduler.tickets import TicketKeyRing
 
@@ -71,13 +72,16 @@ async def make_router() -> AsyncIterator[RouterFactory]:
                    rate_limit_rps: float = 1000.0, store: MemoryStore | None = None,
                    budgets: Mapping[str, TenantBudget] | None = None,
                    metrics_port: int | None = None, http: bool = False,
-                   ticket_keys: TicketKeyRing | None = None) -> RunningRouter:
+                   ticket_keys: TicketKeyRing | None = None, tracing: RouterTracing | None = None,
+                   ) -> RunningRouter:
         fleet = load_fleet()
         deps: RouterDeps = build_deps(SnapshotBuilder(tuple(regions), fleet.policy("default")),
                                       store or MemoryStore(), "memory", keys=keys, tls=tls,
                                       rate_limit_rps=rate_limit_rps, metrics_port=metrics_port,
                                       ticket_keys=ticket_keys)
         deps.http_port = 0 if http else None
+        if tracing is not None:
+            deps.tracing = tracing
         if budgets is not None:
             with_services(deps, carbon_pollers=False, budgets=budgets)
         running = await start_router("127.0.0.1:0", deps)
