@@ -18,8 +18,11 @@ COMMAND_MODULES = (
     "scheduler.ledger.cli",
     "scheduler.decide",
     "scheduler.server.cli",
+    "scheduler.client.config_cli",
+    "scheduler.canary.cli",
     "scheduler.serve.cli",
     "scheduler.sim.cli",
+    "scheduler.deferral.cli",
     "scheduler.bench.cli",
 )
 

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from scheduler.config.schema import ModelDeployment, PolicyConfig, PoolConfig, RegionConfig
 from scheduler.energy.hardware import GpuSpec
 from scheduler.energy.models import ModelSpec
+from scheduler.energy.output_budget import OutputBudget
 from scheduler.energy.step import EnergyCoefficients, EnergyEstimate, LatencyCoefficients
 from scheduler.errors import Attempt
 
@@ -60,14 +61,18 @@ class Request:
     # Empty: no residency requirement. Otherwise the jurisdictions the request may run in.
     allowed_jurisdictions: frozenset[str] = frozenset()
     required_certifications: frozenset[str] = frozenset()
-    # None: any precision the fleet serves (subject to the sensitive-class rule).
+    # None: any precision the policy's floor for its workload class allows (docs/objective.md).
     precision: str | None = None
     task_class: str | None = None
     client_location: GeoPoint | None = None
-    # Requests sharing a prefix key can reuse each other's KV cache.
+    # Requests sharing a prefix key can reuse each other's KV cache (when the client names none,
+    # the router derives one from the prompt's first tokens: scheduler.prefix).
     prefix_key: str | None = None
-    # Prompt tokens expected to be served from the prefix cache.
+    # Prompt tokens expected to be served from the prefix cache (on every candidate; where the
+    # snapshot knows the prefix warm, the framework credits more there: docs/affinity.md).
     cached_tokens: int = 0
+    # Requests of one workflow share it (None: not part of a named workflow).
+    workflow_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +117,24 @@ class PoolLiveState:
     models: Mapping[str, int] | None = field(default=None, hash=False)
     # Replicas of the pool's deployment that are up (None: not reported).
     replicas: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPrefix:
+    """A pool where a prefix (or a workflow) is warm: the prompt tokens of it the pool's cache
+    serves, and when that was last seen (docs/affinity.md)."""
+
+    region: str
+    pool: str
+    cached_tokens: int
+    observed_at: float
+    # "hit": the region published an engine-reported prefix-cache hit for the key;
+    # "workflow": this router sent the workflow's last request there.
+    source: str = "hit"
+
+    @property
+    def place(self) -> str:
+        return f"{self.region}/{self.pool}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +212,25 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
+class CanarySplit:
+    """The canary of the snapshot's policy as routing applies it now (scheduler.canary): which
+    requests its arm decides for, whether it is on, and the arm's own snapshot."""
+
+    control: str  # the control policy (the router's)
+    arm: str  # the candidate policy
+    fraction: float
+    assign_by: str  # tenant | request_id
+    # False: rolled back, switched off, or not read from the store yet: the control decides all.
+    enabled: bool
+    # Changes at every re-enable; the windows are counted per epoch.
+    epoch: str
+    window_s: float
+    # The control's snapshot deciding under the arm's policy (its objective, the control's hard
+    # limits; scheduler.canary.policy); None while the arm is off.
+    snapshot: FleetSnapshot | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class FleetSnapshot:
     """Everything a decision may look at, frozen at ``now``.
 
@@ -227,6 +269,18 @@ class FleetSnapshot:
     # of the same builder (a cache, not an input: every entry is checked against the snapshot
     # parts it was computed from).
     column_cache: MutableMapping[object, object] = field(default_factory=dict, compare=False, repr=False)
+    # The policy's canary as applied now (None: the policy has none), and which of its arms this
+    # snapshot decides for: "" (no canary), "control", or "canary" (``canary.snapshot``).
+    canary: CanarySplit | None = field(default=None, compare=False, repr=False)
+    canary_arm: str = ""
+    # The version of the config (regions, policies, keys, budgets) this snapshot was built
+    # from: the decisions and receipts made on it record it. "": not versioned (offline tools).
+    config_version: str = ""
+    # Prefix key -> the pools whose prefix cache served it (published by the regions, fresh
+    # within policy.max_age.prefix_cache when the refresher read them); workflow id -> where
+    # this router last sent it (docs/affinity.md). Bounded by the refresher.
+    prefix_warm: Mapping[str, tuple[WarmPrefix, ...]] = field(default_factory=dict, compare=False, repr=False)
+    workflows: Mapping[str, WarmPrefix] = field(default_factory=dict, compare=False, repr=False)
 
     def age(self, observed_at: float) -> float:
         return self.now - observed_at
@@ -356,6 +410,9 @@ class Decision:
     # decisions (``Scheduler.timing_every``: a scheduler's first, then one in 16 by default),
     # empty on the others: read it as a profile over many decisions.
     plugin_timings_ns: Mapping[str, int] = field(default_factory=dict)
+    # The canary arm that decided ("control" or "canary"; "" when the policy has no canary):
+    # the snapshot's ``canary_arm``.
+    canary_arm: str = ""
 
     @cached_property
     def energy(self) -> EnergyEstimate | None:
@@ -461,3 +518,11 @@ class EnergyReceipt:
     # invalid or missing and carbon_g is a conservative bound, not a measurement.
     carbon_basis: str = ""
     carbon_intensity_g_per_kwh: float | None = None
+    # The config version of the snapshot the request was decided on ("": not versioned).
+    config_version: str = ""
+    # The canary arm that served the request ("control" or "canary"; "": no canary).
+    canary_arm: str = ""
+    # The precision of the weights that served it (bf16, fp8, int4, ...; "": not known).
+    precision: str = ""
+    # The policy's quality-per-joule max_tokens for it (None: the policy has no table for it).
+    output_budget: OutputBudget | None = None

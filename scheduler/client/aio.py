@@ -95,7 +95,7 @@ class AsyncDirectGeneration(_AsyncStream):
             received = False
             read_s = direct.read_timeout_s(self.remaining())
             try:
-                async with http.stream("POST", target.url, body=direct.region_payload(self.request, target),
+                async with http.stream("POST", target.url, body=direct.region_payload(self.request, target, routed.decision),
                                        headers=direct.headers(target), connect_timeout_s=min(2.0, read_s),
                                        read_timeout_s=read_s) as reply:
                     if reply.status != 200:
@@ -222,6 +222,14 @@ class AsyncSchedulerClient:
     async def status(self, timeout_s: float | None = None) -> admin_pb2.GetStatusResponse:
         response: admin_pb2.GetStatusResponse = await self._unary(
             self._admin.GetStatus, admin_pb2.GetStatusRequest(), timeout_s)
+        return response
+
+    async def reload_config(self, dry_run: bool = False,
+                            timeout_s: float | None = None) -> admin_pb2.ReloadConfigResponse:
+        """Have the router re-read, validate, apply and publish its config files (admin key);
+        ``ok`` false: nothing changed, ``problems`` says why (docs/hot-reload.md)."""
+        response: admin_pb2.ReloadConfigResponse = await self._unary(
+            self._admin.ReloadConfig, admin_pb2.ReloadConfigRequest(dry_run=dry_run), timeout_s)
         return response
 
     async def close(self) -> None:

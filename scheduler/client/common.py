@@ -103,6 +103,7 @@ def build_request(
     task_class: str = "",
     client_location: tuple[float, float] | None = None,
     prefix_key: str = "",
+    workflow_id: str = "",
     prompt_tokens: int | None = None,
     cached_tokens: int | None = None,
     decision_detail: str = "full",
@@ -122,6 +123,7 @@ def build_request(
                                  required_certifications=list(certifications),
                                  precision=precision, task_class=task_class),
         prefix_key=prefix_key,
+        workflow_id=workflow_id,
         decision_detail=DECISION_DETAILS[decision_detail],
     )
     if prompt is not None:

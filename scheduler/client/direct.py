@@ -24,9 +24,14 @@ from scheduler.v1 import router_pb2
 CLIENT_ERRORS = frozenset({400, 422})
 
 
-def region_body(request: pb.GenerateRequest, target: router_pb2.DirectTarget) -> dict[str, Any]:
-    """The OpenAI request the region expects: the prompt (or messages) the ticket is bound to."""
-    body: dict[str, Any] = {"model": target.model, "max_tokens": request.sampling.max_tokens, "stream": True,
+def region_body(request: pb.GenerateRequest, target: router_pb2.DirectTarget,
+                decision: pb.Decision | None = None) -> dict[str, Any]:
+    """The OpenAI request the region expects: the prompt (or messages) the ticket is bound to, at
+    the max_tokens of the decision's enforced output budget if it has one (the ticket binds it)."""
+    max_tokens = request.sampling.max_tokens
+    if decision is not None and decision.HasField("output_budget") and decision.output_budget.enforced:
+        max_tokens = decision.output_budget.max_tokens
+    body: dict[str, Any] = {"model": target.model, "max_tokens": max_tokens, "stream": True,
                             "stream_options": {"include_usage": True}, "x_scheduler": {"pool": target.pool}}
     if request.WhichOneof("input") == "chat":
         body["messages"] = [{"role": m.role, "content": m.content} for m in request.chat.messages]
@@ -41,8 +46,9 @@ def region_body(request: pb.GenerateRequest, target: router_pb2.DirectTarget) ->
     return body
 
 
-def region_payload(request: pb.GenerateRequest, target: router_pb2.DirectTarget) -> bytes:
-    return orjson.dumps(region_body(request, target))
+def region_payload(request: pb.GenerateRequest, target: router_pb2.DirectTarget,
+                   decision: pb.Decision | None = None) -> bytes:
+    return orjson.dumps(region_body(request, target, decision))
 
 
 def headers(target: router_pb2.DirectTarget) -> dict[str, str]:

@@ -92,7 +92,7 @@ class DirectGeneration(_Stream):
             stream = direct.DirectStream()
             received = False
             try:
-                with http.stream("POST", target.url, json=direct.region_body(self.request, target),
+                with http.stream("POST", target.url, json=direct.region_body(self.request, target, routed.decision),
                                  headers=direct.headers(target), timeout=direct.timeout(self.remaining())) as reply:
                     if reply.status_code != 200:
                         raise direct.region_error(target, reply.status_code, reply.read())
@@ -212,6 +212,12 @@ class SchedulerClient:
     def status(self, timeout_s: float | None = None) -> admin_pb2.GetStatusResponse:
         response: admin_pb2.GetStatusResponse = self._unary(
             self._admin.GetStatus, admin_pb2.GetStatusRequest(), timeout_s)
+        return response
+
+    def reload_config(self, dry_run: bool = False, timeout_s: float | None = None) -> admin_pb2.ReloadConfigResponse:
+        """Have the router re-read, validate, apply and publish its config files (admin key)."""
+        response: admin_pb2.ReloadConfigResponse = self._unary(
+            self._admin.ReloadConfig, admin_pb2.ReloadConfigRequest(dry_run=dry_run), timeout_s)
         return response
 
     def close(self) -> None:

@@ -3,8 +3,8 @@
 - parse:    YAML text -> a mapping (syntax errors name the file and line)
 - default:  fill the defaults that depend on other fields, visibly (never over a bad value)
 - validate: pydantic, strict; every error names the file, the field path and the bad value
-- build:    cross-file checks (unique names, at least one region and policy, each policy's
-            plugins and rates against the plugin registry) -> ``Fleet``
+- build:    cross-file checks (unique names, at least one region and policy, each canary's arm
+            another policy, each policy's plugins and rates against the plugin registry) -> ``Fleet``
 
 Every problem found is reported, not just the first, so an operator fixes a file once.
 """
@@ -203,6 +203,27 @@ def _check_unique(items: list[tuple[Path, Any]], what: str) -> list[ConfigIssue]
     return issues
 
 
+def _check_canaries(policies: list[tuple[Path, PolicyConfig]]) -> list[ConfigIssue]:
+    """Each policy's canary arm is another policy of the folder, without a canary of its own."""
+    by_name = {policy.name: policy for _, policy in policies}
+    issues = []
+    for path, policy in policies:
+        canary = policy.canary
+        if canary is None:
+            continue
+        arm = by_name.get(canary.arm)
+        if canary.arm == policy.name:
+            issues.append(ConfigIssue(str(path), "canary.arm", f"the arm must be another policy, not {policy.name!r} "
+                                                               "itself"))
+        elif arm is None:
+            known = ", ".join(sorted(name for name in by_name if name != policy.name)) or "none"
+            issues.append(ConfigIssue(str(path), "canary.arm", f"no policy named {canary.arm!r} (known: {known})"))
+        elif arm.canary is not None:
+            issues.append(ConfigIssue(str(path), "canary.arm", f"policy {canary.arm!r} has a canary of its own; an arm "
+                                                               "cannot (its canary would never run)"))
+    return issues
+
+
 def load_fleet(
     regions_dir: Path | None = None, policies_dir: Path | None = None, checker: PolicyChecker | None = None
 ) -> Fleet:
@@ -222,7 +243,7 @@ def load_fleet(
         issues.extend(exc.issues)
     try:
         policies, found = _load_all(_yaml_files(policies_dir), load_policy)
-        issues += found + _check_unique(policies, "policy")
+        issues += found + _check_unique(policies, "policy") + _check_canaries(policies)
         if checker is not None:
             for path, policy in policies:
                 issues += checker.check(policy, str(path))

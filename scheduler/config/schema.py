@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -165,6 +166,10 @@ class RegionConfig(Strict):
     carbon: CarbonSource
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
     local: LocalProfile | None = None
+    # The eco switch: each pool's GPUs run at the pool's efficient power cap (the cap that
+    # minimises J per token in the energy model, scheduler.energy.power_cap) instead of its
+    # power_cap_w (never above it). docs/power-caps.md.
+    eco: bool = False
 
     @model_validator(mode="after")
     def _unique_pools(self) -> RegionConfig:
@@ -264,6 +269,10 @@ class MaxAge(Strict):
     carbon: Duration
     region_state: Duration
     price: Duration
+    # A prefix-cache hit a region published, or this router's record of where a workflow ran:
+    # older than this, the cache may have evicted it, and no decision counts it warm
+    # (docs/affinity.md). vLLM evicts least-recently-used blocks under memory pressure.
+    prefix_cache: Duration = 120.0
 
 
 class FallbackConfig(Strict):
@@ -301,6 +310,125 @@ class SloDefaults(Strict):
     deferrable: SloClass
 
 
+# What a canary's rollback rule may bound, per arm and window.
+CANARY_METRICS = ("ttft_slo_attainment", "error_rate", "retry_rate", "energy_j_per_request", "gco2e_per_request")
+
+
+class AttainmentBounds(Strict):
+    """Bounds on the canary arm's TTFT-SLO attainment (a share, 0..1)."""
+
+    # The arm rolls back below this share, whatever the control does.
+    min: float | None = Field(default=None, ge=0, le=1)
+    # ... or when it is more than this below the control's share (points of 1: 0.05 = 5 %).
+    max_drop: float | None = Field(default=None, ge=0, le=1)
+
+
+class RateBounds(Strict):
+    """Bounds on a share of the canary arm's requests (error rate, retry rate; 0..1)."""
+
+    max: float | None = Field(default=None, ge=0, le=1)
+    # More than this above the control's share (0.02 = 2 points).
+    max_rise: float | None = Field(default=None, ge=0, le=1)
+
+
+class PerRequestBounds(Strict):
+    """Bounds on the canary arm's mean per request (J, gCO2e)."""
+
+    max: float | None = Field(default=None, gt=0)
+    # The arm's mean over the control's: 1.2 rolls back when the arm spends 20 % more.
+    max_ratio: float | None = Field(default=None, gt=0)
+
+
+class CanaryRollback(Strict):
+    """When the canary arm is turned off: a bound crossed over the last ``window`` (the current
+    window and the one before it, counted by every router in the store), judged once the arm has
+    ``min_requests`` there (and a bound relative to the control once the control has as many)."""
+
+    window: Duration
+    min_requests: int = Field(ge=1, le=1_000_000)
+    ttft_slo_attainment: AttainmentBounds | None = None
+    error_rate: RateBounds | None = None
+    retry_rate: RateBounds | None = None
+    energy_j_per_request: PerRequestBounds | None = None
+    gco2e_per_request: PerRequestBounds | None = None
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> CanaryRollback:
+        if self.window < 1.0:
+            raise ValueError(f"window must be at least 1 s (the routers read the counts every 0.5 s), "
+                             f"got {self.window:g} s")
+        metrics = {name: getattr(self, name) for name in CANARY_METRICS}
+        empty = [name for name, bounds in metrics.items()
+                 if bounds is not None and all(v is None for v in bounds.model_dump().values())]
+        if empty:
+            raise ValueError(f"{', '.join(empty)}: give at least one bound (or leave the metric out)")
+        if all(bounds is None for bounds in metrics.values()):
+            raise ValueError(f"no rollback bound: give at least one of {', '.join(CANARY_METRICS)}")
+        return self
+
+
+class CanaryConfig(Strict):
+    """A candidate policy (``arm``) on a fraction of the traffic, rolled back automatically
+    (docs/canary.md). The arm ranks by its own objective; every hard limit is the control's."""
+
+    # The candidate policy: the name of another policy file.
+    arm: Slug
+    # Of the assignment keys (0: none, 1: all) that the arm decides for while it is on.
+    fraction: float = Field(ge=0, le=1)
+    # What a request's arm is a stable hash of: its tenant (a tenant sees one arm) or its id.
+    assign_by: Literal["tenant", "request_id"] = "request_id"
+    rollback: CanaryRollback
+
+
+class QualityPoint(Strict):
+    max_tokens: int = Field(gt=0)
+    quality: float = Field(ge=0, le=1)
+
+
+class OutputBudgetTable(Strict):
+    """Quality against max_tokens for one model and task class: the operator's own evaluations
+    (the share of answers still judged good when capped at that many tokens)."""
+
+    model: ModelName
+    task_class: str = Field(min_length=1)
+    quality: tuple[QualityPoint, ...] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _rising(self) -> OutputBudgetTable:
+        tokens = [p.max_tokens for p in self.quality]
+        if tokens != sorted(set(tokens)):
+            raise ValueError(f"quality points must have strictly increasing max_tokens, got {tokens}")
+        values = [p.quality for p in self.quality]
+        if any(b < a for a, b in pairwise(values)):
+            raise ValueError(f"quality must not fall as max_tokens grows, got {values}")
+        return self
+
+    def points(self) -> tuple[tuple[int, float], ...]:
+        return tuple((p.max_tokens, p.quality) for p in self.quality)
+
+
+class OutputBudgetConfig(Strict):
+    """How the router uses the tables (scheduler/energy/output_budget.py): ``suggest`` reports the
+    utility-per-joule optimum in the decision and the receipt; ``enforce`` also caps the
+    request's max_tokens at it."""
+
+    mode: Literal["suggest", "enforce"]
+    tables: tuple[OutputBudgetTable, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> OutputBudgetConfig:
+        keys = [(t.model, t.task_class) for t in self.tables]
+        for key in keys:
+            if keys.count(key) > 1:
+                raise ValueError(f"two tables for model {key[0]!r} and task class {key[1]!r}")
+        return self
+
+    def table(self, model: str, task_class: str | None) -> OutputBudgetTable | None:
+        if task_class is None:
+            return None
+        return next((t for t in self.tables if t.model == model and t.task_class == task_class), None)
+
+
 class PolicyConfig(Strict):
     name: Slug
     description: str = ""
@@ -316,6 +444,16 @@ class PolicyConfig(Strict):
     # Workload classes a tenant's hard energy budget never blocks. Budgets bind every class
     # unless listed here explicitly; the shipped policies list none.
     critical_workload_classes: tuple[Literal["interactive", "batch", "deferrable"], ...] = ()
+    # The least faithful precision each workload class may be served at when a request names
+    # none, for energy (bf16 for a class not listed); sensitive task classes never go below bf16.
+    precision_floor: dict[Literal["interactive", "batch", "deferrable"], Precision] = Field(default_factory=dict)
+    # Quality-per-joule output budgets per model and task class (docs/objective.md); None: off.
+    output_budget: OutputBudgetConfig | None = None
+    # K: a request that names no prefix key gets one hashed from the first K tokens of its
+    # system prompt (chat) or prompt (scheduler.server.prefix, docs/affinity.md).
+    prefix_key_tokens: int = Field(default=256, ge=16, le=131072)
+    # A candidate policy on a share of the traffic, rolled back when it does worse (docs/canary.md).
+    canary: CanaryConfig | None = None
 
     def slo_for(self, workload_class: str) -> SloClass:
         slo: SloClass = getattr(self.slo, workload_class)

@@ -8,6 +8,9 @@ router sent since a region last published counts in later decisions (no herding 
 refreshes; scheduler.datalayer.pending). When the store is down (or a record is malformed) the last
 good inputs are kept and the snapshot is still rebuilt with the new ``now``, so their age
 grows and the policy's max-age limits make them stale in the open (never silently fresh).
+With a ``canary`` hook (scheduler.canary.runtime) each refresh also reads the policy's canary
+(whether its arm is on, its windows; a crossed bound rolls it back) and each snapshot carries it,
+so an arm rolled back on any router is off on this one within ``interval_s``.
 
 A store outage is not a region outage: each snapshot also carries the store's status
 (``StoreStatus``: reachable, last good read), the router's own probes of each region's
@@ -16,6 +19,13 @@ start (``live_since``). While the store is unreachable, the region-health filter
 region by its last known state plus its probe, not by the age of that state alone. The
 refresher also reads each region's last-seen record (``keys.region_seen``, no TTL, written by
 the region's publisher), so a region whose state key expired counts as stale, not never seen.
+
+Affinity (docs/affinity.md): each refresh also reads every region's prefix-warm record
+(``keys.prefix_warm``: the prefix keys its pools served with prefix-cache hits) and each
+snapshot carries them as ``prefix_warm``, only those younger than the policy's
+``max_age.prefix_cache`` and at most ``MAX_WARM_KEYS`` keys (the most recent). The router
+also keeps, from its own dispatches, where each workflow id last ran (``workflows``, at most
+``MAX_WORKFLOWS``, the same age limit).
 """
 
 from __future__ import annotations
@@ -26,23 +36,28 @@ import json
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
+from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.pending import PendingDispatches
 from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.state import codec, keys
+from scheduler.state import codec, keys, prefix_warm
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tasks import start_loop, stop_task
-from scheduler.types import Candidate, FleetSnapshot, RegionLiveState, Request, Signal, StoreStatus
+from scheduler.types import Candidate, FleetSnapshot, RegionLiveState, Request, Signal, StoreStatus, WarmPrefix
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 CARBON_KIND = "carbon_intensity"
+# Bounds of what a snapshot carries for affinity (the most recent are kept).
+MAX_WARM_KEYS = 4096
+MAX_WORKFLOWS = 10_000
 
 
 def parse_flags(raw: bytes) -> bool:
@@ -91,6 +106,15 @@ class RefresherStatus:
         return self.last_error == "" and self.last_success_at is not None
 
 
+class SnapshotHook(Protocol):
+    """Reads more of the store with each refresh and puts it into each snapshot built (the
+    policy's canary: ``scheduler.canary.runtime.CanaryRuntime``)."""
+
+    async def refresh(self, policy: PolicyConfig) -> None: ...
+
+    def attach(self, snapshot: FleetSnapshot) -> FleetSnapshot: ...
+
+
 @dataclass
 class SnapshotRefresher:
     builder: SnapshotBuilder
@@ -100,6 +124,9 @@ class SnapshotRefresher:
     interval_s: float = 0.5
     # The router's own probes of each region (None: none; routing then has only the store).
     probes: RegionProbes | None = None
+    # The policy's canary: its arm's on/off state and windows, read with every refresh (within
+    # 0.5 s of a rollback on any router) and carried by each snapshot (None: no canary).
+    canary: SnapshotHook | None = None
     status: RefresherStatus = field(default_factory=RefresherStatus, init=False)
     _carbon: dict[str, Signal] = field(default_factory=dict, init=False, repr=False)
     _live: dict[str, RegionLiveState] = field(default_factory=dict, init=False, repr=False)
@@ -107,21 +134,45 @@ class SnapshotRefresher:
     _energy_routing: bool = field(default=True, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _bad_records: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    # region -> its last prefix-warm record's entries; workflow id -> where it last ran.
+    _warm: dict[str, list[tuple[str, WarmPrefix]]] = field(default_factory=dict, init=False, repr=False)
+    _workflows: OrderedDict[str, WarmPrefix] = field(default_factory=OrderedDict, init=False, repr=False)
     pending: PendingDispatches = field(default_factory=PendingDispatches, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        regions = self.builder.regions
-        self._region_keys = {region.name: keys.region_state(region.name) for region in regions}
-        self._seen_keys = {region.name: keys.region_seen(region.name) for region in regions}
+        self._plan_reads(self.builder)
         # The router's start: never-seen regions are trusted for the policy's warm-up after it.
         self._live_since = self.clock()
+        self._snapshot = self._build()
+
+    def _plan_reads(self, builder: SnapshotBuilder) -> None:
+        """The store keys a refresh reads for ``builder``'s regions."""
+        regions = builder.regions
+        self._region_keys = {region.name: keys.region_state(region.name) for region in regions}
+        self._seen_keys = {region.name: keys.region_seen(region.name) for region in regions}
+        self._warm_keys = {region.name: keys.prefix_warm(region.name) for region in regions}
         # store key of the zone's signal -> the grid zones the scorer looks it up under
         self._signal_zones: dict[str, list[str]] = {}
         for region in regions:
             grid_zones = self._signal_zones.setdefault(keys.signal(CARBON_KIND, region.carbon.zone), [])
             if region.grid_zone not in grid_zones:
                 grid_zones.append(region.grid_zone)
-        self._snapshot = self._build()
+
+    async def use_builder(self, builder: SnapshotBuilder) -> FleetSnapshot:
+        """Serve snapshots of another config (hot reload, scheduler.server.config_reload): the
+        store is read for its regions at once and the first snapshot of it replaces the last
+        one in one step, so a request sees the old config or the new one, never a mix. What is
+        known of regions and zones that stay is kept; of those that left, dropped."""
+        self.builder = builder
+        self._plan_reads(builder)
+        names = set(self._region_keys)
+        grid_zones = {zone for zones in self._signal_zones.values() for zone in zones}
+        for known in (self._live, self._seen, self._warm):
+            for name in [name for name in known if name not in names]:
+                del known[name]
+        for zone in [zone for zone in self._carbon if zone not in grid_zones]:
+            del self._carbon[zone]
+        return await self.refresh()
 
     def current(self) -> FleetSnapshot:
         """The latest snapshot with this router's pending dispatches (no I/O: safe on the
@@ -131,7 +182,14 @@ class SnapshotRefresher:
     def record_dispatch(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request) -> None:
         """This router sent ``request`` to ``candidate``: later decisions count its work
         until the region's live state shows it (scheduler.datalayer.pending)."""
-        self.pending.record(snapshot, candidate, request, self.clock())
+        now = self.clock()
+        self.pending.record(snapshot, candidate, request, now)
+        if request.workflow_id:
+            self._workflows[request.workflow_id] = WarmPrefix(
+                candidate.region.name, candidate.pool.name, request.prompt_tokens, now, source="workflow")
+            self._workflows.move_to_end(request.workflow_id)
+            while len(self._workflows) > MAX_WORKFLOWS:
+                self._workflows.popitem(last=False)
 
     @property
     def energy_routing(self) -> bool:
@@ -140,11 +198,16 @@ class SnapshotRefresher:
     async def refresh(self) -> FleetSnapshot:
         """Read the store once and rebuild; on ``StateUnavailable`` keep the last inputs."""
         self.status.last_attempt_at = self.clock()
+        planned = self._region_keys
         region_keys = list(self._region_keys.values())
         seen_keys = list(self._seen_keys.values())
         signal_keys = list(self._signal_zones)
+        warm_keys = list(self._warm_keys.values())
         try:
-            values = await self.store.mget([*region_keys, *seen_keys, *signal_keys, keys.FLAGS])
+            values = await self.store.mget([*region_keys, *seen_keys, *signal_keys, keys.FLAGS, *warm_keys])
+            if self._region_keys is not planned:
+                # The config changed during the read (use_builder): its own refresh reads anew.
+                return self._snapshot
         except StateUnavailable as exc:
             self.status.failures += 1
             if self.status.last_error != str(exc):
@@ -155,20 +218,28 @@ class SnapshotRefresher:
             self._apply_regions(dict(zip(self._region_keys, values[:n_regions], strict=True)))
             self._apply_seen(dict(zip(self._seen_keys, values[n_regions : 2 * n_regions], strict=True)))
             self.pending.settle(self._live, self.clock())
-            self._apply_signals(dict(zip(signal_keys, values[2 * n_regions : -1], strict=True)))
-            self._apply_flags(values[-1])
+            n_signals = len(signal_keys)
+            self._apply_signals(dict(zip(signal_keys, values[2 * n_regions : 2 * n_regions + n_signals], strict=True)))
+            self._apply_flags(values[2 * n_regions + n_signals])
+            self._apply_warm(dict(zip(self._warm_keys, values[2 * n_regions + n_signals + 1:], strict=True)))
             if self.status.last_error:
                 self.status.recovered_at = self.status.last_attempt_at
                 log.warning("state store reachable again")
             self.status.last_success_at = self.status.last_attempt_at
             self.status.last_error = ""
+        if self.canary is not None:
+            try:
+                await self.canary.refresh(self.builder.policy)
+            except Exception:
+                log.exception("canary refresh failed (its arm stays as it was)")
         self.status.refreshes += 1
         self._snapshot = self._build()
         return self._snapshot
 
     def _build(self) -> FleetSnapshot:
+        now = self.clock()
         snapshot = self.builder.build(
-            now=self.clock(),
+            now=now,
             carbon=dict(self._carbon),
             live=dict(self._live),
             energy_routing_enabled=self._energy_routing,
@@ -181,12 +252,16 @@ class SnapshotRefresher:
             probes={} if self.probes is None else self.probes.results(),
             last_seen=self._last_seen(),
             live_since=self._live_since,
+            prefix_warm=self._fresh_warm(now),
+            workflows=self._fresh_workflows(now),
             # Health verdicts are cached per live_key: new inputs, a new key.
             live_key=object(),
         )
         # Computed here, once: every dispatch's snapshot is a shallow copy of this one
         # (``with_pending``) and would otherwise compute it again for each request.
         _ = built.candidates_by_model, built.pools
+        if self.canary is not None:
+            built = self.canary.attach(built)
         return built
 
     def _last_seen(self) -> dict[str, float]:
@@ -195,6 +270,43 @@ class SnapshotRefresher:
         for region, state in self._live.items():
             seen[region] = max(seen.get(region, state.observed_at), state.observed_at)
         return seen
+
+    def _apply_warm(self, raw_by_region: Mapping[str, bytes | None]) -> None:
+        for region, raw in raw_by_region.items():
+            if raw is None:
+                # Expired (TTL): the region served no hit for a while; nothing of it is warm.
+                self._warm.pop(region, None)
+                continue
+            record = self._decode(self._warm_keys[region], raw, prefix_warm.decode)
+            if record is None:
+                continue
+            if record[0] != region:
+                self._note_bad(self._warm_keys[region], f"record of region {record[0]!r}")
+                continue
+            self._warm[region] = record[1]
+
+    def _fresh_warm(self, now: float) -> dict[str, tuple[WarmPrefix, ...]]:
+        """Prefix key -> the pools where it is warm: hits younger than the policy's
+        max_age.prefix_cache (a stale one is dropped), the MAX_WARM_KEYS most recent keys."""
+        oldest = now - self.builder.policy.max_age.prefix_cache
+        by_key: dict[str, list[WarmPrefix]] = {}
+        for entries in self._warm.values():
+            for key, warm in entries:
+                if oldest <= warm.observed_at:
+                    by_key.setdefault(key, []).append(warm)
+        if len(by_key) > MAX_WARM_KEYS:
+            newest = sorted(by_key, key=lambda k: max(w.observed_at for w in by_key[k]), reverse=True)
+            by_key = {k: by_key[k] for k in newest[:MAX_WARM_KEYS]}
+        return {key: tuple(places) for key, places in by_key.items()}
+
+    def _fresh_workflows(self, now: float) -> dict[str, WarmPrefix]:
+        oldest = now - self.builder.policy.max_age.prefix_cache
+        while self._workflows:
+            first = next(iter(self._workflows.values()))
+            if first.observed_at >= oldest:
+                break
+            self._workflows.popitem(last=False)
+        return dict(self._workflows)
 
     def _apply_seen(self, raw_by_region: Mapping[str, bytes | None]) -> None:
         for region, raw in raw_by_region.items():

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.config.schema import PolicyConfig, RegionConfig
+from scheduler.config.schema import PolicyConfig, PoolConfig, RegionConfig
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.model import EnergyModel
 from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.power_cap import PoolCap, PowerCap, capped, pool_cap, power_cap
 from scheduler.energy.profile_model import ProfileEnergyModel
 from scheduler.energy.step import GPU_MEMORY_UTILIZATION, RatedCosts, mean_context, predict
 from scheduler.types import (
@@ -67,6 +68,29 @@ def kv_capacity_tokens(candidate_region: RegionConfig, pool_index: int, deployme
     return min(deployment.max_context, int(free_for_kv / model.kv_bytes_per_token_at(deployment.precision)))
 
 
+def pool_power_cap(region: RegionConfig, pool: PoolConfig, energy_model: EnergyModel) -> PoolCap:
+    """The pool's configured, efficient and effective power caps (``scheduler.energy.power_cap``):
+    with the region's eco switch on, the efficient cap (never above ``power_cap_w``)."""
+    return pool_cap(
+        GPU_CATALOGUE[pool.gpu], pool.power_cap_w, region.eco,
+        [(MODEL_CATALOGUE[d.name], d.precision, d.tensor_parallel) for d in pool.models], energy_model,
+    )
+
+
+def candidate_caps(regions: Sequence[RegionConfig], candidates: Sequence[Candidate],
+                   energy_model: EnergyModel) -> tuple[PowerCap | None, ...]:
+    """Per candidate, the power cap its replicas run under (None: the default limit, TDP).
+    Config only (the pools' ``power_cap_w``, the regions' ``eco``): the efficient cap is
+    computed only for pools of regions with eco on."""
+    targets: dict[tuple[str, str], float] = {}
+    for region in regions:
+        for pool in region.pools:
+            target = pool_power_cap(region, pool, energy_model).target_w if region.eco else pool.power_cap_w
+            targets[(region.name, pool.name)] = target
+    return tuple(power_cap(c.gpu, targets[(c.region.name, c.pool.name)], c.deployment.tensor_parallel)
+                 for c in candidates)
+
+
 def enumerate_candidates(regions: Sequence[RegionConfig]) -> tuple[Candidate, ...]:
     candidates: list[Candidate] = []
     for region in regions:
@@ -104,6 +128,9 @@ class SnapshotBuilder:
     policy: PolicyConfig
     energy_model: EnergyModel = field(default_factory=ProfileEnergyModel)
     perf: PerfAssumptions = field(default_factory=PerfAssumptions)
+    # The version of the config files the regions and policy came from (every snapshot, and
+    # so every decision and receipt, carries it; scheduler.server.config_reload). "": none.
+    config_version: str = ""
 
     def __post_init__(self) -> None:
         self.candidates = enumerate_candidates(self.regions)
@@ -112,6 +139,8 @@ class SnapshotBuilder:
             self.energy_model.rated_costs(c.model, c.gpu, c.deployment.precision, c.deployment.tensor_parallel)
             for c in self.candidates
         )
+        # Per candidate: the power cap in effect (config: power_cap_w, eco), or None (TDP).
+        self.caps: tuple[PowerCap | None, ...] = candidate_caps(self.regions, self.candidates, self.energy_model)
         # per region (``regions`` order): its candidates
         self._by_region: tuple[tuple[Candidate, ...], ...] = tuple(
             tuple(c for c in self.candidates if c.region.name == region.name) for region in self.regions)
@@ -168,6 +197,12 @@ class SnapshotBuilder:
             "pending_wait_s": None,
             "live_key": object(),
             "column_cache": self.column_cache,
+            "config_version": self.config_version,
+            # The router's refresher adds the policy's canary (scheduler.canary.runtime).
+            "canary": None,
+            "canary_arm": "",
+            "prefix_warm": {},
+            "workflows": {},
         })
         return snapshot
 
@@ -206,19 +241,26 @@ class SnapshotBuilder:
               slot wait  = (the replica is full: max_num_seqs or KV usage >= kv_full)
                            output_tokens / 2 x tpot / r (until the first of the r running
                            sequences, each half-way through its output, ends)
+
+        Under a power cap below the replica's draw at this batch (``self.caps``: the pool's
+        ``power_cap_w`` or, with the region's eco switch on, its efficient cap) the step costs
+        are the capped ones (``scheduler.energy.power_cap.capped``): slower, fewer joules.
         """
         assumptions = self.perf
         rated = self.rated[c.index]
+        cap = self.caps[c.index]
         costs = rated.costs
         replicas = replicas_of(c)
         if pool_state is None:
-            energy, latency = predict(rated, assumptions.nominal_batch, assumptions.nominal_context)
+            nominal = capped(rated, cap, assumptions.nominal_batch, assumptions.nominal_context)
+            energy, latency = predict(nominal, assumptions.nominal_batch, assumptions.nominal_context)
             return CandidatePerf(energy, latency, assumptions.nominal_batch, 0.0, live=False)
         running = pool_state.running / replicas
         waiting = pool_state.queue_depth / replicas
         batch = min(running + 1.0, float(costs.max_num_seqs))
         others = mean_context(pool_state.kv_cache_usage, costs.kv_capacity_tokens, running)
-        energy, latency = predict(rated, batch, others)
+        # A power cap binds at this operating point or not (scheduler.energy.power_cap).
+        energy, latency = predict(capped(rated, cap, batch, others), batch, others)
         arrivals = max(0.0, pool_state.arrival_rate) / replicas
         prompt = (pool_state.prompt_tokens_rate / pool_state.arrival_rate if pool_state.arrival_rate > 0
                   else assumptions.queued_prompt_tokens)

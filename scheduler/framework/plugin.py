@@ -62,6 +62,9 @@ class RequestView:
     tpot_s       = decode step time at the mid-output context
     energy_j     = the energy model's prediction for this request (scheduler.energy.step)
     live         = the pool's live state is fresh (else queue wait and batch are nominal)
+    cached_tokens = per candidate, the prompt tokens its prefix cache is credited with where the
+                   snapshot knows the request's prefix warm there (None: request.cached_tokens
+                   on every candidate; scheduler.framework.predict)
     """
 
     request: Request
@@ -75,16 +78,19 @@ class RequestView:
     live: BoolArray
     # crc32 of each candidate's key (orders exact ties; scheduler.framework.columns)
     key_hash: HashArray
+    cached_tokens: FloatArray | None = None
 
     @classmethod
     def of(
         cls, request: Request, snapshot: FleetSnapshot, base: IndexArray, rtt_s: FloatArray, queue_wait_s: FloatArray,
         ttft_s: FloatArray, tpot_s: FloatArray, energy_j: FloatArray, live: BoolArray, key_hash: HashArray,
+        cached_tokens: FloatArray | None = None,
     ) -> RequestView:
         """The same view as the constructor's, built the cheap way (once per decision)."""
         return build_frozen(cls, {
             "request": request, "snapshot": snapshot, "base": base, "rtt_s": rtt_s, "queue_wait_s": queue_wait_s,
             "ttft_s": ttft_s, "tpot_s": tpot_s, "energy_j": energy_j, "live": live, "key_hash": key_hash,
+            "cached_tokens": cached_tokens,
         })
 
 

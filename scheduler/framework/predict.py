@@ -13,28 +13,66 @@ Every prediction is linear in the request features (scheduler.framework.columns)
 
 so one matrix-vector product (the frame's (3 x candidates) x 6 coefficients by the
 features) gives them all.
+
+Where the snapshot knows the request's prefix warm (``snapshot.prefix_warm[prefix_key]``: a
+region published a prefix-cache hit for it on that pool, fresh within the policy's
+``max_age.prefix_cache``), that candidate's U is smaller: cached = max(request.cached_tokens,
+min(the hit's cached tokens, C)); its energy and TTFT rows are evaluated again at those
+features (the avoided prefill of ``EnergyCoefficients.avoided_j``, per candidate, never per
+request), and ``view.cached_tokens`` says what each candidate was credited.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from scheduler.framework.columns import IndexArray, frame
+from scheduler.framework.columns import FloatArray, IndexArray, frame
 from scheduler.framework.network import rtt_s
 from scheduler.framework.plugin import RequestView
 from scheduler.types import FleetSnapshot, Request
 
 
+def _features(prompt: float, cached: float, out: float) -> FloatArray:
+    uncached = max(0.0, prompt - min(cached, prompt))
+    mid_context = prompt + out * 0.5
+    return np.array((1.0, uncached, uncached * (prompt - uncached * 0.5), mid_context, out, out * mid_context))
+
+
+def warm_positions(request: Request, snapshot: FleetSnapshot, base: IndexArray) -> list[tuple[int, int]]:
+    """(position in ``base``, cached tokens) of each candidate where the request's prefix is
+    warm beyond ``request.cached_tokens`` (empty: nowhere)."""
+    key = request.prefix_key
+    places = snapshot.prefix_warm.get(key) if key else None
+    if not places:
+        return []
+    tokens = {(w.region, w.pool): min(w.cached_tokens, request.prompt_tokens) for w in places}
+    candidates = snapshot.candidates
+    out = []
+    for position, index in enumerate(base.tolist()):
+        candidate = candidates[index]
+        cached = tokens.get((candidate.region.name, candidate.pool.name), 0)
+        if cached > request.cached_tokens:
+            out.append((position, cached))
+    return out
+
+
 def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray) -> RequestView:
     cols = frame(snapshot, request.model, base)
     prompt = float(request.prompt_tokens)
-    uncached = max(0.0, prompt - min(float(request.cached_tokens), prompt))
     out = float(request.max_tokens)
-    mid_context = prompt + out * 0.5
-    features = np.array((1.0, uncached, uncached * (prompt - uncached * 0.5), mid_context, out, out * mid_context))
+    features = _features(prompt, float(request.cached_tokens), out)
     # energy_j of every candidate, then ttft_s without RTT, then tpot_s
     predicted = np.dot(cols.prediction, features)
     n = len(base)
+    cached_tokens: FloatArray | None = None
+    warm = warm_positions(request, snapshot, base)
+    if warm:
+        cached_tokens = np.full(n, float(request.cached_tokens))
+        for position, cached in warm:
+            at_warm = _features(prompt, float(cached), out)
+            predicted[position] = np.dot(cols.prediction[position], at_warm)
+            predicted[n + position] = np.dot(cols.prediction[n + position], at_warm)
+            cached_tokens[position] = cached
     rtt = rtt_s(snapshot, cols, request.client_location)
     ttft = predicted[n:2 * n] if rtt is None else predicted[n:2 * n] + rtt
     queue_wait = cols.queue_wait_s
@@ -45,5 +83,5 @@ def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray) ->
         ttft = ttft + extra
     return RequestView.of(
         request, snapshot, base, np.zeros(n) if rtt is None else rtt, queue_wait, ttft, predicted[2 * n:],
-        predicted[:n], cols.live, cols.key_hash,
+        predicted[:n], cols.live, cols.key_hash, cached_tokens,
     )

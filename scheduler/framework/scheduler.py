@@ -77,6 +77,15 @@ def _costs(rates: FloatArray, quantities: FloatArray) -> FloatArray:
     return costs
 
 
+def _cached_at(request: Request, view: RequestView, positions: Positions, survivor: int) -> int:
+    """The prompt tokens the prediction credited the prefix cache with on one survivor (its
+    position among the survivors): more than the request's own where its prefix is warm."""
+    if view.cached_tokens is None:
+        return request.cached_tokens
+    position = survivor if isinstance(positions, slice) else int(positions[survivor])
+    return int(view.cached_tokens[position])
+
+
 @dataclass(frozen=True)
 class LazyRejections:
     """The candidates one filter rejected; their positions are found and their reasons
@@ -266,7 +275,7 @@ class Scheduler:
                 "units": (), "rates": (), "rates_written": (), "quantities": (),
                 "eager_rejections": tuple(eager_rejections), "lazy_rejections": tuple(lazy),
                 "fallbacks": store_fallbacks(snapshot), "energy_ranking": False, "energy_inputs": None,
-                "plugin_timings_ns": timings,
+                "plugin_timings_ns": timings, "canary_arm": snapshot.canary_arm,
             })
 
         positions: Positions = slice(None) if alive is None else alive.nonzero()[0]
@@ -308,9 +317,10 @@ class Scheduler:
             "lazy_rejections": tuple(lazy),
             "fallbacks": tuple(fallbacks),
             "energy_ranking": energy_ranking,
-            "energy_inputs": (snapshot.perf[best.index].energy, request.prompt_tokens, request.cached_tokens,
-                              request.max_tokens),
+            "energy_inputs": (snapshot.perf[best.index].energy, request.prompt_tokens,
+                              _cached_at(request, view, positions, int(order[0])), request.max_tokens),
             "plugin_timings_ns": timings,
+            "canary_arm": snapshot.canary_arm,
         })
         if log.isEnabledFor(logging.DEBUG):
             log.debug(

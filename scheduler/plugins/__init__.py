@@ -18,7 +18,7 @@ from scheduler.plugins.filters import (
 )
 from scheduler.plugins.matchers import long_context
 from scheduler.plugins.pickers import lowest_cost
-from scheduler.plugins.scorers import carbon, energy, price, queue, slo_risk, ttft
+from scheduler.plugins.scorers import affinity, carbon, energy, price, queue, slo_risk, ttft
 
 
 def register_all(registry: Registry) -> Registry:
@@ -38,6 +38,7 @@ def register_all(registry: Registry) -> Registry:
     registry.scorer(ttft.TYPE, ttft.TtftScorer)
     registry.scorer(queue.TYPE, queue.QueueScorer)
     registry.scorer(slo_risk.TYPE, slo_risk.SloRiskScorer)
+    registry.scorer(affinity.TYPE, affinity.AffinityScorer)
     registry.picker(lowest_cost.TYPE, lowest_cost.LowestCostPicker)
     return registry
 

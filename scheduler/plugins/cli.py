@@ -10,14 +10,13 @@ import json
 import sys
 from typing import Any
 
-from scheduler.config.args import add_config_dirs
+from scheduler.config.args import add_config_dirs, config_actions
 from scheduler.config.loader import ConfigError, json_schemas
 from scheduler.plugins import default_scheduler_registry, load_checked_fleet
 
 
 def register(sub: Any) -> None:
-    config = sub.add_parser("config", help="check and describe the region and policy files")
-    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    config_sub = config_actions(sub)
     validate = config_sub.add_parser("validate", help="exit 0 when every file is valid, else list each problem")
     add_config_dirs(validate)
     validate.set_defaults(handler=_validate)

@@ -187,11 +187,12 @@ async def _demo(stack: Any, requests: int, api_key: str | None) -> int:
         metrics: dict[str, float] = {}
         if stack.dashboard_url:
             metrics = await dashboard.metric_samples(stack.dashboard_url, client, "ray_scheduler_region_requests")
+        power_caps = await demo.fetch_power_caps(stack.regions, stack.endpoint, client)
     print()
     print(f"Demo: {len(trace)} requests from the Azure LLM conversation trace (2023-11-16, CC-BY), "
           f"tokens x{options.token_scale}, arrivals x{options.time_scale}; model {demo.MODEL} "
           f"on tiny CPU stand-ins (energy: the model's estimate for the pools they stand for)")
-    print(demo.report(outcomes, wall, probe))
+    print(demo.report(outcomes, wall, probe, power_caps))
     if metrics:
         print("custom metrics as last exported by Ray (every ~10 s) to the targets the dashboard lists: "
               + ", ".join(f"{k} = {v:.0f}" for k, v in sorted(metrics.items())))

@@ -8,6 +8,9 @@ the tiny model's own tokenizer: each request belongs to one of ``conversations``
 conversations and starts with that conversation's history (a multi-turn chat resends it),
 so repeated prefixes meet the regions' prefix caches. Shares of the requests must stay in
 one jurisdiction (EU, US, JP: data residency); the rest may run anywhere.
+
+The report ends with each region's power caps as its serving side set them at start (its
+``GET /power-caps``; on these CPU stand-ins: the dry run, what would be set on the GPUs).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -287,7 +290,34 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[index]
 
 
-def report(outcomes: Sequence[Outcome], wall_s: float, probe: TtftProbe | None) -> str:
+async def fetch_power_caps(regions: Sequence[Any], endpoint: Callable[[str], str], http: Any) -> list[Any]:
+    """Each region's ``GET /power-caps`` (``RegionCapReport``); a region that does not answer
+    gets the local dry run of its config instead, saying so."""
+    from scheduler.serve.power_caps import RegionCapReport, dry_run_report
+
+    reports = []
+    for region in regions:
+        try:
+            answer = await http.get(f"{endpoint(region.name)}/power-caps", timeout=10)
+            answer.raise_for_status()
+            reports.append(RegionCapReport.from_dict(answer.json()))
+        except Exception as exc:  # any failure: the local dry run instead, which says why
+            served = [p.pool for p in region.local.pools] if region.local is not None else None
+            reports.append(dry_run_report(region, served, reason=f"the region's /power-caps did not answer "
+                                                                 f"({type(exc).__name__}); local dry run"))
+    return reports
+
+
+def power_cap_section(reports: Sequence[Any]) -> list[str]:
+    """One block per region/pool: configured cap, eco cap, what is (or would be) set."""
+    if not reports:
+        return []
+    return ["", "power caps, as each region's serving side set them at start (GET /<region>/power-caps):",
+            *(line for r in reports for line in r.lines())]
+
+
+def report(outcomes: Sequence[Outcome], wall_s: float, probe: TtftProbe | None,
+           power_caps: Sequence[Any] = ()) -> str:
     ok = [o for o in outcomes if not o.error]
     modes = Counter(o.mode for o in outcomes)
     failed_modes = Counter(o.mode for o in outcomes if o.error)
@@ -320,6 +350,7 @@ def report(outcomes: Sequence[Outcome], wall_s: float, probe: TtftProbe | None) 
     reused = sum(o.reused_tokens for o in ok)
     lines.append(f"prefix-cache reuse: {reused:,} of {prompt:,} prompt tokens "
                  f"({100 * reused / prompt if prompt else 0:.1f} %)")
+    lines += power_cap_section(power_caps)
     return "\n".join(lines)
 
 

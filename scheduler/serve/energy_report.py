@@ -11,7 +11,8 @@ Two sources, one shape (see shared formats, "Region OpenAI-compatible streaming 
   the pool the replica stands for (its GPU, the requested model at its precision and tensor
   parallelism) at the request's mean batch, the other sequences at this request's mid-output
   context, from its real token counts (``measurement_source: model``, rule "model-v1", the
-  model's own interval).
+  model's own interval), under the pool's power cap when it has one below TDP
+  (``scheduler.energy.power_cap``: the region sets that cap on the pool's GPUs).
 
 Either way ``avoided_j`` is the prefill energy the prefix cache saved. Waiting and
 idle-allocation energy are 0 here: a bill made when the stream ends cannot share idle time
@@ -31,7 +32,9 @@ from scheduler.energy.attribution import RULES
 from scheduler.energy.hardware import GPU_CATALOGUE, GpuSpec
 from scheduler.energy.model import EnergyCoefficients, EnergyModel
 from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.power_cap import capped, power_cap
 from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.step import predict
 from scheduler.serve.inflight import RequestShare
 from scheduler.serve.sse import Usage
 
@@ -49,14 +52,18 @@ class PoolEnergyProfile:
     gpu: GpuSpec
     deployments: Mapping[str, ModelDeployment]
     energy_model: EnergyModel = field(default_factory=ProfileEnergyModel)
+    # The power cap on each of the pool's GPUs (None or TDP: the default limit).
+    cap_w: float | None = None
 
     @classmethod
-    def of(cls, pool: PoolConfig, energy_model: EnergyModel | None = None) -> PoolEnergyProfile:
+    def of(cls, pool: PoolConfig, energy_model: EnergyModel | None = None,
+           cap_w: float | None = None) -> PoolEnergyProfile:
         return cls(
             pool=pool.name,
             gpu=GPU_CATALOGUE[pool.gpu],
             deployments=MappingProxyType({d.name: d for d in pool.models}),
             energy_model=energy_model or ProfileEnergyModel(),
+            cap_w=cap_w,
         )
 
     def serves(self, model: str) -> bool:
@@ -64,9 +71,15 @@ class PoolEnergyProfile:
 
     def coefficients(self, model: str, batch: float, others_context: float) -> EnergyCoefficients:
         deployment = self.deployments[model]
-        return self.energy_model.coefficients(
-            MODEL_CATALOGUE[model], self.gpu, deployment.precision, deployment.tensor_parallel, batch, others_context
-        )
+        spec = MODEL_CATALOGUE[model]
+        cap = power_cap(self.gpu, self.cap_w, deployment.tensor_parallel)
+        if cap is None:
+            return self.energy_model.coefficients(
+                spec, self.gpu, deployment.precision, deployment.tensor_parallel, batch, others_context
+            )
+        rated = self.energy_model.rated_costs(spec, self.gpu, deployment.precision, deployment.tensor_parallel)
+        energy, _ = predict(capped(rated, cap, batch, others_context), batch, others_context)
+        return energy
 
 
 def energy_object(

@@ -17,7 +17,12 @@ of one vLLM deployment per pool (``RegionLLMServer``, reached through a ``Deploy
 - adds the ``energy`` object to the final usage event (``energy_report``); for a direct-mode
   ticket it also signs a receipt and appends it to the store's ``receipts`` stream;
 - publishes the region's live state (per pool: load, models served and their context
-  limits, replicas) every ~1 s when it is given a shared store.
+  limits, replicas) every ~1 s when it is given a shared store;
+- records the prefix keys (``x_scheduler.prefix_key``) its pools served with prefix-cache hits
+  (the engine's ``cached_tokens``) and publishes them with a TTL (``PrefixWarmPublisher``);
+- at start, sets each served pool's GPU power cap through NVML, or dry-runs it without a GPU
+  (``scheduler.serve.power_caps``; ``GET /power-caps`` shows what it did), and puts the
+  limits it changed back when it stops.
 
 It never imports vLLM (the replica does), which keeps it small.
 """
@@ -45,9 +50,12 @@ from scheduler.energy.nvml import NvmlMeter, delta_mj
 from scheduler.serve.energy_report import PoolEnergyProfile, energy_object
 from scheduler.serve.inflight import InFlight
 from scheduler.serve.metrics import GatewayMetrics
+from scheduler.serve.power_caps import PowerCapper, RegionCapReport, apply_region_caps
+from scheduler.serve.prefix_publisher import PrefixWarmPublisher
 from scheduler.serve.publisher import RegionStatePublisher
 from scheduler.serve.sse import StreamAssembler, sse_event
 from scheduler.state import codec
+from scheduler.state.prefix_warm import PrefixHits
 from scheduler.state.store import StateUnavailable
 from scheduler.tasks import start_loop, stop_task
 from scheduler.tickets import RegionKeys, Ticket, TicketKeyRing, TicketRejected
@@ -190,6 +198,17 @@ class RegionGateway:
         self._keys = self._load_keys()
         self._meter = NvmlMeter()
         self._meter.open()
+        self._power_caps: RegionCapReport | None = None
+        self._capper: PowerCapper | None = None
+        try:
+            self._power_caps, self._capper = apply_region_caps(region, list(settings.pools))
+        except Exception:  # the caps are an energy lever, not a reason to refuse to serve
+            log.exception("region %s: power caps not set", region.name)
+        if self._power_caps is not None:
+            # The model's bill of a pool is for its GPUs at the cap the region sets.
+            targets = {p.pool: p.target_w for p in self._power_caps.pools}
+            self._profiles = {name: PoolEnergyProfile.of(configs[name], cap_w=targets.get(name))
+                              for name in settings.pools}
         self._power_w: float | None = None
         self._measured_j_total = 0.0
         self._last_rate: tuple[float, float] | None = None  # (measured J, generated tokens)
@@ -200,6 +219,8 @@ class RegionGateway:
         if self._meter.available:
             self._tasks.append(start_loop(self._meter_loop, "energy-meter"))
         self._store: Any = None
+        # The prefix keys each pool served with prefix-cache hits (docs/affinity.md).
+        self._prefix_hits = PrefixHits()
         if settings.store_url is not None:
             from scheduler.state.factory import open_store
 
@@ -209,6 +230,9 @@ class RegionGateway:
                 interval_s=settings.publish_interval_s, ttl_s=settings.state_ttl_s,
             )
             self._tasks.append(start_loop(publisher.run, "state-publisher"))
+            warm = PrefixWarmPublisher(region=region.name, hits=self._prefix_hits, store=self._store,
+                                       interval_s=settings.publish_interval_s)
+            self._tasks.append(start_loop(warm.run, "prefix-warm-publisher"))
         self._replay = ReplayGuard(self._store)
         self._outbox: collections.deque[dict[str, str]] = collections.deque(maxlen=RECEIPT_OUTBOX)
         self._outbox_wake = asyncio.Event()
@@ -220,6 +244,7 @@ class RegionGateway:
             ("GET", "/v1/models"): self._list_models,
             ("GET", "/health"): self._health,
             ("GET", "/state"): self._state,
+            ("GET", "/power-caps"): self._power_caps_view,
         }
 
     def _load_keys(self) -> RegionKeys | None:
@@ -316,13 +341,14 @@ class RegionGateway:
             return JSONResponse(error, status_code=status if isinstance(status, int) else 500)
         assembler = StreamAssembler(requested_model=model, clock=time.monotonic)
         return StreamingResponse(
-            self._relay(pool, request_id, model, ticket, first, stream, assembler, time.monotonic()),
+            self._relay(pool, request_id, model, ticket, first, stream, assembler, time.monotonic(),
+                        scheduler_info.get("prefix_key") if isinstance(scheduler_info, dict) else None),
             media_type="text/event-stream", headers={"x-scheduler-pool": pool},
         )
 
     async def _relay(
         self, pool: str, request_id: str, model: str, ticket: Ticket | None, first: list[Any], stream: Any,
-        assembler: StreamAssembler, started: float,
+        assembler: StreamAssembler, started: float, prefix_key: object = None,
     ) -> AsyncIterator[bytes]:
         finished = False
         try:
@@ -334,6 +360,8 @@ class RegionGateway:
             share = self._end(pool, request_id)
             finished = True
             usage = assembler.usage
+            if usage is not None:
+                self._prefix_hits.record(pool, prefix_key, usage.cached_tokens, time.time())
             energy = energy_object(self._profiles[pool], model, usage, share) if usage is not None else None
             ttft = assembler.first_token_at - started if assembler.first_token_at is not None else None
             self._metrics.answered(pool, usage, energy["energy_j"] if energy else None, ttft)
@@ -410,6 +438,11 @@ class RegionGateway:
     async def _state(self, request: Request) -> Response:
         state = await self.live_state()
         return Response(codec.encode_region_state(state), media_type="application/json")
+
+    async def _power_caps_view(self, request: Request) -> Response:
+        if self._power_caps is None:
+            return openai_error("power caps were not set at start (see the region's log)", 503, "ServiceUnavailable")
+        return JSONResponse(self._power_caps.as_dict())
 
     # --- live state -------------------------------------------------------------------
 
@@ -511,3 +544,7 @@ class RegionGateway:
         if self._store is not None:
             await self._store.close()
         self._meter.close()
+        if self._capper is not None:
+            for device in self._capper.restore():
+                log.info("region %s: power limit restored: %s", self._settings.region.name, device.describe(False))
+            self._capper.close()

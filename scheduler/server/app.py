@@ -17,13 +17,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from scheduler.canary.runtime import CanaryRuntime
+from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.carbon.metrics import signal_gauges as carbon_signal_gauges
 from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.refresher import SnapshotRefresher
@@ -49,6 +51,9 @@ from scheduler.state.store import StateStore
 from scheduler.tickets import TicketKeyRing
 from scheduler.types import EnergyReceipt, Request
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc
+
+if TYPE_CHECKING:
+    from scheduler.server.config_reload import ConfigReloader
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +138,13 @@ class RouterDeps:
     direct_targets: int = 3
     # Request traces (OpenTelemetry), this router's own provider; off (no provider) by default.
     tracing: RouterTracing = field(default_factory=RouterTracing)
+    # The policy's canary (scheduler.canary): counts each proxied stream per arm, reads the arm's
+    # state with the refresher (which carries it into each snapshot). None: no canary support.
+    canary: CanaryRuntime | None = None
+    # Hot reload of the config files and the fleet's config version (None: this router has no
+    # files to reload, e.g. one built in-process; RouterAdmin/ReloadConfig then says so). It is
+    # also in ``background`` (scheduler.server.config_reload).
+    config: ConfigReloader | None = None
     # The largest request gRPC accepts (a 4 MiB prompt and its envelope); larger: RESOURCE_EXHAUSTED.
     max_message_bytes: int = 8 * 2**20
     # HTTP/2 streams one client connection may have open at once.
@@ -168,19 +180,23 @@ def build_deps(
     refresh_interval_s: float = 0.5,
     metrics_port: int | None = None,
     ticket_keys: TicketKeyRing | None = None,
+    policies: Mapping[str, PolicyConfig] | None = None,
 ) -> RouterDeps:
-    """The router's parts without the optional services (see ``with_services``)."""
+    """The router's parts without the optional services (see ``with_services``). ``policies``:
+    every loaded policy by name, where the policy's canary arm is found (default: the policy alone)."""
     if ticket_keys is None:
         log.warning("no ticket keys: dispatches go out unsigned; regions must run with tickets disabled "
                     "(development only)")
-    return RouterDeps(
+    canary = CanaryRuntime(store, dict(policies) if policies is not None else {builder.policy.name: builder.policy})
+    deps = RouterDeps(
         tickets=None if ticket_keys is None else TicketIssuer(ticket_keys),
         metrics_port=metrics_port,
         scheduler=Scheduler.from_registry(default_scheduler_registry()),
         # The router's own probes of each region: what routing rests on while a shared store
         # is unreachable (an embedded memory store cannot be).
         refresher=SnapshotRefresher(builder, store, interval_s=refresh_interval_s,
-                                    probes=None if state_backend == "memory" else RegionProbes.of(builder.regions)),
+                                    probes=None if state_backend == "memory" else RegionProbes.of(builder.regions),
+                                    canary=canary),
         store=store,
         dispatcher=RegionDispatcher(),
         audit=AuditLog(store),
@@ -188,7 +204,12 @@ def build_deps(
         rate_limit_rps=rate_limit_rps,
         tls=tls,
         state_backend=state_backend,
+        canary=canary,
     )
+    # The canary's writer: its last counts are flushed at stop, before the store closes.
+    deps.background.append(canary)
+    deps.gauges.append(canary.samples)
+    return deps
 
 
 def with_services(

@@ -7,7 +7,10 @@ writer survives any failure (an error answer such as OOM or READONLY included): 
 stays queued and is retried. Each entry is appended once per decision id (``xadd_once``): a
 write that timed out on our side but reached Redis is not appended again by the retry.
 Fields (shared format): decision_id, tenant, region, pool, energy_j, carbon_g, fallbacks
-(JSON), partial ("1" / "0"), end_reason, carbon_basis. Never the prompt text.
+(JSON), partial ("1" / "0"), end_reason, carbon_basis, config_version (the config the request
+was decided on; scheduler.server.config_reload), canary_arm (control | canary; empty without a
+canary). Never the prompt text. The canary's rollbacks and an admin's enable and disable are
+entries of the same stream with an ``event`` field (scheduler.canary.runtime).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def audit_fields(receipt: EnergyReceipt) -> dict[str, str]:
         "partial": "1" if receipt.partial else "0",
         "end_reason": receipt.end_reason,
         "carbon_basis": receipt.carbon_basis,
+        "config_version": receipt.config_version,
+        "canary_arm": receipt.canary_arm,
     }
 
 

@@ -33,7 +33,12 @@ def register(sub: Any) -> None:
                         help="run WITHOUT authentication: every caller is an admin (local development only; "
                              "warned at every start)")
     router.add_argument("--keys-reload-interval", type=float, default=2.0,
-                        help="seconds between checks of the keys file for changes (default 2)")
+                        help="seconds between checks of the config files (regions/, policies/, --keys, --budgets) "
+                             "for changes, which are then reloaded (default 2; 0: only on SIGHUP or "
+                             "`scheduler config reload`; docs/hot-reload.md)")
+    router.add_argument("--config-sync-interval", type=float, default=1.0,
+                        help="seconds between reads of the fleet's config version in the state store: a version "
+                             "another router published is adopted within it (default 1)")
     router.add_argument("--max-streams-per-tenant", type=int, default=None,
                         help="concurrent Generate streams one tenant may hold on this router; a key's "
                              "max_concurrent_streams overrides it (default: a quarter of the dispatch pool, 256)")
@@ -44,7 +49,8 @@ def register(sub: Any) -> None:
                         help="requests/s per tenant, shared by all routers on the state store (default 50)")
     router.add_argument("--refresh-interval", type=float, default=0.5, help="snapshot refresh period, s")
     router.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get at shutdown")
-    router.add_argument("--budgets", type=Path, help="tenant energy/carbon budgets (YAML; see docs/deploying.md)")
+    router.add_argument("--budgets", type=Path,
+                        help="tenant energy/carbon budgets (YAML; see docs/deploying.md); reloaded like the keys")
     router.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics and /healthz over plain HTTP on this port (0: any free port)")
     router.add_argument("--metrics-host", default="127.0.0.1",
@@ -119,7 +125,7 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.plugins import load_checked_fleet
     from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
-    from scheduler.server.keys_reload import KeysReloader
+    from scheduler.server.config_reload import ConfigReloader, ConfigSources, load_local
     from scheduler.server.stream_slots import StreamSlots
     from scheduler.server.tracing import RouterTracing
     from scheduler.state.factory import open_store
@@ -137,16 +143,22 @@ def _router(args: argparse.Namespace) -> int:
             return 2
     if args.workers != 1:
         return _supervise(args)
+    sources = ConfigSources(args.regions, args.policies, args.policy, args.keys, args.budgets)
     try:
         fleet = load_checked_fleet(args.regions, args.policies)
-        policy = fleet.policy(args.policy)
-        keys = KeyRing.load(args.keys) if args.keys else None
-        budgets = load_budgets(args.budgets) if args.budgets else None
+        fleet.policy(args.policy)
+        if args.keys:
+            KeyRing.load(args.keys)
+        if args.budgets:
+            load_budgets(args.budgets)
         ticket_keys = TicketKeyRing.load(args.ticket_keys) if args.ticket_keys else None
         if ticket_keys is not None:
             missing = sorted({r.name for r in fleet.regions} - set(ticket_keys.regions))
             if missing:
                 raise TicketKeysError(f"{args.ticket_keys}: no keys for regions {missing}")
+        # What the router runs on: every file read once, checked as a reload checks it.
+        initial = load_local(sources, ticket_keys, str(args.ticket_keys))
+        policy, keys, budgets = initial.policy, initial.keys, initial.budgets
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -183,9 +195,9 @@ def _router(args: argparse.Namespace) -> int:
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     backend = "memory" if args.state == "memory" else "redis"
     store = open_store(args.state, args.namespace)
-    deps = build_deps(SnapshotBuilder(fleet.regions, policy), store, backend, keys=keys, tls=tls,
+    deps = build_deps(SnapshotBuilder(initial.regions, policy), store, backend, keys=keys, tls=tls,
                       rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
-                      metrics_port=args.metrics_port, ticket_keys=ticket_keys)
+                      metrics_port=args.metrics_port, ticket_keys=ticket_keys, policies=initial.policies)
     deps.direct_targets = args.direct_targets
     deps.tracing = tracing
     deps.metrics_host = args.metrics_host
@@ -199,21 +211,19 @@ def _router(args: argparse.Namespace) -> int:
     deps.dispatcher.settings = replace(deps.dispatcher.settings, max_stream_s=args.max_stream_s or None)
     if args.max_streams_per_tenant is not None:
         deps.slots = StreamSlots(args.max_streams_per_tenant)
-    reloader = None
-    if args.keys:
-        def use(ring: KeyRing) -> None:
-            deps.keys = ring
-
-        reloader = KeysReloader(args.keys, use, interval_s=args.keys_reload_interval)
-        deps.background.append(reloader)
     with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets)
+    # Hot reload (docs/hot-reload.md): last in the start order, so every part it swaps is up.
+    reloader = ConfigReloader(deps, sources, initial, ticket_keys=ticket_keys, ticket_keys_file=str(args.ticket_keys),
+                              watch_interval_s=args.keys_reload_interval, sync_interval_s=args.config_sync_interval)
+    deps.config = reloader
+    deps.background.append(reloader)
+    deps.gauges.append(reloader.samples)
 
     _raise_open_files_limit()
 
     async def serve() -> None:
         running = await start_router(f"{args.host}:{args.port}", deps)
-        if reloader is not None:
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.reload)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.on_sighup)
         worker = "" if args.worker_index is None else f" (worker {args.worker_index})"
         print(f"router listening on {args.host}:{running.port}{worker}", flush=True)
         if running.metrics_endpoint is not None:

@@ -7,6 +7,7 @@ the dispatcher sends; the rest turn decisions, receipts and regions into message
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import uuid
@@ -15,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.energy.output_budget import OutputBudget
 from scheduler.errors import FieldViolation, InvalidRequest
 from scheduler.framework.explain import objective_text
 from scheduler.server.dispatch import CHAT_COMPLETIONS, COMPLETIONS, RegionCall
+from scheduler.server.prefix import derive_prefix_key, shared_text
 from scheduler.tickets import MAX_TOKEN_BYTES
 from scheduler.types import CarbonUsed, Decision, EnergyReceipt, Fallback, FleetSnapshot, GeoPoint, Request, WorkloadClass
 from scheduler.v1 import messages_pb2 as pb
@@ -55,6 +58,16 @@ class Incoming:
     prompt_tokens_estimated: bool
     # How much of the decision the answer carries (pb.DecisionDetail; unspecified: full).
     decision_detail: int = pb.DECISION_DETAIL_FULL
+    # The policy's output budget for the request (None: none applies); enforced, the request
+    # and the call already carry its max_tokens.
+    output_budget: OutputBudget | None = None
+
+
+def with_max_tokens(incoming: Incoming, max_tokens: int) -> Incoming:
+    """The request and its region call capped at ``max_tokens`` (an enforced output budget)."""
+    return dataclasses.replace(
+        incoming, request=dataclasses.replace(incoming.request, max_tokens=max_tokens),
+        call=dataclasses.replace(incoming.call, body={**incoming.call.body, "max_tokens": max_tokens}))
 
 
 def _estimate_tokens(text: str) -> int:
@@ -87,7 +100,8 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         bad.append(FieldViolation("model", "required"))
     elif msg.model not in served:
         bad.append(FieldViolation("model", f"unknown model {show(msg.model)} (served: {', '.join(sorted(served))})"))
-    for name, limit in (("request_id", MAX_ID_CHARS), ("tenant", MAX_ID_CHARS), ("prefix_key", MAX_ID_CHARS * 2)):
+    for name, limit in (("request_id", MAX_ID_CHARS), ("tenant", MAX_ID_CHARS), ("prefix_key", MAX_ID_CHARS * 2),
+                        ("workflow_id", MAX_ID_CHARS)):
         if len(getattr(msg, name)) > limit:
             bad.append(FieldViolation(name, f"at most {limit} characters, got {len(getattr(msg, name)):,}"))
 
@@ -193,8 +207,11 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         precision=msg.compliance.precision or None,
         task_class=msg.compliance.task_class or None,
         client_location=location,
-        prefix_key=msg.prefix_key or None,
+        # Without a key, one hashed from the system prompt's (or prompt's) first K tokens.
+        prefix_key=msg.prefix_key or derive_prefix_key(shared_text(body), snapshot.policy.prefix_key_tokens,
+                                                       BYTES_PER_TOKEN),
         cached_tokens=cached,
+        workflow_id=msg.workflow_id or None,
     )
     detail = pb.DECISION_DETAIL_SUMMARY if msg.decision_detail == pb.DECISION_DETAIL_SUMMARY else pb.DECISION_DETAIL_FULL
     return Incoming(request, RegionCall(path, body), estimated, detail)
@@ -208,9 +225,11 @@ def fallback_to_proto(fallback: Fallback) -> pb.Fallback:
     return message
 
 
-def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming) -> pb.Decision:
+def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming,
+                      config_version: str = "") -> pb.Decision:
     """The decision as the request asked for it (``incoming_.decision_detail``): in full, every
-    ranked candidate and rejection up to ``MAX_LISTED``; as a summary, the chosen one."""
+    ranked candidate and rejection up to ``MAX_LISTED``; as a summary, the chosen one.
+    ``config_version``: that of the snapshot it was decided on (``FleetSnapshot.config_version``)."""
     full = incoming_.decision_detail != pb.DECISION_DETAIL_SUMMARY
     names, rates = decision.scorer_names, decision.rates
     shown = len(decision.order) if full else min(1, len(decision.order))
@@ -225,7 +244,7 @@ def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming)
     for k, i in enumerate(order):
         c = fleet[index[i]]
         item = pb.RankedCandidate(region=c.region.name, pool=c.pool.name, model=c.deployment.name, gpu=c.pool.gpu,
-                                  endpoint=c.region.endpoint, total=totals[i])
+                                  endpoint=c.region.endpoint, total=totals[i], precision=c.deployment.precision)
         # Item assignment: several times cheaper than passing dicts to the constructor.
         quantities, costs = item.quantities, item.costs
         for name, rate, value in zip(names, rates, by_survivor[i], strict=True):
@@ -253,7 +272,11 @@ def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming)
         prompt_tokens_estimated=incoming_.prompt_tokens_estimated,
         ranked_total=len(decision.order),
         rejected_total=decision.rejected_count,
+        canary_arm=decision.canary_arm,
+        config_version=config_version,
     )
+    if incoming_.output_budget is not None:
+        message.output_budget.CopyFrom(output_budget_to_proto(incoming_.output_budget))
     if full:
         rejected = decision.rejected
         message.rejected.extend(
@@ -279,6 +302,14 @@ _OPTIONAL_RECEIPT_FIELDS = (
 )
 
 
+def output_budget_to_proto(budget: OutputBudget) -> pb.OutputBudget:
+    return pb.OutputBudget(
+        requested_max_tokens=budget.requested_max_tokens, max_tokens=budget.max_tokens,
+        quality_requested=budget.quality_requested, quality=budget.quality,
+        energy_j_requested=budget.energy_j_requested, energy_j=budget.energy_j, mode=budget.mode,
+        enforced=budget.enforced)
+
+
 def receipt_to_proto(receipt: EnergyReceipt) -> pb.EnergyReceipt:
     message = pb.EnergyReceipt(
         measurement_source=receipt.measurement_source,
@@ -296,6 +327,9 @@ def receipt_to_proto(receipt: EnergyReceipt) -> pb.EnergyReceipt:
         partial=receipt.partial,
         end_reason=receipt.end_reason,
         carbon_basis=receipt.carbon_basis,
+        config_version=receipt.config_version,
+        precision=receipt.precision,
+        canary_arm=receipt.canary_arm,
     )
     for name in _OPTIONAL_RECEIPT_FIELDS:
         value = getattr(receipt, name)
@@ -303,6 +337,8 @@ def receipt_to_proto(receipt: EnergyReceipt) -> pb.EnergyReceipt:
             setattr(message, name, value)
     if receipt.carbon is not None:
         message.carbon_signal.CopyFrom(carbon_to_proto(receipt.carbon))
+    if receipt.output_budget is not None:
+        message.output_budget.CopyFrom(output_budget_to_proto(receipt.output_budget))
     return message
 
 

@@ -23,12 +23,16 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from scheduler import errors
+from scheduler.canary.assign import snapshot_for
+from scheduler.config.schema import PolicyConfig
+from scheduler.energy.output_budget import OutputBudget, best_budget
 from scheduler.server import convert
 from scheduler.server.auth import Principal, scope_jurisdictions
+from scheduler.server.canary import stream_outcome, ttft_budget_ms
 from scheduler.server.dispatch import RegionStream, TextDelta
 from scheduler.server.receipt import ReceiptInputs, build_receipt
 from scheduler.server.tracing import NO_TRACE, RequestTrace, decision_attributes, receipt_attributes, request_attributes
-from scheduler.types import Candidate, Decision, EnergyReceipt, FleetSnapshot
+from scheduler.types import Candidate, Decision, EnergyReceipt, FleetSnapshot, Request
 from scheduler.v1 import messages_pb2
 
 # gRPC cancels a call at its deadline on its own timer, and the deadline we hold was read from
@@ -37,7 +41,22 @@ from scheduler.v1 import messages_pb2
 DEADLINE_CLOCK_SLACK_S = 0.05
 
 if TYPE_CHECKING:
+    from scheduler.canary.runtime import OpenStream
     from scheduler.server.app import RouterDeps
+
+
+def output_budget(policy: PolicyConfig, request: Request, decision: Decision) -> OutputBudget | None:
+    """The policy's quality-per-joule max_tokens for this request on the chosen candidate
+    (scheduler.energy.output_budget); None when the policy has no table for its model and task."""
+    config = policy.output_budget
+    if config is None or decision.energy_inputs is None:
+        return None
+    table = config.table(request.model, request.task_class)
+    if table is None:
+        return None
+    coefficients, prompt, cached, _ = decision.energy_inputs
+    return best_budget(table.points(), request.max_tokens,
+                       lambda n: coefficients.estimate(prompt, cached, n).energy_j, config.mode)
 
 
 def unschedulable(decision: Decision) -> errors.Unschedulable:
@@ -94,11 +113,22 @@ class ProxyRun:
     receipt: EnergyReceipt | None = None
     failure: errors.SchedulerError | None = None
     _booked: bool = field(default=False, init=False)
+    # The receipt booked for this stream, however it ended (``receipt`` only when the client got it).
+    _booked_receipt: EnergyReceipt | None = field(default=None, init=False, repr=False)
+    # The stream as the canary's counts know it while it runs (None: the policy has no canary).
+    _canary: OpenStream | None = field(default=None, init=False, repr=False)
     _deltas: AsyncIterator[TextDelta] | None = field(default=None, init=False, repr=False)
 
     async def __aenter__(self) -> ProxyRun:
-        self.deps.active_streams += 1
+        deps = self.deps
+        deps.active_streams += 1
         self.stream.start()
+        if self.snapshot.canary is not None and deps.canary is not None:
+            # No first token by the TTFT budget: a miss for its arm at once, not when it ends.
+            budget_s = ttft_budget_ms(self.incoming.request, self.snapshot) / 1000.0
+            stream = self.stream
+            self._canary = deps.canary.begin(self.snapshot, self.started + budget_s,
+                                             lambda: stream.first_text_at is not None)
         return self
 
     def __aiter__(self) -> AsyncIterator[TextDelta]:
@@ -141,6 +171,9 @@ class ProxyRun:
             deps.metrics.inc("scheduler_router_failovers_total", amount=len(self.stream.failovers))
         if self.trace.recording:
             self.trace.span.set_attribute("scheduler.failovers", len(self.stream.failovers))
+        if self.snapshot.canary is not None and deps.canary is not None:
+            # Counted in its arm's window (no I/O here; scheduler.canary.runtime).
+            deps.canary.observe(self.snapshot, stream_outcome(self, kind), self._canary)
 
     def _book(self, end_reason: str) -> EnergyReceipt | None:
         """Build and book this stream's receipt once; None when no region answered (no text)."""
@@ -168,8 +201,10 @@ class ProxyRun:
             duration_ms=(deps.monotonic() - self.started) * 1000,
             relayed_events=stream.content_events,
             end_reason=end_reason,
+            output_budget=self.incoming.output_budget,
         ))
         self._booked = True
+        self._booked_receipt = receipt
         deps.book(receipt)
         if trace.recording:
             attributes = receipt_attributes(receipt, stream.finish_reason)
@@ -201,12 +236,27 @@ class RouterCore:
                     incoming.request, allowed_jurisdictions=frozenset(allowed)))
             if trace.recording:
                 trace.span.set_attributes(request_attributes(incoming))
+            # The policy's canary arm decides when it is on and the request's key is in its share
+            # (its snapshot carries the arm's policy); else the control does (scheduler.canary).
+            snapshot = snapshot_for(incoming.request, snapshot)
             decision = deps.scheduler.schedule(incoming.request, snapshot)
             deps.metrics.decision(decision)
             if trace.recording:
                 span.set_attributes(decision_attributes(decision))
+                if snapshot.config_version:
+                    span.set_attribute("scheduler.config_version", snapshot.config_version)
             if not decision.schedulable:
                 raise unschedulable(decision)
+            budget = output_budget(snapshot.policy, incoming.request, decision)
+            if budget is not None:
+                if budget.enforced:
+                    # Decided again at the budget's max_tokens: the ranking, the tickets and the
+                    # energy prediction are those of the request that will run.
+                    incoming = convert.with_max_tokens(incoming, budget.max_tokens)
+                    decision = deps.scheduler.schedule(incoming.request, snapshot)
+                    if not decision.schedulable:
+                        raise unschedulable(decision)
+                incoming = dataclasses.replace(incoming, output_budget=budget)
         # Route answers send the client there too (direct mode): both count as dispatched.
         deps.refresher.record_dispatch(snapshot, decision.ranked_candidates[0], incoming.request)
         return snapshot, incoming, decision
@@ -254,6 +304,12 @@ class RouterCore:
             mode="proxy")
         client_deadline = None if remaining_s is None else started + remaining_s
         # The stream's deadline: the client's, capped by the router's max_stream_s.
-        stream = deps.dispatcher.stream(decision, incoming.call, client_deadline,
-                                        {"decision_id": decision_id, "tenant": tenant}, ticket_for, trace)
+        # The prefix key and workflow go along: the region publishes the keys its cache served
+        # (scheduler.serve.prefix_warm), which is how the router learns where a prefix is warm.
+        hints = {"decision_id": decision_id, "tenant": tenant}
+        if incoming.request.prefix_key:
+            hints["prefix_key"] = incoming.request.prefix_key
+        if incoming.request.workflow_id:
+            hints["workflow_id"] = incoming.request.workflow_id
+        stream = deps.dispatcher.stream(decision, incoming.call, client_deadline, hints, ticket_for, trace)
         return ProxyRun(deps, decision_id, snapshot, incoming, decision, stream, started, client_deadline, trace)

@@ -171,7 +171,8 @@ class HttpApi:
             msg = self._route_message(request.body, codec)
             routed = self.core.route(principal, msg, trace)
             answer = router_pb2.RouteResponse(
-                decision=convert.decision_to_proto(routed.decision, routed.decision_id, routed.incoming),
+                decision=convert.decision_to_proto(routed.decision, routed.decision_id, routed.incoming,
+                                                   routed.snapshot.config_version),
                 targets=[router_pb2.DirectTarget(region=t.region, pool=t.pool, model=t.model, url=t.url,
                                                  ticket=t.ticket, expires_at_unix_s=t.expires_at)
                          for t in routed.targets],

@@ -2,10 +2,14 @@
 
 ``KeysReloader`` checks the file's identity (mtime, size, inode: a Kubernetes Secret update
 swaps a symlink) every ``interval_s`` in the background, and ``reload()`` re-reads it at once
-(the CLI calls it on SIGHUP). A file that fails to load (missing, bad YAML, a bad field)
+(e.g. on SIGHUP). A file that fails to load (missing, bad YAML, a bad field)
 keeps the keys in use and logs every problem with its file, field and value; the next
 change of the file is tried again. A good file replaces the whole key ring: a key no longer
 in it is refused from the next call on.
+
+``scheduler router`` reloads its keys file with the rest of its config and shares the result
+with the other routers (``scheduler.server.config_reload``, which follows this pattern); this
+reloader is for a key ring embedded on its own.
 """
 
 from __future__ import annotations

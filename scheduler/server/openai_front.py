@@ -14,7 +14,7 @@ as ``x-scheduler-<name>`` headers (``extra_headers``; the body wins): ``tenant``
 ``request_id``, ``workload_class``, ``ttft_ms``, ``tpot_ms``, ``deadline_ms``,
 ``jurisdictions``, ``certifications`` (lists; comma-separated in a header), ``precision``,
 ``task_class``, ``client_location`` (``[lat, lon]`` or ``{"lat", "lon"}``; ``"lat,lon"`` in a
-header), ``prefix_key``, ``prompt_tokens``, ``cached_tokens``.
+header), ``prefix_key``, ``workflow_id``, ``prompt_tokens``, ``cached_tokens``.
 
 Answers: streamed, OpenAI's ``text_completion`` / ``chat.completion.chunk`` events, a usage
 chunk (``choices: []``) when ``stream_options.include_usage``, ``data: [DONE]``, and then one
@@ -47,7 +47,7 @@ COMPLETION_FIELDS = frozenset({"model", "prompt", "max_tokens", "temperature", "
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt"}) | {"messages", "max_completion_tokens"}
 HINTS = frozenset({"tenant", "request_id", "workload_class", "ttft_ms", "tpot_ms", "deadline_ms", "jurisdictions",
                    "certifications", "precision", "task_class", "client_location", "prefix_key", "prompt_tokens",
-                   "cached_tokens"})
+                   "cached_tokens", "workflow_id"})
 HINT_HEADER = "x-scheduler-"
 
 
@@ -237,6 +237,7 @@ def generate_request(body: Any, headers: Mapping[str, str], chat: bool) -> tuple
     msg.compliance.precision = fields.string("x_scheduler.precision", hints.get("precision")) or ""
     msg.compliance.task_class = fields.string("x_scheduler.task_class", hints.get("task_class")) or ""
     msg.prefix_key = fields.string("x_scheduler.prefix_key", hints.get("prefix_key")) or ""
+    msg.workflow_id = fields.string("x_scheduler.workflow_id", hints.get("workflow_id")) or ""
     location = hints.get("client_location")
     if isinstance(location, dict):
         location = [location.get("lat"), location.get("lon")]
@@ -277,6 +278,10 @@ def receipt_object(receipt: EnergyReceipt) -> dict[str, Any]:
         "duration_ms": receipt.duration_ms, "partial": receipt.partial, "end_reason": receipt.end_reason,
         "carbon_basis": receipt.carbon_basis,
     }
+    if receipt.config_version:
+        out["config_version"] = receipt.config_version
+    if receipt.canary_arm:
+        out["canary_arm"] = receipt.canary_arm
     for name in _RECEIPT_OPTIONAL:
         value = getattr(receipt, name)
         if value is not None:
@@ -305,6 +310,10 @@ def receipt_headers(receipt: EnergyReceipt) -> tuple[tuple[str, str], ...]:
                         ("x-energy-confidence", receipt.confidence)):
         if value is not None:
             headers.append((name, f"{value:.6g}"))
+    if receipt.config_version:
+        headers.append(("x-energy-config-version", receipt.config_version))
+    if receipt.canary_arm:
+        headers.append(("x-energy-canary-arm", receipt.canary_arm))
     return tuple(headers)
 
 

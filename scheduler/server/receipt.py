@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.energy.output_budget import OutputBudget
 from scheduler.errors import Attempt
 from scheduler.region_receipt import J_PER_KWH, UPPER_BOUND_G_PER_KWH, energy_fields, number
 from scheduler.signal_check import signal_problem, value_problem
@@ -74,6 +75,8 @@ class ReceiptInputs:
     relayed_events: int = 0
     # complete | cancelled | deadline | region-error; anything but complete is partial.
     end_reason: str = "complete"
+    # The policy's output budget for the request (None: none applies).
+    output_budget: OutputBudget | None = None
 
 
 def _modelled_energy(inputs: ReceiptInputs, prompt: int, cached: int, completion: int) -> dict[str, Any]:
@@ -128,6 +131,7 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         model=candidate.deployment.name,
         region=candidate.region.name,
         pool=candidate.pool.name,
+        precision=candidate.deployment.precision,
         pue=candidate.region.pue,
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens if usage.completion_tokens is not None else inputs.relayed_events,
@@ -142,5 +146,8 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         end_reason=inputs.end_reason,
         carbon_basis=basis,
         carbon_intensity_g_per_kwh=intensity,
+        config_version=snapshot.config_version,
+        canary_arm=snapshot.canary_arm,
+        output_budget=inputs.output_budget,
         **energy,
     )

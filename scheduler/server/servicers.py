@@ -22,6 +22,7 @@ import grpc
 from scheduler import errors
 from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server import convert
+from scheduler.server.canary import no_canary, status_to_proto
 from scheduler.server.core import RouterCore
 from scheduler.server.edge import current_principal, current_trace
 from scheduler.state import keys
@@ -47,7 +48,8 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
     async def Route(self, request: messages_pb2.GenerateRequest, context: Context) -> router_pb2.RouteResponse:
         routed = self.core.route(current_principal(), request, current_trace())
         return router_pb2.RouteResponse(
-            decision=convert.decision_to_proto(routed.decision, routed.decision_id, routed.incoming),
+            decision=convert.decision_to_proto(routed.decision, routed.decision_id, routed.incoming,
+                                               routed.snapshot.config_version),
             targets=[router_pb2.DirectTarget(region=t.region, pool=t.pool, model=t.model, url=t.url, ticket=t.ticket,
                                              expires_at_unix_s=t.expires_at) for t in routed.targets],
         )
@@ -60,7 +62,8 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
             # The region request went out on entry; the decision message is built while it prefills.
             await asyncio.sleep(0)
             yield messages_pb2.GenerateResponse(
-                decision=convert.decision_to_proto(run.decision, run.decision_id, run.incoming))
+                decision=convert.decision_to_proto(run.decision, run.decision_id, run.incoming,
+                                                   run.snapshot.config_version))
             async for delta in run:
                 yield messages_pb2.GenerateResponse(
                     chunk=messages_pb2.TokenChunk(text=delta.text, finish_reason=delta.finish_reason))
@@ -104,6 +107,49 @@ class RouterAdminService(admin_pb2_grpc.RouterAdminServicer):
         await deps.refresher.refresh()
         return admin_pb2.SetEnergyRoutingResponse(enabled=request.enabled, updated_at_unix_s=updated_at,
                                                   updated_by=updated_by)
+
+    async def ReloadConfig(self, request: admin_pb2.ReloadConfigRequest,
+                           context: Context) -> admin_pb2.ReloadConfigResponse:
+        """Re-read, validate, apply and publish this router's config files (docs/hot-reload.md)."""
+        reloader = self.deps.config
+        if reloader is None:
+            version = self.deps.refresher.current().config_version
+            return admin_pb2.ReloadConfigResponse(ok=False, version=version, previous_version=version, problems=[
+                admin_pb2.ConfigProblem(message="this router was started without config files to reload")])
+        principal = current_principal()
+        log.warning("config reload%s asked by %s", " (dry run)" if request.dry_run else "", principal.tenant)
+        outcome = await reloader.reload("rpc", dry_run=request.dry_run)
+        return outcome.to_proto()
+
+    async def GetCanaryStatus(self, request: admin_pb2.GetCanaryStatusRequest,
+                              context: Context) -> admin_pb2.GetCanaryStatusResponse:
+        deps = self.deps
+        policy = deps.refresher.builder.policy
+        if deps.canary is None:
+            return admin_pb2.GetCanaryStatusResponse(configured=False, policy=policy.name)
+        return status_to_proto(deps.canary.status(policy))
+
+    async def SetCanaryArm(self, request: admin_pb2.SetCanaryArmRequest,
+                           context: Context) -> admin_pb2.SetCanaryArmResponse:
+        deps = self.deps
+        principal = current_principal()
+        if len(request.reason) > MAX_REASON_CHARS:
+            raise errors.InvalidRequest([errors.FieldViolation(
+                "reason", f"at most {MAX_REASON_CHARS} characters (got {len(request.reason)})")])
+        policy = deps.refresher.builder.policy
+        canary = policy.canary
+        if canary is None or deps.canary is None:
+            raise no_canary(policy.name)
+        updated_by = f"{principal.tenant}@{deps.host_id}"
+        try:
+            record = await deps.canary.set_arm(policy, request.enabled, request.reason, updated_by)
+        except StateUnavailable as exc:
+            raise errors.Unavailable(f"the state store is unreachable; the canary arm is unchanged: {exc}") from None
+        # This router applies it at once; the others within their refresh interval.
+        await deps.refresher.refresh()
+        return admin_pb2.SetCanaryArmResponse(enabled=request.enabled, epoch=record.epoch,
+                                              updated_at_unix_s=record.updated_at, updated_by=updated_by,
+                                              policy=policy.name, arm=canary.arm)
 
     async def GetStatus(self, request: admin_pb2.GetStatusRequest, context: Context) -> admin_pb2.GetStatusResponse:
         deps = self.deps

@@ -223,6 +223,8 @@ def decision_attributes(decision: Decision) -> dict[str, Any]:
         "scheduler.energy_ranking": decision.energy_ranking,
         "scheduler.fallbacks": [f.signal for f in decision.fallbacks],
     }
+    if decision.canary_arm:
+        attributes["scheduler.canary_arm"] = decision.canary_arm
     if decision.schedulable:
         chosen = decision.ranked_candidates[0]
         attributes["scheduler.region"] = chosen.region.name
@@ -292,6 +294,7 @@ def receipt_attributes(receipt: EnergyReceipt, finish_reason: str) -> dict[str, 
         "scheduler.decision_id": receipt.decision_id,
         "scheduler.region": receipt.region,
         "scheduler.pool": receipt.pool,
+        "scheduler.precision": receipt.precision,
         "scheduler.measurement_source": receipt.measurement_source,
         "scheduler.carbon_basis": receipt.carbon_basis,
         "scheduler.end_reason": receipt.end_reason,

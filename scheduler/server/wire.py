@@ -34,6 +34,7 @@ GENERATE_REQUEST_FIELDS: Mapping[int, tuple[str, int]] = {
     9: ("compliance", 4 * 1024),
     10: ("client_location", 64),
     11: ("prefix_key", 256),
+    15: ("workflow_id", 128),
 }
 MAX_TOP_LEVEL_FIELDS = 64
 

@@ -4,9 +4,11 @@ One Python process uses one core, and the router's work per stream is CPU; a pod
 cores runs one worker per core. The parent starts N children, each the same ``scheduler
 router`` command with ``--worker-index i`` (they bind the gRPC and HTTP ports with
 SO_REUSEPORT, so the kernel spreads connections over them), forwards SIGTERM/SIGINT to them
-and waits; a worker that dies is started again after a back-off, and if workers keep dying
-(``MAX_RESTARTS`` in ``RESTART_WINDOW_S``) the parent stops them all and exits 1, so the
-orchestrator restarts the pod instead of a crash loop going unseen.
+(and SIGHUP, the config reload: each worker reloads, and they share one config version through
+the store, docs/hot-reload.md) and waits; a worker that dies is started again after a
+back-off, and if workers keep dying (``MAX_RESTARTS`` in ``RESTART_WINDOW_S``) the parent
+stops them all and exits 1, so the orchestrator restarts the pod instead of a crash loop
+going unseen.
 
 What the workers share goes through the state store (it must be Redis): region state and
 carbon signals (each refreshes its own snapshot from it; one of them polls each provider
@@ -70,9 +72,15 @@ class Supervisor:
             if child.poll() is None:
                 child.send_signal(signum)
 
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        for child in self._children.values():
+            if child.poll() is None:
+                child.send_signal(signum)
+
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._signal)
+        signal.signal(signal.SIGHUP, self._forward)
         for index in range(self.workers):
             self._start(index)
         code = 0

@@ -63,6 +63,10 @@ class CarbonReplay:
         series = {zone: load_zone(zone_file(directory, zone, year), zone) for zone in sorted(set(zones))}
         return cls(series, delay_s, outages)
 
+    def published_row(self, zone: str, t: float) -> int:
+        """The index of the latest row of ``zone`` published by ``t`` (-1: none yet)."""
+        return self._published_row(zone, t)
+
     def _published_row(self, zone: str, t: float) -> int:
         for outage in self.outages:
             if outage.covers(zone, t):

@@ -13,6 +13,7 @@ from scheduler.config.loader import ConfigError
 from scheduler.config.schema import parse_duration
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
 from scheduler.sim.carbon_feed import ProviderOutage
+from scheduler.sim.deferral import Deferral
 from scheduler.sim.engine import RegionOutage
 from scheduler.sim.scenario import ScenarioSpec
 from scheduler.sim.workload import DEFAULT_CONTINENTS, TraceError, WorkloadConfig, with_shares
@@ -46,6 +47,13 @@ def _duration(value: str) -> float:
         return _offset_s(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_duration(value: str) -> float:
+    seconds = _duration(value)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {value!r}")
+    return seconds
 
 
 def _shares(value: str) -> dict[str, float]:
@@ -105,7 +113,16 @@ def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float
                         help="share of clients in a jurisdiction (EU) whose requests must stay there")
     parser.add_argument("--batch-share", type=_share, default=0.0)
     parser.add_argument("--deferrable-share", type=_share, default=0.0,
-                        help="share of deferrable requests (deadline: the policy's deferrable TTFT SLO)")
+                        help="share of deferrable requests; they wait in the deferral queue for the forecast's "
+                             "lowest-carbon window before their deadline")
+    parser.add_argument("--deferrable-deadline", type=_positive_duration, default=None, metavar="DURATION",
+                        help="a deferrable request's deadline after its arrival, e.g. 6h (default: the policy's "
+                             "deferrable TTFT SLO)")
+    parser.add_argument("--forecast-error", type=_non_negative, default=Deferral().forecast_error, metavar="SIGMA",
+                        help="lognormal sigma of the carbon forecast's error 24 h ahead, growing as sqrt(lead / 24 h) "
+                             "(0: perfect foresight)")
+    parser.add_argument("--no-deferral", action="store_true",
+                        help="decide deferrable requests at arrival (no queue, no second run)")
     parser.add_argument("--prefix-share", type=_share, default=0.3, help="share of requests with a shared prefix")
     parser.add_argument("--capacity-scale", type=float, default=1.0,
                         help="multiply every pool's GPU count (size the fleet to the simulated rate)")
@@ -129,6 +146,7 @@ def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> Sc
         residency_share=args.residency_share,
         batch_share=args.batch_share,
         deferrable_share=args.deferrable_share,
+        deferrable_deadline_s=args.deferrable_deadline,
         prefix_share=args.prefix_share,
     )
     return ScenarioSpec(
@@ -150,6 +168,7 @@ def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> Sc
         capacity_scale=args.capacity_scale,
         truth_error=args.truth_error,
         twelve_regions=twelve_regions,
+        deferral=None if args.no_deferral else Deferral(forecast_error=args.forecast_error),
         seed=args.seed,
         progress=not args.no_progress,
     )

@@ -21,10 +21,17 @@ predicted (``scheduler.sim.predicted``) and the true age of every fallback's sig
 (a snapshot is reused while a rebuild would decide the same, ``scheduler.sim.datalayer``).
 Fleet idle energy: idle_w x (R x span - busy time) per pool, span from the first arrival to
 the last event.
+
+Deferral (``Scenario.deferral``, ``scheduler.sim.deferral``): a deferrable request decided at
+arrival is either dispatched at once or held until the release time that
+``scheduler.deferral.window.choose_release`` picks on the forecast; its release is an event on
+the heap (an arrival, for the ordering), decided afresh on the snapshot of that time. Runs
+whose workload has no deferrable request take none of these paths.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -38,20 +45,25 @@ from tqdm import tqdm
 
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.deferral.window import choose_release
 from scheduler.framework.scheduler import Scheduler
 from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.filters.slo_reachable import ttft_budget_s
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.datalayer import SimDataLayer
+from scheduler.sim.deferral import Deferral, predicted_completion_s
+from scheduler.sim.deferral import summary as deferral_summary
+from scheduler.sim.forecast import CarbonForecast
 from scheduler.sim.pools import Job, PoolSim
 from scheduler.sim.predicted import Predictions
 from scheduler.sim.replica import Replica, Seq
 from scheduler.sim.report import FallbackAges, PolicyResult, summarize
 from scheduler.sim.truth import truth_costs
 from scheduler.sim.workload import RequestFactory, Workload
-from scheduler.types import FleetSnapshot
+from scheduler.types import WORKLOAD_CLASSES, Decision, FleetSnapshot, Request
 
-_STEP, _DOWN, _UP = 0, 1, 2
+_STEP, _DOWN, _UP, _RELEASE = 0, 1, 2, 3
+_DEFERRABLE = WORKLOAD_CLASSES.index("deferrable")
 J_PER_KWH = 3.6e6
 PROGRESS_EVERY = 5000
 
@@ -71,6 +83,8 @@ class Scenario:
     region_outages: tuple[RegionOutage, ...] = ()
     # Lognormal sigma of the truth model's per-pool errors (0: pools run at the rated costs).
     truth_error: float = 0.0
+    # The deferral queue for deferrable requests (None: they are decided and run at arrival).
+    deferral: Deferral | None = None
 
 
 class Simulation:
@@ -122,7 +136,21 @@ class Simulation:
         predicted_j = [math.nan] * n
         predicted_ttft = [math.nan] * n
         start_hour = w.arrival_s[0] if n else 0.0
-        hours = int((w.arrival_s[-1] - start_hour) // 3600) + 1 if n else 1
+        # Deferrable requests: their deadlines and release times (None: the workload has none).
+        classes = w.workload_class
+        has_deferrable = _DEFERRABLE in classes
+        deferral = self.scenario.deferral if has_deferrable else None
+        deferring = deferral is not None
+        deadline: list[float] = [math.nan] * n if has_deferrable else []
+        released: list[float] = list(w.arrival_s) if has_deferrable else []
+        reasons: Counter[str] = Counter()
+        # row -> (the request as it arrived, its class's TTFT budget [s]) while held
+        held: dict[int, tuple[Request, float]] = {}
+        last = w.arrival_s[-1] if n else start_hour
+        if has_deferrable:
+            # A held request runs no later than its deadline: the hourly counts (by dispatch) reach it.
+            last += self._longest_deadline_s()
+        hours = int((last - start_hour) // 3600) + 1 if n else 1
         hourly = [[0] * len(region_names) for _ in range(hours)]
         intensity = self.carbon.intensity
         counters: Counter[str] = Counter()
@@ -179,6 +207,50 @@ class Simulation:
             heapq.heappush(heap, (outage.end, seq_no + 1, _UP, outage.region, 0))
             seq_no += 2
         last_event = start_hour
+        forecast = (
+            CarbonForecast(self.carbon, deferral.forecast_error, self.seed, deferral.horizon_h)
+            if deferral is not None else None
+        )
+
+        def hold(row: int, request: Request, now: float, snap: FleetSnapshot, decision: Decision,
+                 class_budget_s: float) -> None:
+            """A deferrable request decided at arrival: dispatch now or hold until its window."""
+            nonlocal seq_no
+            assert deferral is not None and forecast is not None
+            candidate = decision.fleet[decision.survivor_index[decision.order[0]]]
+            needs = deferral.needs_s(predicted_completion_s(predictions, snap, request, candidate))
+            release = choose_release(forecast.points(candidate.region.grid_zone, now), now, deadline[row], needs,
+                                     min_gain=deferral.min_gain)
+            reasons[release.reason] += 1
+            if release.at <= now:
+                dispatch(Job(row, request, now, prefix_tokens[row], decision), now, snap)
+                return
+            held[row] = (request, class_budget_s)
+            released[row] = release.at
+            heapq.heappush(heap, (release.at, seq_no, _RELEASE, row, 0))
+            seq_no += 1
+
+        def release(row: int, now: float) -> None:
+            """A held request's release: decided afresh, with the time left to its deadline."""
+            nonlocal sched_ns, snapshot_ns
+            request, class_budget = held.pop(row)
+            mark = clock()
+            snap = data.snapshot(now)
+            slo_s = max(0.0, min(class_budget, deadline[row] - now))
+            request = dataclasses.replace(request, ttft_slo_ms=slo_s * 1e3)
+            budget[row] = slo_s
+            mid = clock()
+            decision = scheduler.schedule(request, snap)
+            snapshot_ns += mid - mark
+            sched_ns += clock() - mid
+            if decision.fallbacks:
+                fallback_ages.record(decision.fallbacks, now - snap.now)
+            if decision.schedulable:
+                dispatch(Job(row, request, now, prefix_tokens[row], decision), now, snap)
+            else:
+                counters["unschedulable"] += 1
+                if decision.rejected:
+                    unschedulable_by[decision.rejected[-1].plugin] += 1
 
         def dispatch(job: Job, now: float, snap: FleetSnapshot) -> None:
             nonlocal seq_no
@@ -221,6 +293,10 @@ class Simulation:
                         heapq.heappush(heap, (then, seq_no, _STEP, subject, subject.version))
                         seq_no += 1
                 return
+            if kind == _RELEASE:
+                assert isinstance(subject, int)
+                release(subject, now)
+                return
             region = str(subject)
             down = kind == _DOWN
             for pool in region_pools.get(region, ()):
@@ -238,8 +314,10 @@ class Simulation:
 
         arrival = w.arrival_s
         prefix_tokens = w.prefix_tokens
-        bar = tqdm(total=n, unit="req", desc=self.policy.name, disable=not progress, mininterval=0.5)
+        bar = tqdm(total=n, unit="req", desc=self.policy.name + ("" if deferring or not has_deferrable else " (at arrival)"),
+                   disable=not progress, mininterval=0.5)
         clock = time.perf_counter_ns
+        deadline_s = w.deferrable_deadline_s
         i = 0
         while i < n:
             t = arrival[i]
@@ -250,6 +328,14 @@ class Simulation:
             snap = data.snapshot(t)
             request = factory.request(i)
             budget[i] = ttft_budget_s(request, snap)
+            deferrable = has_deferrable and classes[i] == _DEFERRABLE
+            if deferrable:
+                # Its deadline; a TTFT SLO no longer than that.
+                class_budget = budget[i]
+                if deadline_s is not None and deadline_s < class_budget:
+                    request = dataclasses.replace(request, ttft_slo_ms=deadline_s * 1e3)
+                    budget[i] = deadline_s
+                deadline[i] = t + (class_budget if deadline_s is None else deadline_s)
             mid = clock()
             decision = scheduler.schedule(request, snap)
             done_ns = clock()
@@ -257,7 +343,9 @@ class Simulation:
             sched_ns += done_ns - mid
             if decision.fallbacks:
                 fallback_ages.record(decision.fallbacks, t - snap.now)
-            if decision.schedulable:
+            if decision.schedulable and deferrable and deferring:
+                hold(i, request, t, snap, decision, budget[i])
+            elif decision.schedulable:
                 dispatch(Job(i, request, t, prefix_tokens[i], decision), t, snap)
             else:
                 counters["unschedulable"] += 1
@@ -280,16 +368,27 @@ class Simulation:
             utilisation[f"{region}/{pool_name}"] = busy / replica_s if replica_s > 0 else 0.0
             idle_j += pool.costs.idle_w * max(0.0, replica_s - busy)
 
+        ran_in_a = np.asarray(ran_in, dtype=np.int64)
+        latency_a = np.asarray(latency)
+        energy_a = np.asarray(energy)
+        grams_a = np.asarray(grams)
+        deferral_figures = None
+        if has_deferrable:
+            rows = [i for i, c in enumerate(classes) if c == _DEFERRABLE]
+            deferral_figures = deferral_summary(rows, w.arrival_s, deadline, released, ran_in_a, latency_a, energy_a,
+                                                grams_a, reasons)
+            deferral_figures["deferral"] = "queue" if deferring else "at-arrival"
+
         return summarize(
             policy=self.policy.name,
             regions=region_names,
-            ran_in=np.asarray(ran_in, dtype=np.int64),
+            ran_in=ran_in_a,
             ttft_s=np.asarray(ttft),
             queue_wait_s=np.asarray(queue_wait),
-            latency_s=np.asarray(latency),
+            latency_s=latency_a,
             budget_s=np.asarray(budget),
-            energy_j=np.asarray(energy),
-            grams=np.asarray(grams),
+            energy_j=energy_a,
+            grams=grams_a,
             predicted_j=np.asarray(predicted_j),
             predicted_ttft_s=np.asarray(predicted_ttft),
             hourly=np.asarray(hourly, dtype=np.int64).reshape(hours, len(region_names)),
@@ -304,4 +403,13 @@ class Simulation:
                 "schedule": sched_ns / 1e9,
                 "snapshot_and_request": snapshot_ns / 1e9,
             },
+            deferral=deferral_figures,
         )
+
+    def _longest_deadline_s(self) -> float:
+        """An upper bound of any deferrable request's deadline after its arrival."""
+        if self.workload.deferrable_deadline_s is not None:
+            return self.workload.deferrable_deadline_s
+        slo = self.policy.slo_for("deferrable")
+        longest_prompt = max(self.workload.prompt_tokens, default=0)
+        return (slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * longest_prompt / 1000.0) / 1000.0

@@ -13,6 +13,12 @@ Prediction error per request that ran, of energy and of TTFT:
     reported: mean (signed), mean of |error|, 90th percentile of |error|, in %
 
 Fallback ages are the signals' true ages at the request's time (``scheduler.sim.engine``).
+
+Deferral (``scheduler.sim.deferral``): when the workload has deferrable requests, ``deferral``
+holds the deferrable work's figures (``deferred_gco2e_per_request``, ``missed_deadlines``, ...,
+and the same requests decided at arrival, ``deferred_gco2e_per_request_at_arrival``); JSON
+puts them at the policy's top level. A held request's TTFT, queue wait and completion time
+count from its release.
 """
 
 from __future__ import annotations
@@ -113,9 +119,12 @@ class PolicyResult:
     # Plot inputs (left out of JSON): hour start (epoch s) and requests per hour per region.
     start: float = 0.0
     hourly: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64), repr=False)
+    # The deferrable work's figures (empty: the workload has no deferrable request).
+    deferral: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("hourly", "start")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("hourly", "start", "deferral")}
+        out.update(self.deferral)
         out["region_share"] = dict(self.region_share)
         out["fallbacks"] = dict(self.fallbacks)
         out["unschedulable_by"] = dict(self.unschedulable_by)
@@ -153,6 +162,7 @@ def summarize(
     utilisation: Mapping[str, float],
     idle_j: float,
     timings_s: Mapping[str, float],
+    deferral: Mapping[str, Any] | None = None,
 ) -> PolicyResult:
     n = len(ran_in)
     ran = ran_in >= 0
@@ -193,6 +203,7 @@ def summarize(
         fallback_age_s=fallback_ages.summary(),
         start=start,
         hourly=hourly,
+        deferral=dict(deferral or {}),
     )
 
 
@@ -237,6 +248,34 @@ def format_table(results: Sequence[PolicyResult], baseline: str | None = None) -
             lines.append(
                 f"{r.policy:<16}fallback {signal}: {ages['count']:,.0f}, age mean {ages['mean_s'] / 3600:.1f} h, "
                 f"max {ages['max_s'] / 3600:.1f} h"
+            )
+    deferring = [r for r in results if r.deferral]
+    if deferring:
+        lines.append("")
+        header = (
+            f"{'deferrable work':<16}{'requests':>10}{'held':>9}{'gCO2e/req':>11}{'at arrival':>12}{'change':>9}"
+            f"{'J/req':>9}{'at arr.':>9}{'g/kWh':>8}{'at arr.':>9}{'missed':>8}{'at arr.':>9}{'wait p50':>10}"
+            f"{'p99':>8}"
+        )
+        lines += [header, "-" * len(header)]
+        for r in deferring:
+            d = r.deferral
+
+            def num(key: str, fmt: str, d: Mapping[str, Any] = d) -> str:
+                value = d.get(key)
+                return "-" if value is None else format(value, fmt)
+
+            wait50, wait99 = (
+                "-" if d.get(k) is None else f"{d[k] / 3600:.1f} h" for k in ("deferred_wait_p50_s", "deferred_wait_p99_s")
+            )
+            lines.append(
+                f"{r.policy:<16}{d['deferrable_requests']:>10,}{d['deferred_held']:>9,}"
+                f"{num('deferred_gco2e_per_request', '.5f'):>11}{num('deferred_gco2e_per_request_at_arrival', '.5f'):>12}"
+                f"{num('deferred_gco2e_change', '+.1%'):>9}{num('deferred_j_per_request', '.1f'):>9}"
+                f"{num('deferred_j_per_request_at_arrival', '.1f'):>9}{num('deferred_g_per_kwh', '.1f'):>8}"
+                f"{num('deferred_g_per_kwh_at_arrival', '.1f'):>9}{d['missed_deadlines']:>8,}"
+                f"{num('missed_deadlines_at_arrival', ','):>9}"
+                f"{wait50:>10}{wait99:>8}"
             )
     regions = list(results[0].region_share) if results else []
     lines.append("")

@@ -3,10 +3,15 @@
 Every policy sees the same workload (drawn from the seed), the same carbon replay and the
 same outages; policies may run in parallel processes (``jobs``) with identical results,
 since each run depends only on the spec and the policy.
+
+With deferrable requests and ``deferral`` set, a policy runs twice on the same workload: with
+the deferral queue (its result) and deciding the same deferrable requests at arrival (its
+``deferred_*_at_arrival`` figures, ``scheduler.sim.deferral.merge``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +22,7 @@ from scheduler.config.loader import load_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
+from scheduler.sim.deferral import Deferral, merge
 from scheduler.sim.engine import RegionOutage, Scenario, Simulation
 from scheduler.sim.fleets import scale_fleet, twelve_region_fleet
 from scheduler.sim.report import PolicyResult
@@ -39,6 +45,8 @@ class ScenarioSpec:
     truth_error: float = 0.0
     # Add the four generated regions (the 12-region benchmark fleet).
     twelve_regions: bool = False
+    # The deferral queue for deferrable requests (None: decided at arrival, no second run).
+    deferral: Deferral | None = dataclasses.field(default_factory=Deferral)
     refresh_s: float = 1.0
     seed: int = 0
     progress: bool = True
@@ -68,6 +76,8 @@ class ScenarioSpec:
             "residency_share": w.residency_share,
             "batch_share": w.batch_share,
             "deferrable_share": w.deferrable_share,
+            "deferrable_deadline_s": w.deferrable_deadline_s,
+            "deferral": None if self.deferral is None else dataclasses.asdict(self.deferral),
             "prefix_share": w.prefix_share,
             "clients": {c.name: c.share for c in w.continents},
         }
@@ -77,11 +87,23 @@ def run_policy(spec: ScenarioSpec, policy: str) -> PolicyResult:
     fleet = load_fleet(spec.regions_dir, spec.policies_dir)
     regions = spec.regions()
     workload = build_workload(load_trace(spec.trace), spec.workload, spec.seed)
-    carbon = CarbonReplay.from_dir(
-        spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year, spec.carbon_delay_s, spec.carbon_outages
-    )
-    scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages, truth_error=spec.truth_error)
-    return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed).run(spec.progress)
+
+    def run(deferral: Deferral | None) -> PolicyResult:
+        carbon = CarbonReplay.from_dir(
+            spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year, spec.carbon_delay_s,
+            spec.carbon_outages,
+        )
+        scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages,
+                            truth_error=spec.truth_error, deferral=deferral)
+        return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed).run(spec.progress)
+
+    if spec.deferral is None or spec.workload.deferrable_share <= 0:
+        return run(None)
+    at_arrival = run(None)
+    queued = run(spec.deferral)
+    if not queued.deferral:
+        return queued  # no deferrable request was drawn
+    return dataclasses.replace(queued, deferral=merge(queued.deferral, at_arrival.deferral))
 
 
 def compare(spec: ScenarioSpec, policies: Sequence[str], jobs: int = 1) -> list[PolicyResult]:

@@ -154,6 +154,9 @@ class WorkloadConfig:
     residency_share: float = 0.4
     batch_share: float = 0.0
     deferrable_share: float = 0.0
+    # Deadline of a deferrable request after its arrival [s] (done by then); None: the
+    # policy's deferrable TTFT SLO.
+    deferrable_deadline_s: float | None = None
     # Share of requests that open with one of ``prefix_groups`` shared prefixes (system
     # prompts, few-shot headers), each ``prefix_tokens`` long (drawn per group).
     prefix_share: float = 0.3
@@ -169,6 +172,8 @@ class WorkloadConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.deferrable_deadline_s is not None and not self.deferrable_deadline_s > 0:
+            raise ValueError(f"deferrable deadline must be positive, got {self.deferrable_deadline_s}")
         if self.batch_share + self.deferrable_share > 1.0:
             raise ValueError("batch_share + deferrable_share must not exceed 1")
         if sum(c.share for c in self.continents) <= 0:
@@ -191,6 +196,8 @@ class Workload:
     cities: tuple[City, ...]
     # Per city: the jurisdiction a restricted request from there must stay in.
     city_jurisdiction: tuple[str | None, ...]
+    # Deadline of a deferrable request after its arrival [s]; None: the policy's deferrable TTFT SLO.
+    deferrable_deadline_s: float | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -248,6 +255,7 @@ def build_workload(trace: Trace, config: WorkloadConfig, seed: int) -> Workload:
         prefix_tokens=prefix.tolist(),
         cities=tuple(cities),
         city_jurisdiction=tuple(city_jurisdiction),
+        deferrable_deadline_s=config.deferrable_deadline_s,
     )
 
 

@@ -78,6 +78,15 @@ class MemoryStore:
             return {}
         return {name: _redis_float(value) for name, value in self._hashes.get(key, {}).items()}
 
+    async def window_add(self, key: str, fields: Mapping[str, float], ttl_s: float, once_key: str | None = None,
+                         once_ttl_s: float = 600.0) -> bool:
+        if once_key is not None and not await self.set_nx(once_key, b"1", once_ttl_s):
+            return False
+        for name, amount in fields.items():
+            await self.hincrbyfloat(key, name, amount)
+        self._expires[key] = self.clock() + ttl_s
+        return True
+
     async def acquire_lock(self, name: str, owner: str, ttl_s: float) -> bool:
         key = keys.lock(name)
         holder = await self.get(key)

@@ -80,6 +80,20 @@ end
 return 1
 """
 
+# KEYS[1] window hash; KEYS[2] once marker ('' none); ARGV[1] hash ttl ms; ARGV[2] marker ttl
+# ms; ARGV[3..] field, amount pairs. The counters of one time window: added together (or not at
+# all, once per marker), and the hash expires with its window.
+_WINDOW_ADD = """
+if KEYS[2] ~= '' and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then
+  return 0
+end
+for i = 3, #ARGV, 2 do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
 # KEYS[1] stream; KEYS[2] once marker; ARGV[1] marker ttl ms; ARGV[2] maxlen; ARGV[3..] field,
 # value pairs. Appends only when the marker is new: an entry whose XADD timed out on the client
 # but reached Redis is not appended again by the retry.
@@ -114,6 +128,7 @@ class RedisStore:
         self._take_tokens = client.register_script(_TAKE_TOKENS)
         self._ledger_add = client.register_script(_LEDGER_ADD)
         self._xadd_once = client.register_script(_XADD_ONCE)
+        self._window_add = client.register_script(_WINDOW_ADD)
 
     @classmethod
     def from_url(cls, url: str, namespace: str, timeout_s: float = 3.0, connect_timeout_s: float = 1.0) -> RedisStore:
@@ -186,6 +201,15 @@ class RedisStore:
     async def hgetall(self, key: str) -> dict[str, str]:
         raw: Mapping[Any, Any] = await self._call(lambda: self._client.hgetall(self._key(key)))
         return {_text(k): _text(v) for k, v in raw.items()}
+
+    async def window_add(self, key: str, fields: Mapping[str, float], ttl_s: float, once_key: str | None = None,
+                         once_ttl_s: float = 600.0) -> bool:
+        args: list[Any] = [_ms(ttl_s), _ms(once_ttl_s)]
+        for name, amount in fields.items():
+            args += [name, repr(float(amount))]
+        marker = "" if once_key is None else self._key(once_key)
+        added = await self._call(lambda: self._window_add(keys=[self._key(key), marker], args=args))
+        return bool(added)
 
     async def acquire_lock(self, name: str, owner: str, ttl_s: float) -> bool:
         key = self._key(keys.lock(name))

@@ -44,6 +44,14 @@ class StateStore(Protocol):
 
     async def hgetall(self, key: str) -> dict[str, str]: ...
 
+    async def window_add(self, key: str, fields: Mapping[str, float], ttl_s: float, once_key: str | None = None,
+                         once_ttl_s: float = 600.0) -> bool:
+        """Add each amount of ``fields`` to hash ``key`` (HINCRBYFLOAT) and set its TTL to
+        ``ttl_s``, atomically, all or none, and only if ``once_key`` did not exist (it is then set
+        for ``once_ttl_s``): the counters of a time window, shared by every user of the store,
+        that expire with it; a retried batch counts once. True if added."""
+        ...
+
     async def acquire_lock(self, name: str, owner: str, ttl_s: float) -> bool:
         """Take the lock, or extend it when ``owner`` already holds it; False if another does."""
         ...

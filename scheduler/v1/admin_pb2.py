@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18scheduler/v1/admin.proto\x12\x0cscheduler.v1\":\n\x17SetEnergyRoutingRequest\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Z\n\x18SetEnergyRoutingResponse\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x19\n\x11updated_at_unix_s\x18\x02 \x01(\x01\x12\x12\n\nupdated_by\x18\x03 \x01(\t\"\x12\n\x10GetStatusRequest\"\xf7\x02\n\x11GetStatusResponse\x12\x16\n\x0e\x65nergy_routing\x18\x01 \x01(\x08\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x15\n\rstate_backend\x18\x03 \x01(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\x12\x17\n\x0fstate_reachable\x18\x05 \x01(\x08\x12#\n\x16last_state_read_unix_s\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x10last_state_error\x18\x07 \x01(\t\x12\x1a\n\x12snapshot_at_unix_s\x18\x08 \x01(\x01\x12\x0f\n\x07regions\x18\t \x01(\r\x12\x12\n\ncandidates\x18\n \x01(\r\x12\x17\n\x0fhealthy_regions\x18\x0b \x01(\r\x12\x1a\n\x12\x66resh_carbon_zones\x18\x0c \x01(\r\x12\x16\n\x0e\x61\x63tive_streams\x18\r \x01(\x04\x12\x0f\n\x07version\x18\x0e \x01(\tB\x19\n\x17_last_state_read_unix_s2\xbe\x01\n\x0bRouterAdmin\x12\x61\n\x10SetEnergyRouting\x12%.scheduler.v1.SetEnergyRoutingRequest\x1a&.scheduler.v1.SetEnergyRoutingResponse\x12L\n\tGetStatus\x12\x1e.scheduler.v1.GetStatusRequest\x1a\x1f.scheduler.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18scheduler/v1/admin.proto\x12\x0cscheduler.v1\":\n\x17SetEnergyRoutingRequest\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Z\n\x18SetEnergyRoutingResponse\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x19\n\x11updated_at_unix_s\x18\x02 \x01(\x01\x12\x12\n\nupdated_by\x18\x03 \x01(\t\"\x12\n\x10GetStatusRequest\"\xf7\x02\n\x11GetStatusResponse\x12\x16\n\x0e\x65nergy_routing\x18\x01 \x01(\x08\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x15\n\rstate_backend\x18\x03 \x01(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\x12\x17\n\x0fstate_reachable\x18\x05 \x01(\x08\x12#\n\x16last_state_read_unix_s\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x10last_state_error\x18\x07 \x01(\t\x12\x1a\n\x12snapshot_at_unix_s\x18\x08 \x01(\x01\x12\x0f\n\x07regions\x18\t \x01(\r\x12\x12\n\ncandidates\x18\n \x01(\r\x12\x17\n\x0fhealthy_regions\x18\x0b \x01(\r\x12\x1a\n\x12\x66resh_carbon_zones\x18\x0c \x01(\r\x12\x16\n\x0e\x61\x63tive_streams\x18\r \x01(\x04\x12\x0f\n\x07version\x18\x0e \x01(\tB\x19\n\x17_last_state_read_unix_s\"\x18\n\x16GetCanaryStatusRequest\"\xbb\x02\n\x0e\x43\x61naryArmStats\x12\x0b\n\x03\x61rm\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x04\x12 \n\x13ttft_slo_attainment\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nerror_rate\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x17\n\nretry_rate\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12!\n\x14\x65nergy_j_per_request\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11gco2e_per_request\x18\x08 \x01(\x01H\x04\x88\x01\x01\x42\x16\n\x14_ttft_slo_attainmentB\r\n\x0b_error_rateB\r\n\x0b_retry_rateB\x17\n\x15_energy_j_per_requestB\x14\n\x12_gco2e_per_request\"b\n\x0c\x43\x61naryWindow\x12\x14\n\x0cstart_unix_s\x18\x01 \x01(\x01\x12\x10\n\x08length_s\x18\x02 \x01(\x01\x12*\n\x04\x61rms\x18\x03 \x03(\x0b\x32\x1c.scheduler.v1.CanaryArmStats\"\xe2\x02\n\x17GetCanaryStatusResponse\x12\x12\n\nconfigured\x18\x01 \x01(\x08\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x0b\n\x03\x61rm\x18\x03 \x01(\t\x12\x10\n\x08\x66raction\x18\x04 \x01(\x01\x12\x11\n\tassign_by\x18\x05 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x06 \x01(\x08\x12\r\n\x05state\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\r\n\x05\x65poch\x18\t \x01(\t\x12\x19\n\x11updated_at_unix_s\x18\n \x01(\x01\x12\x12\n\nupdated_by\x18\x0b \x01(\t\x12*\n\x06judged\x18\x0c \x01(\x0b\x32\x1a.scheduler.v1.CanaryWindow\x12+\n\x07windows\x18\r \x03(\x0b\x32\x1a.scheduler.v1.CanaryWindow\x12\x12\n\nthresholds\x18\x0e \x03(\t\x12\x16\n\x0eread_at_unix_s\x18\x0f \x01(\x01\"6\n\x13SetCanaryArmRequest\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x82\x01\n\x14SetCanaryArmResponse\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12\x19\n\x11updated_at_unix_s\x18\x03 \x01(\x01\x12\x12\n\nupdated_by\x18\x04 \x01(\t\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x0b\n\x03\x61rm\x18\x06 \x01(\t\"&\n\x13ReloadConfigRequest\x12\x0f\n\x07\x64ry_run\x18\x01 \x01(\x08\"=\n\rConfigProblem\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xdd\x01\n\x14ReloadConfigResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x18\n\x10previous_version\x18\x04 \x01(\t\x12\x14\n\x0c\x66iles_digest\x18\x05 \x01(\t\x12-\n\x08problems\x18\x06 \x03(\x0b\x32\x1b.scheduler.v1.ConfigProblem\x12\x11\n\tpublished\x18\x07 \x01(\x08\x12\x15\n\rpublish_error\x18\x08 \x01(\t\x12\x0e\n\x06source\x18\t \x01(\t2\xcc\x03\n\x0bRouterAdmin\x12\x61\n\x10SetEnergyRouting\x12%.scheduler.v1.SetEnergyRoutingRequest\x1a&.scheduler.v1.SetEnergyRoutingResponse\x12L\n\tGetStatus\x12\x1e.scheduler.v1.GetStatusRequest\x1a\x1f.scheduler.v1.GetStatusResponse\x12^\n\x0fGetCanaryStatus\x12$.scheduler.v1.GetCanaryStatusRequest\x1a%.scheduler.v1.GetCanaryStatusResponse\x12U\n\x0cSetCanaryArm\x12!.scheduler.v1.SetCanaryArmRequest\x1a\".scheduler.v1.SetCanaryArmResponse\x12U\n\x0cReloadConfig\x12!.scheduler.v1.ReloadConfigRequest\x1a\".scheduler.v1.ReloadConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,6 +39,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATUSREQUEST']._serialized_end=212
   _globals['_GETSTATUSRESPONSE']._serialized_start=215
   _globals['_GETSTATUSRESPONSE']._serialized_end=590
-  _globals['_ROUTERADMIN']._serialized_start=593
-  _globals['_ROUTERADMIN']._serialized_end=783
+  _globals['_GETCANARYSTATUSREQUEST']._serialized_start=592
+  _globals['_GETCANARYSTATUSREQUEST']._serialized_end=616
+  _globals['_CANARYARMSTATS']._serialized_start=619
+  _globals['_CANARYARMSTATS']._serialized_end=934
+  _globals['_CANARYWINDOW']._serialized_start=936
+  _globals['_CANARYWINDOW']._serialized_end=1034
+  _globals['_GETCANARYSTATUSRESPONSE']._serialized_start=1037
+  _globals['_GETCANARYSTATUSRESPONSE']._serialized_end=1391
+  _globals['_SETCANARYARMREQUEST']._serialized_start=1393
+  _globals['_SETCANARYARMREQUEST']._serialized_end=1447
+  _globals['_SETCANARYARMRESPONSE']._serialized_start=1450
+  _globals['_SETCANARYARMRESPONSE']._serialized_end=1580
+  _globals['_RELOADCONFIGREQUEST']._serialized_start=1582
+  _globals['_RELOADCONFIGREQUEST']._serialized_end=1620
+  _globals['_CONFIGPROBLEM']._serialized_start=1622
+  _globals['_CONFIGPROBLEM']._serialized_end=1683
+  _globals['_RELOADCONFIGRESPONSE']._serialized_start=1686
+  _globals['_RELOADCONFIGRESPONSE']._serialized_end=1907
+  _globals['_ROUTERADMIN']._serialized_start=1910
+  _globals['_ROUTERADMIN']._serialized_end=2370
 # @@protoc_insertion_point(module_scope)

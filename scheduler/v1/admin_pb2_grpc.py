@@ -44,6 +44,21 @@ class RouterAdminStub:
                 request_serializer=scheduler_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_admin__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.GetCanaryStatus = channel.unary_unary(
+                '/scheduler.v1.RouterAdmin/GetCanaryStatus',
+                request_serializer=scheduler_dot_v1_dot_admin__pb2.GetCanaryStatusRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__pb2.GetCanaryStatusResponse.FromString,
+                _registered_method=True)
+        self.SetCanaryArm = channel.unary_unary(
+                '/scheduler.v1.RouterAdmin/SetCanaryArm',
+                request_serializer=scheduler_dot_v1_dot_admin__pb2.SetCanaryArmRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__pb2.SetCanaryArmResponse.FromString,
+                _registered_method=True)
+        self.ReloadConfig = channel.unary_unary(
+                '/scheduler.v1.RouterAdmin/ReloadConfig',
+                request_serializer=scheduler_dot_v1_dot_admin__pb2.ReloadConfigRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_admin__pb2.ReloadConfigResponse.FromString,
+                _registered_method=True)
 
 
 class RouterAdminServicer:
@@ -62,6 +77,33 @@ class RouterAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCanaryStatus(self, request, context):
+        """The canary of the router's policy (docs/canary.md): its split, whether its arm is on, and
+        each arm's figures per window, as this router read them from the store last (<= 0.5 s ago).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCanaryArm(self, request, context):
+        """Re-enable the canary arm after a rollback (a new epoch: its windows start empty), or switch
+        it off, for every router sharing the store within 1 s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReloadConfig(self, request, context):
+        """Re-read this router's config files (regions/, policies/, keys, budgets), validate them
+        and, when they are valid and differ from the version in use, apply them and publish them
+        as the fleet's new version: every router sharing the store converges to it within 5 s.
+        Invalid files change nothing: the answer lists each problem (file, field, value) and the
+        version kept. (Also on SIGHUP and when a file changes; docs/hot-reload.md.)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -74,6 +116,21 @@ def add_RouterAdminServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=scheduler_dot_v1_dot_admin__pb2.GetStatusRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_admin__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'GetCanaryStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCanaryStatus,
+                    request_deserializer=scheduler_dot_v1_dot_admin__pb2.GetCanaryStatusRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__pb2.GetCanaryStatusResponse.SerializeToString,
+            ),
+            'SetCanaryArm': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCanaryArm,
+                    request_deserializer=scheduler_dot_v1_dot_admin__pb2.SetCanaryArmRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__pb2.SetCanaryArmResponse.SerializeToString,
+            ),
+            'ReloadConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReloadConfig,
+                    request_deserializer=scheduler_dot_v1_dot_admin__pb2.ReloadConfigRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_admin__pb2.ReloadConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -130,6 +187,87 @@ class RouterAdmin:
             '/scheduler.v1.RouterAdmin/GetStatus',
             scheduler_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
             scheduler_dot_v1_dot_admin__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCanaryStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.RouterAdmin/GetCanaryStatus',
+            scheduler_dot_v1_dot_admin__pb2.GetCanaryStatusRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__pb2.GetCanaryStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCanaryArm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.RouterAdmin/SetCanaryArm',
+            scheduler_dot_v1_dot_admin__pb2.SetCanaryArmRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__pb2.SetCanaryArmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReloadConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.RouterAdmin/ReloadConfig',
+            scheduler_dot_v1_dot_admin__pb2.ReloadConfigRequest.SerializeToString,
+            scheduler_dot_v1_dot_admin__pb2.ReloadConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -84,7 +84,7 @@ class GeoPoint(_message.Message):
     def __init__(self, lat: _Optional[float] = ..., lon: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("tenant", "request_id", "model", "prompt", "chat", "sampling", "workload_class", "slo", "compliance", "client_location", "prefix_key", "prompt_tokens", "cached_tokens", "decision_detail")
+    __slots__ = ("tenant", "request_id", "model", "prompt", "chat", "sampling", "workload_class", "slo", "compliance", "client_location", "prefix_key", "prompt_tokens", "cached_tokens", "decision_detail", "workflow_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class GenerateRequest(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECISION_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     request_id: str
     model: str
@@ -113,7 +114,8 @@ class GenerateRequest(_message.Message):
     prompt_tokens: int
     cached_tokens: int
     decision_detail: DecisionDetail
-    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., workload_class: _Optional[_Union[WorkloadClass, str]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., compliance: _Optional[_Union[Compliance, _Mapping]] = ..., client_location: _Optional[_Union[GeoPoint, _Mapping]] = ..., prefix_key: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., decision_detail: _Optional[_Union[DecisionDetail, str]] = ...) -> None: ...
+    workflow_id: str
+    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., workload_class: _Optional[_Union[WorkloadClass, str]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., compliance: _Optional[_Union[Compliance, _Mapping]] = ..., client_location: _Optional[_Union[GeoPoint, _Mapping]] = ..., prefix_key: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., decision_detail: _Optional[_Union[DecisionDetail, str]] = ..., workflow_id: _Optional[str] = ...) -> None: ...
 
 class EnergyEstimate(_message.Message):
     __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "prefill_j", "decode_j", "idle_j", "provenance")
@@ -134,7 +136,7 @@ class EnergyEstimate(_message.Message):
     def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., idle_j: _Optional[float] = ..., provenance: _Optional[str] = ...) -> None: ...
 
 class RankedCandidate(_message.Message):
-    __slots__ = ("region", "pool", "model", "gpu", "endpoint", "quantities", "costs", "total", "energy")
+    __slots__ = ("region", "pool", "model", "gpu", "endpoint", "quantities", "costs", "total", "energy", "precision")
     class QuantitiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +160,7 @@ class RankedCandidate(_message.Message):
     COSTS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     ENERGY_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
     region: str
     pool: str
     model: str
@@ -167,7 +170,8 @@ class RankedCandidate(_message.Message):
     costs: _containers.ScalarMap[str, float]
     total: float
     energy: EnergyEstimate
-    def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., endpoint: _Optional[str] = ..., quantities: _Optional[_Mapping[str, float]] = ..., costs: _Optional[_Mapping[str, float]] = ..., total: _Optional[float] = ..., energy: _Optional[_Union[EnergyEstimate, _Mapping]] = ...) -> None: ...
+    precision: str
+    def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., endpoint: _Optional[str] = ..., quantities: _Optional[_Mapping[str, float]] = ..., costs: _Optional[_Mapping[str, float]] = ..., total: _Optional[float] = ..., energy: _Optional[_Union[EnergyEstimate, _Mapping]] = ..., precision: _Optional[str] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("region", "pool", "plugin", "reason")
@@ -196,7 +200,7 @@ class Fallback(_message.Message):
     def __init__(self, signal: _Optional[str] = ..., scorer: _Optional[str] = ..., age_s: _Optional[float] = ..., max_age_s: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("decision_id", "request_id", "decided_at_unix_s", "policy", "ranked", "rejected", "fallbacks", "rates", "units", "objective", "energy_ranking", "plugin_timings_ns", "prompt_tokens", "prompt_tokens_estimated", "ranked_total", "rejected_total")
+    __slots__ = ("decision_id", "request_id", "decided_at_unix_s", "policy", "ranked", "rejected", "fallbacks", "rates", "units", "objective", "energy_ranking", "plugin_timings_ns", "prompt_tokens", "prompt_tokens_estimated", "ranked_total", "rejected_total", "config_version", "canary_arm", "output_budget")
     class RatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +238,9 @@ class Decision(_message.Message):
     PROMPT_TOKENS_ESTIMATED_FIELD_NUMBER: _ClassVar[int]
     RANKED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_ARM_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BUDGET_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     request_id: str
     decided_at_unix_s: float
@@ -250,7 +257,30 @@ class Decision(_message.Message):
     prompt_tokens_estimated: bool
     ranked_total: int
     rejected_total: int
-    def __init__(self, decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decided_at_unix_s: _Optional[float] = ..., policy: _Optional[str] = ..., ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., rates: _Optional[_Mapping[str, float]] = ..., units: _Optional[_Mapping[str, str]] = ..., objective: _Optional[str] = ..., energy_ranking: _Optional[bool] = ..., plugin_timings_ns: _Optional[_Mapping[str, int]] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_estimated: _Optional[bool] = ..., ranked_total: _Optional[int] = ..., rejected_total: _Optional[int] = ...) -> None: ...
+    config_version: str
+    canary_arm: str
+    output_budget: OutputBudget
+    def __init__(self, decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decided_at_unix_s: _Optional[float] = ..., policy: _Optional[str] = ..., ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., rates: _Optional[_Mapping[str, float]] = ..., units: _Optional[_Mapping[str, str]] = ..., objective: _Optional[str] = ..., energy_ranking: _Optional[bool] = ..., plugin_timings_ns: _Optional[_Mapping[str, int]] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_estimated: _Optional[bool] = ..., ranked_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ...) -> None: ...
+
+class OutputBudget(_message.Message):
+    __slots__ = ("requested_max_tokens", "max_tokens", "quality_requested", "quality", "energy_j_requested", "energy_j", "mode", "enforced")
+    REQUESTED_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ENFORCED_FIELD_NUMBER: _ClassVar[int]
+    requested_max_tokens: int
+    max_tokens: int
+    quality_requested: float
+    quality: float
+    energy_j_requested: float
+    energy_j: float
+    mode: str
+    enforced: bool
+    def __init__(self, requested_max_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., quality_requested: _Optional[float] = ..., quality: _Optional[float] = ..., energy_j_requested: _Optional[float] = ..., energy_j: _Optional[float] = ..., mode: _Optional[str] = ..., enforced: _Optional[bool] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("text", "finish_reason")
@@ -291,7 +321,7 @@ class Failover(_message.Message):
     def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., error: _Optional[str] = ..., http_status: _Optional[int] = ...) -> None: ...
 
 class EnergyReceipt(_message.Message):
-    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms", "partial", "end_reason", "carbon_basis", "carbon_intensity_g_per_kwh")
+    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms", "partial", "end_reason", "carbon_basis", "carbon_intensity_g_per_kwh", "config_version", "canary_arm", "precision", "output_budget")
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_LOW_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_HIGH_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +355,10 @@ class EnergyReceipt(_message.Message):
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     CARBON_BASIS_FIELD_NUMBER: _ClassVar[int]
     CARBON_INTENSITY_G_PER_KWH_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_ARM_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BUDGET_FIELD_NUMBER: _ClassVar[int]
     energy_j: float
     energy_j_low: float
     energy_j_high: float
@@ -358,7 +392,11 @@ class EnergyReceipt(_message.Message):
     end_reason: str
     carbon_basis: str
     carbon_intensity_g_per_kwh: float
-    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., partial: _Optional[bool] = ..., end_reason: _Optional[str] = ..., carbon_basis: _Optional[str] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ...) -> None: ...
+    config_version: str
+    canary_arm: str
+    precision: str
+    output_budget: OutputBudget
+    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., partial: _Optional[bool] = ..., end_reason: _Optional[str] = ..., carbon_basis: _Optional[str] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., precision: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("decision", "chunk", "receipt")

@@ -251,3 +251,7 @@ set_energy_routing = st.builds(
     admin_pb2.SetEnergyRoutingRequest, enabled=st.booleans(),
     reason=st.one_of(odd_text, tricky_text, repeated(odd_text, (0, 64, 4097, 65_537))),
 ).map(lambda m: m.SerializeToString())
+set_canary_arm = st.builds(
+    admin_pb2.SetCanaryArmRequest, enabled=st.booleans(),
+    reason=st.one_of(odd_text, tricky_text, repeated(odd_text, (0, 64, 4097, 65_537))),
+).map(lambda m: m.SerializeToString())

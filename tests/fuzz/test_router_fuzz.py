@@ -22,10 +22,12 @@ from scheduler.v1 import admin_pb2, messages_pb2, router_pb2
 from . import strategies as fz
 from .conftest import (
     GENERATE,
+    GET_CANARY_STATUS,
     GET_STATUS,
     LIST_REGIONS,
     MAX_STREAM_MESSAGES,
     ROUTE,
+    SET_CANARY_ARM,
     SET_ENERGY_ROUTING,
     LiveRouter,
     Outcome,
@@ -41,7 +43,8 @@ TRIM_EVERY_CASES = 25
 FAILURES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED})
 PARSERS = {ROUTE: router_pb2.RouteResponse, GENERATE: messages_pb2.GenerateResponse,
            LIST_REGIONS: router_pb2.ListRegionsResponse, SET_ENERGY_ROUTING: admin_pb2.SetEnergyRoutingResponse,
-           GET_STATUS: admin_pb2.GetStatusResponse}
+           GET_STATUS: admin_pb2.GetStatusResponse, GET_CANARY_STATUS: admin_pb2.GetCanaryStatusResponse,
+           SET_CANARY_ARM: admin_pb2.SetCanaryArmResponse}
 # Mostly a valid key (so the request reaches the parser and the converter), sometimes none,
 # the other role's, or a header value that is no key.
 CREDENTIALS = ("tenant",) * 6 + ("admin",) * 2 + ("",)
@@ -122,8 +125,10 @@ def test_malformed_bytes_get_invalid_argument_not_a_crash(live_router: LiveRoute
 @pytest.mark.timeout(1800)
 def test_list_regions_and_admin_methods_refuse_properly(live_router: LiveRouter) -> None:
     requests = st.one_of(
-        st.tuples(st.sampled_from([LIST_REGIONS, GET_STATUS, SET_ENERGY_ROUTING]), fz.small_request_bytes),
+        st.tuples(st.sampled_from([LIST_REGIONS, GET_STATUS, SET_ENERGY_ROUTING, GET_CANARY_STATUS, SET_CANARY_ARM]),
+                  fz.small_request_bytes),
         st.tuples(st.just(SET_ENERGY_ROUTING), fz.set_energy_routing),
+        st.tuples(st.just(SET_CANARY_ARM), fz.set_canary_arm),
     )
 
     @fuzz_settings(0.2)
@@ -137,13 +142,14 @@ def test_list_regions_and_admin_methods_refuse_properly(live_router: LiveRouter)
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("method", "credential"), [(LIST_REGIONS, "tenant"), (GET_STATUS, "admin"),
-                                                    (SET_ENERGY_ROUTING, "admin")])
+                                                    (SET_ENERGY_ROUTING, "admin"), (GET_CANARY_STATUS, "admin"),
+                                                    (SET_CANARY_ARM, "admin")])
 def test_undecodable_bytes_to_the_small_methods_get_invalid_argument(live_router: LiveRouter, method: str,
                                                                      credential: str) -> None:
     """Found by this fuzzer: gRPC answered these UNKNOWN (the parser's DecodeError) before the
     edge saw the call; scheduler.server.wire.decoded now refuses them like a bad GenerateRequest."""
     undecodable = [b"\x00", b"\x0a\xff\xff\xff\xff\x0f"]  # field 0; a length past the end
-    if method == SET_ENERGY_ROUTING:
+    if method in (SET_ENERGY_ROUTING, SET_CANARY_ARM):
         undecodable.append(fz.field_bytes(2, b"stop\xff"))  # the reason, not UTF-8
     for request in undecodable:
         outcome = live_router.run(live_router.unary(method, request, credential))

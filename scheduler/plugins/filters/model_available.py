@@ -1,12 +1,17 @@
 """Model filter: the pool serves the requested model at an acceptable precision.
 
 candidates = the deployments of request.model (the framework's per-snapshot index), then
-keep c  iff  (request.precision is None or c.deployment.precision == request.precision)
+keep c  iff  (request.precision is None
+              ? rank(c.deployment.precision) >= rank(policy.precision_floor.get(request.workload_class, "bf16"))
+              : c.deployment.precision == request.precision)
         and  (request.task_class not in policy.sensitive_task_classes
               or rank(c.deployment.precision) >= rank("bf16"))
+A request that names no precision runs at bf16 or better unless the policy lets its workload
+class go lower for energy (``precision_floor``); one that names a precision gets exactly it; a
+sensitive task class never runs below bf16, whatever it asks and whatever the policy says.
 One rejection per pool that serves no deployment of the model (not one per other model).
-Reads: request.model, request.precision, request.task_class, policy.sensitive_task_classes,
-the deployments' precisions (static columns).
+Reads: request.model, request.precision, request.workload_class, request.task_class,
+policy.precision_floor, policy.sensitive_task_classes, the deployments' precisions (static columns).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ _NONE: IndexArray = np.zeros(0, dtype=np.intp)
 @dataclass(frozen=True)
 class Columns:
     precision_rank: FloatArray
+    # The least faithful precision any candidate serves at (a floor at or below it keeps all).
+    lowest_rank: float
     # precision name -> which candidates serve at it
     precision: Mapping[str, BoolArray]
 
@@ -56,20 +63,23 @@ class ModelAvailableFilter(Plugin):
         precisions = {c.deployment.precision for c in cands}
         return Columns(
             precision_rank=np.asarray([PRECISION_RANK[c.deployment.precision] for c in cands], dtype=np.float64),
+            lowest_rank=float(min((PRECISION_RANK[p] for p in precisions), default=REFERENCE_RANK)),
             precision={p: np.asarray([c.deployment.precision == p for c in cands], dtype=bool) for p in precisions},
         )
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         request = view.request
-        sensitive = _sensitive(view)
-        if request.precision is None and not sensitive:
-            return None
+        floor = REFERENCE_RANK if _sensitive(view) else -1
+        if request.precision is None:
+            floor = max(floor, _floor_rank(view))
+            if floor <= cols.lowest_rank:
+                return None
         keep = np.ones(len(view.base), dtype=bool)
         if request.precision is not None:
             served = cols.precision.get(request.precision)
             keep &= served if served is not None else False
-        if sensitive:
-            keep &= cols.precision_rank >= REFERENCE_RANK
+        if floor > 0:
+            keep &= cols.precision_rank >= floor
         return keep
 
     def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
@@ -77,7 +87,11 @@ class ModelAvailableFilter(Plugin):
         precision = c.deployment.precision
         if view.request.precision is not None and precision != view.request.precision:
             return "{} at {}, not the requested {}", (c.deployment.name, precision, view.request.precision)
-        return "task class {} may not run at reduced precision {}", (view.request.task_class, precision)
+        if _sensitive(view):
+            return "task class {} may not run at reduced precision {}", (view.request.task_class, precision)
+        floor = view.snapshot.policy.precision_floor.get(view.request.workload_class, "bf16")
+        return "{} at {}, below the {} class's precision floor {}", (
+            c.deployment.name, precision, view.request.workload_class, floor)
 
 
 def _rejections(snapshot: FleetSnapshot, model: str) -> tuple[Rejection, ...]:
@@ -93,6 +107,11 @@ def _rejections(snapshot: FleetSnapshot, model: str) -> tuple[Rejection, ...]:
 
     rejections: tuple[Rejection, ...] = memo(snapshot, ("model-rejections", model), snapshot.candidates, compute)
     return rejections
+
+
+def _floor_rank(view: RequestView) -> int:
+    """The rank of the least faithful precision the policy lets this request's class run at."""
+    return PRECISION_RANK[view.snapshot.policy.precision_floor.get(view.request.workload_class, "bf16")]
 
 
 def _sensitive(view: RequestView) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.config.loader import load_fleet
-from scheduler.config.schema import RegionConfig
+from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.ledger.budget import TenantBudget
 from scheduler.server.app import RouterDeps, RunningRouter, TlsFiles, build_deps, start_router, with_services
@@ -73,9 +73,9 @@ async def make_router() -> AsyncIterator[RouterFactory]:
                    budgets: Mapping[str, TenantBudget] | None = None,
                    metrics_port: int | None = None, http: bool = False,
                    ticket_keys: TicketKeyRing | None = None, tracing: RouterTracing | None = None,
-                   ) -> RunningRouter:
+                   policy: PolicyConfig | None = None) -> RunningRouter:
         fleet = load_fleet()
-        deps: RouterDeps = build_deps(SnapshotBuilder(tuple(regions), fleet.policy("default")),
+        deps: RouterDeps = build_deps(SnapshotBuilder(tuple(regions), policy or fleet.policy("default")),
                                       store or MemoryStore(), "memory", keys=keys, tls=tls,
                                       rate_limit_rps=rate_limit_rps, metrics_port=metrics_port,
                                       ticket_keys=ticket_keys)

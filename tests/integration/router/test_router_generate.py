@@ -46,7 +46,10 @@ async def test_tokens_stream_through_the_router_with_a_receipt(stub_fleet: Fleet
     assert receipt.pue > 1.0 and receipt.HasField("ttft_ms")
     # The region saw the decision's extension fields, and no more than the request's text.
     body = stub_fleet.regions[receipt.region].log.bodies[-1]
-    assert body["x_scheduler"] == {"decision_id": decision.decision_id, "tenant": "local", "pool": receipt.pool}
+    # The prefix key the router derived from the prompt goes along (the region reports its cache hits by it).
+    x_scheduler = dict(body["x_scheduler"])
+    assert x_scheduler.pop("prefix_key").startswith("auto:")
+    assert x_scheduler == {"decision_id": decision.decision_id, "tenant": "local", "pool": receipt.pool}
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 

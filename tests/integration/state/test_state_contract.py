@@ -346,3 +346,17 @@ async def test_ledger_add_marker_expires(subject: StoreUnderTest) -> None:
     await subject.advance(0.4)
     assert await store.ledger_add(key, {"x|r|requests": 1.0}, "ledger_booked:d9", 0.2)
     assert float((await store.hgetall(key))["x|r|requests"]) == pytest.approx(2.0)
+
+
+async def test_window_add_counts_once_per_batch_and_expires_with_its_window(subject: StoreUnderTest) -> None:
+    store = subject.store
+    key = keys.canary_window("steady", "thrifty", "0", 10.0, 17)
+    fields = {"canary|requests": 2.0, "canary|ttft_ok": 1.0, "control|energy_j": 12.5}
+    assert await store.window_add(key, fields, 0.6, keys.canary_once("w1:1"), 60.0) is True
+    # The same batch again (a write that timed out on our side but landed): nothing is added.
+    assert await store.window_add(key, fields, 0.6, keys.canary_once("w1:1"), 60.0) is False
+    assert await store.window_add(key, {"canary|requests": 1.0}, 0.6) is True  # no marker: always added
+    table = {name: float(value) for name, value in (await store.hgetall(key)).items()}
+    assert table == pytest.approx({"canary|requests": 3.0, "canary|ttft_ok": 1.0, "control|energy_j": 12.5})
+    await subject.advance(0.9)
+    assert await store.hgetall(key) == {}  # the window's counts expire with it

@@ -38,7 +38,8 @@ def test_fresh_carbon_ranks_the_clean_region_first(scheduler, make_snapshot) -> 
     assert chosen.costs["carbon-scorer"] == pytest.approx(rate * chosen.quantities["carbon-scorer"])
     assert chosen.total == pytest.approx(sum(chosen.costs.values()))
     assert dict(zip(decision.scorer_names, decision.units, strict=True)) == {
-        "carbon-scorer": "gCO2e", "price-scorer": "USD", "ttft-scorer": "ms", "slo-risk-scorer": "miss"}
+        "carbon-scorer": "gCO2e", "price-scorer": "USD", "affinity-scorer": "J", "ttft-scorer": "ms",
+            "slo-risk-scorer": "miss"}
 
 
 def test_stale_carbon_falls_back_to_the_performance_order(scheduler, make_snapshot, shipped) -> None:  # type: ignore[no-untyped-def]

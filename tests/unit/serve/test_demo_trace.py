@@ -77,3 +77,55 @@ def test_percentile() -> None:
 
 def test_trace_file_is_shipped() -> None:
     assert Path(DemoOptions().trace).exists()
+
+
+def test_report_ends_with_the_power_cap_dry_run_per_region_and_pool() -> None:
+    from scheduler.plugins import load_checked_fleet
+    from scheduler.serve.power_caps import PowerCapper, apply_region_caps
+    from tests.unit.serve.fake_nvml import FakeNvml
+
+    regions = {r.name: r for r in load_checked_fleet().regions}
+    eu = regions["eu-north"].model_copy(update={"eco": True})
+    reports = [apply_region_caps(region, [p.pool for p in region.local.pools],  # type: ignore[union-attr]
+                                 capper=PowerCapper(FakeNvml(library_found=False)))[0]
+               for region in (regions["us-east"], eu)]
+    text = report([Outcome(region="us-east", pool="h200-long", energy_j=1.0, measurement_source="model")], 1.0,
+                  None, reports)
+    section = text[text.index("power caps, as each region's serving side set them at start"):]
+    assert section.count("dry run: no GPU") == 3  # us-east/h200-long, eu-north/h200-long, eu-north/a100-batch
+    assert "power cap us-east/h200-long (H200-141GB, TDP 700 W): configured 700 W, eco cap 365 W (eco off), " \
+           "target 700 W" in section
+    assert "would leave GPU 0 (H200-141GB): 700 W (assumed: the default limit, TDP) -> 700 W" in section
+    assert "power cap eu-north/a100-batch (A100-80GB, TDP 400 W): configured 400 W, eco cap 205 W (eco on), " \
+           "target 205 W" in section
+    assert "would set GPU 1 (A100-80GB): 400 W (assumed: the default limit, TDP) -> 205 W, not clamped" in section
+    assert "nothing was set" in section and " set GPU" not in section.replace("would set GPU", "")
+
+
+def test_power_caps_are_fetched_from_each_region_or_dry_run_locally() -> None:
+    import asyncio
+
+    from scheduler.plugins import load_checked_fleet
+    from scheduler.serve.demo import fetch_power_caps
+    from scheduler.serve.power_caps import dry_run_report
+
+    regions = [r for r in load_checked_fleet().regions if r.name in ("us-east", "eu-north")]
+    answered = dry_run_report(regions[0], ["h200-long"], reason="NVML: NVMLError_LibraryNotFound")
+
+    class Answer:
+        def raise_for_status(self) -> None: ...
+
+        def json(self) -> object:
+            return answered.as_dict()
+
+    class Http:
+        async def get(self, url: str, timeout: float) -> Answer:
+            if url.endswith(f"/{answered.region}/power-caps"):
+                return Answer()
+            raise ConnectionError(url)
+
+    by_region = {r.region: r for r in asyncio.run(
+        fetch_power_caps(regions, lambda name: f"http://127.0.0.1:8000/{name}", Http()))}
+    assert by_region[answered.region] == answered
+    other = next(name for name in by_region if name != answered.region)
+    assert by_region[other].mode == "dry-run" and "did not answer (ConnectionError)" in by_region[other].reason

@@ -12,6 +12,7 @@ from scheduler.config.loader import default_region, load_fleet, validate
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.framework.scheduler import Scheduler
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
+from scheduler.sim.deferral import Deferral
 from scheduler.sim.engine import RegionOutage, Scenario, Simulation
 from scheduler.sim.report import PolicyResult
 from scheduler.sim.workload import City, Continent, Workload, WorkloadConfig, build_workload, load_trace
@@ -77,6 +78,15 @@ def make_files(tmp_path: Path) -> Files:
     return Files(carbon_dir, write_trace(tmp_path / "trace.csv", prompt_tokens=100, output_tokens=50))
 
 
+def write_zone(carbon_dir: Path, zone: str, hourly: list[float]) -> None:
+    """A zone's hourly file from START: hour h at ``hourly[h]`` g/kWh."""
+    rows = [CARBON_COLUMNS]
+    for h, value in enumerate(hourly):
+        when = (START + timedelta(hours=h)).strftime("%Y-%m-%d %H:%M:%S")
+        rows.append(f"{when},X,{zone},{zone},{value},{value},50,50,test,false,")
+    (carbon_dir / f"{zone}_2023_hourly.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
 def write_trace(path: Path, prompt_tokens: int, output_tokens: int) -> Path:
     """A trace of identical requests, one a second for a minute."""
     lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
@@ -102,18 +112,22 @@ def simulate(
     scheduler: Scheduler | None = None,
     truth_error: float = 0.0,
     prefix_share: float = 0.0,
+    deferrable_share: float = 0.0,
+    deferrable_deadline_s: float | None = None,
+    deferral: Deferral | None = None,
 ) -> tuple[PolicyResult, Workload]:
     workload = build_workload(
         load_trace(str(files.trace)),
         WorkloadConfig(
             start=START.timestamp(), hours=hours, rate=rate, continents=continents or europe_only(),
-            residency_share=residency_share, prefix_share=prefix_share,
+            residency_share=residency_share, prefix_share=prefix_share, deferrable_share=deferrable_share,
+            deferrable_deadline_s=deferrable_deadline_s,
         ),
         seed,
     )
     carbon = CarbonReplay.from_dir(
         files.carbon_dir, [r.grid_zone for r in regions], 2023, carbon_delay_s, carbon_outages
     )
-    scenario = Scenario(region_outages=region_outages, truth_error=truth_error)
+    scenario = Scenario(region_outages=region_outages, truth_error=truth_error, deferral=deferral)
     sim = Simulation(regions, pol, workload, carbon, scenario, seed, scheduler)
     return sim.run(progress=False), workload

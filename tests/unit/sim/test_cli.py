@@ -53,3 +53,36 @@ def test_simulate_rejects_a_negative_truth_error() -> None:
 def test_sim_vs_real_rejects_region_options_on_the_engine_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "sim-vs-real", "--through", "engine", "--endpoint", "http://127.0.0.1:1/x"]) == 1
     assert "--endpoint and --model apply to --through region" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_simulate_deferral_prints_the_deferrable_works_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    # The command shape, a few simulated minutes long.
+    code = main([
+        "simulate", "--trace", "conv", "--hours", "0.05", "--rate", "5", "--deferrable-share", "0.3",
+        "--deferrable-deadline", "6h", "--json", "--no-progress", "--compare", "default,latency-first",
+    ])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scenario"]["deferrable_deadline_s"] == 6 * 3600
+    assert out["scenario"]["deferral"]["forecast_error"] == 0.15
+    for p in out["policies"]:
+        assert p["deferral"] == "queue"
+        assert 200 < p["deferrable_requests"] < 350
+        for key in ("deferred_gco2e_per_request", "deferred_gco2e_per_request_at_arrival", "missed_deadlines"):
+            assert key in p, key
+        assert p["missed_deadlines"] == 0
+        assert sum(p["deferred_release_reasons"].values()) == p["deferrable_requests"]
+        assert p["ran"] == p["requests"] == 900
+
+
+def test_simulate_without_deferrable_requests_prints_no_deferral_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--trace", "code", "--hours", "0.01", "--rate", "2", "--json", "--no-progress",
+                 "--compare", "default"]) == 0
+    (policy,) = json.loads(capsys.readouterr().out)["policies"]
+    assert not any(key.startswith("deferred") or key == "missed_deadlines" for key in policy)
+
+
+def test_simulate_rejects_a_zero_deadline() -> None:
+    with pytest.raises(SystemExit):
+        main(["simulate", "--deferrable-deadline", "0", "--no-progress"])

@@ -1,0 +1,68 @@
+"""The policy the canary arm decides under: the arm's objective, the control's hard limits.
+
+A canary changes how the survivors are ranked, never which candidates survive. The arm policy
+is the control policy with the arm's objective put in:
+
+- the arm's: ``name``, ``description``, ``scorers`` (and their rates), ``matchers``,
+  ``fallback``, and how old the carbon and price signals may be (``max_age.carbon``,
+  ``max_age.price``: when its scorers abstain);
+- the stricter of the two: ``sensitive_task_classes`` (the union: a class sensitive to either
+  runs at full precision on both arms) and ``precision_floor`` (per workload class, the more
+  faithful precision);
+- the control's, everything else: what the hard filters read (``max_age.region_state`` and
+  ``unknown_region_state`` for region health and pools served, which the snapshot's live state
+  was judged fresh by too; ``slo`` for the SLO filter, and the TTFT SLO both arms are measured
+  against), the budget exemptions (``critical_workload_classes``: admission runs before the arm
+  decides), and any field added to policies later;
+- no ``canary`` (an arm has none of its own; the loader refuses one).
+
+So a request the control would refuse a pool for (a medical prompt on a quantized pool, a
+region outside its jurisdictions, a region down, a pool too slow for its SLO) is refused that
+pool on the canary arm too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from scheduler.config.schema import WORKLOAD_CLASS_NAMES, PolicyConfig
+from scheduler.energy.models import PRECISION_RANK
+
+# What the arm brings: its objective. Everything else is the control's (or the stricter).
+OBJECTIVE_FIELDS = ("name", "description", "scorers", "matchers", "fallback")
+# The precision a workload class without a floor runs at or above (scheduler.plugins.filters.model_available).
+DEFAULT_FLOOR = "bf16"
+
+
+def _stricter_floors(control: Mapping[Any, str], arm: Mapping[Any, str]) -> dict[str, str]:
+    floors: dict[str, str] = {}
+    for klass in WORKLOAD_CLASS_NAMES:
+        if klass not in control and klass not in arm:
+            continue
+        ours, theirs = control.get(klass, DEFAULT_FLOOR), arm.get(klass, DEFAULT_FLOOR)
+        floors[klass] = ours if PRECISION_RANK[ours] >= PRECISION_RANK[theirs] else theirs
+    return floors
+
+
+def arm_policy(control: PolicyConfig, arm: PolicyConfig) -> PolicyConfig:
+    """``control`` with ``arm``'s objective (and the stricter of their hard limits)."""
+    update: dict[str, Any] = {name: getattr(arm, name) for name in OBJECTIVE_FIELDS}
+    update["max_age"] = control.max_age.model_copy(update={"carbon": arm.max_age.carbon, "price": arm.max_age.price})
+    update["sensitive_task_classes"] = tuple(dict.fromkeys((*control.sensitive_task_classes,
+                                                            *arm.sensitive_task_classes)))
+    update["precision_floor"] = _stricter_floors(control.precision_floor, arm.precision_floor)
+    update["canary"] = None
+    return control.model_copy(update=update)
+
+
+def replaced_limits(control: PolicyConfig, arm: PolicyConfig) -> list[str]:
+    """The fields of the arm's own file that it does not decide under (to log them once)."""
+    effective = arm_policy(control, arm)
+    replaced = ["max_age.region_state"] if arm.max_age.region_state != effective.max_age.region_state else []
+    for name in PolicyConfig.model_fields:
+        if name in (*OBJECTIVE_FIELDS, "max_age", "canary"):
+            continue
+        if getattr(arm, name) != getattr(effective, name):
+            replaced.append(name)
+    return replaced

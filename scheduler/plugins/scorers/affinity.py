@@ -1,0 +1,84 @@
+"""Affinity scorer: the prefill energy a candidate would spend rebuilding the cache that the
+request's workflow holds warm where it last ran, and that nothing else has priced yet.
+
+For a request with a workflow id whose last request this router sent to pool h (its home,
+``snapshot.workflows``, younger than the policy's ``max_age.prefix_cache``) with W_h prompt
+tokens, on a request of C prompt tokens:
+
+    W  = min(W_h, C)                     tokens of this request the home holds warm
+    w0 = min(published_h, W)             of those, what the energy model already credits at h
+                                         (an engine-reported hit for the request's prefix key
+                                         there, snapshot.prefix_warm; scheduler.framework.predict)
+    lost(c) [J] = 0                                                          at c = h
+                = a_c x (W - w0) + b_c x (pairs(C - w0) - pairs(C - W))      elsewhere
+    pairs(U)    = U x (C - U / 2)        causal attention of U uncached tokens
+    a_c, b_c    = c's prefill J per token and per attention pair at its live batch
+                  (scheduler.energy.step.EnergyCoefficients: avoided_j's terms)
+
+i.e. ``avoided_j(C, W) - avoided_j(C, w0)`` on c: the rebuild happens on c. The energy model
+credits hits the regions published (the same for every request of that prefix); this term
+adds the workflow's own warmth at its home, which no region has confirmed yet, once: the
+cost of leaving home for c is then the cache it holds, priced at the policy's rate per joule.
+A workflow moves when what c saves in the other terms (carbon, price, latency) exceeds it.
+Reads: request.workflow_id, request.prefix_key, snapshot.workflows, snapshot.prefix_warm,
+each candidate's energy coefficients. Never abstains (without a home every candidate is 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler.framework.columns import FloatArray
+from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
+from scheduler.types import FleetSnapshot
+
+TYPE = "affinity-scorer"
+
+
+@dataclass(frozen=True)
+class Columns:
+    # per candidate: prefill J per uncached token and per attention pair; "region/pool"
+    j_per_token: FloatArray
+    j_per_pair: FloatArray
+    place: npt.NDArray[np.str_]
+
+
+def _pairs(uncached: float, prompt: float) -> float:
+    return uncached * (prompt - uncached * 0.5)
+
+
+@dataclass(frozen=True)
+class AffinityScorer(Plugin):
+    TYPE: ClassVar[str] = TYPE
+    UNIT: ClassVar[str] = "J"
+    QUANTITY: ClassVar[str] = "lost cache"
+    ENERGY_LAYER: ClassVar[bool] = True
+    LIFETIME: ClassVar[Lifetime | None] = "perf"
+
+    def prepare(self, snapshot: FleetSnapshot) -> Columns:
+        return Columns(
+            j_per_token=np.asarray([p.energy.prefill_j_per_token for p in snapshot.perf], dtype=np.float64),
+            j_per_pair=np.asarray([p.energy.prefill_j_per_pair for p in snapshot.perf], dtype=np.float64),
+            place=np.asarray([c.key for c in snapshot.candidates], dtype=np.str_),
+        )
+
+    def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
+        request, snapshot = view.request, view.snapshot
+        home = snapshot.workflows.get(request.workflow_id) if request.workflow_id else None
+        place = cols.place[positions]
+        if home is None:
+            zeros: FloatArray = np.zeros(len(place))
+            return zeros
+        prompt = float(request.prompt_tokens)
+        warm = float(min(home.cached_tokens, request.prompt_tokens))
+        published = next((w.cached_tokens for w in snapshot.prefix_warm.get(request.prefix_key or "", ())
+                          if w.region == home.region and w.pool == home.pool), 0)
+        credited = float(min(published, warm))
+        tokens, pairs = warm - credited, _pairs(prompt - credited, prompt) - _pairs(prompt - warm, prompt)
+        lost: FloatArray = cols.j_per_token[positions] * tokens + cols.j_per_pair[positions] * pairs
+        lost[place == home.place] = 0.0
+        return lost
