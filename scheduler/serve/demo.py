@@ -252,7 +252,7 @@ async def probe_ttft(target: str, tokenizer: Any, options: DemoOptions, http_url
     import httpx
 
     from scheduler.client import AsyncSchedulerClient
-    from scheduler.client.common import build_request
+    from scheduler.client.common import auth_metadata, build_request
     from scheduler.client.direct import headers, region_body
     from scheduler.v1 import router_pb2_grpc
 
@@ -271,7 +271,7 @@ async def probe_ttft(target: str, tokenizer: Any, options: DemoOptions, http_url
             request = build_request(prompt=tokenizer.decode(_words(tokenizer, rng, vocabulary, 200)), model=MODEL,
                                     max_tokens=4, tenant="probe")
             stub = router_pb2_grpc.GlobalRouterStub(client._channel)  # type: ignore[no-untyped-call]
-            target_ = (await stub.Route(request)).targets[0]
+            target_ = (await stub.Route(request, metadata=auth_metadata(options.api_key))).targets[0]
             started = time.monotonic()
             async with http.stream("POST", target_.url, json=region_body(request, target_),
                                    headers=headers(target_)) as response:
