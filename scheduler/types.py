@@ -25,6 +25,10 @@ from scheduler.errors import Attempt
 
 WorkloadClass = Literal["interactive", "batch", "deferrable"]
 WORKLOAD_CLASSES: tuple[WorkloadClass, ...] = ("interactive", "batch", "deferrable")
+# How a request's workflow hangs together (docs/affinity.md, "Workflow shapes"): a chain's step
+# extends the previous one's prompt; a fan-out's siblings share a prefix; a DAG has both.
+WorkflowShape = Literal["chain", "fanout", "dag"]
+WORKFLOW_SHAPES: tuple[WorkflowShape, ...] = ("chain", "fanout", "dag")
 
 FrozenT = TypeVar("FrozenT")
 
@@ -73,6 +77,17 @@ class Request:
     cached_tokens: int = 0
     # Requests of one workflow share it (None: not part of a named workflow).
     workflow_id: str | None = None
+    # None: a lone request, or a workflow of unknown shape.
+    workflow_shape: WorkflowShape | None = None
+    # Tokens at the start of the prompt shared with the workflow's other requests (a fan-out's
+    # system prompt); None: as much as the workflow's last request's prompt (a chain's history).
+    shared_prefix_tokens: int | None = None
+
+    @property
+    def holdable(self) -> bool:
+        """Whether batching or deferral may hold it: a chain's (or a DAG's) step never waits,
+        the steps after it wait on it."""
+        return self.workflow_shape not in ("chain", "dag")
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +307,13 @@ class FleetSnapshot:
         copy = object.__new__(FleetSnapshot)
         copy.__dict__.update(self.__dict__)
         copy.__dict__["pending_wait_s"] = pending_wait_s
+        return copy
+
+    def with_workflows(self, workflows: Mapping[str, WarmPrefix]) -> FleetSnapshot:
+        """This snapshot with other workflow homes (a shallow copy, as ``with_pending``)."""
+        copy = object.__new__(FleetSnapshot)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__["workflows"] = workflows
         return copy
 
     @cached_property

@@ -25,7 +25,11 @@ Affinity (docs/affinity.md): each refresh also reads every region's prefix-warm 
 snapshot carries them as ``prefix_warm``, only those younger than the policy's
 ``max_age.prefix_cache`` and at most ``MAX_WARM_KEYS`` keys (the most recent). The router
 also keeps, from its own dispatches, where each workflow id last ran (``workflows``, at most
-``MAX_WORKFLOWS``, the same age limit).
+``MAX_WORKFLOWS``, the same age limit). A dispatch's workflow home is visible to the very next
+``current()``, not only from the next refresh: a fan-out's siblings sent within one refresh
+interval follow the first one to its pool (the affinity scorer), the pending tracker counting
+their work there, so the SLO filter sends a sibling elsewhere once the home cannot meet its
+deadline.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import json
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import ChainMap, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -137,6 +141,11 @@ class SnapshotRefresher:
     # region -> its last prefix-warm record's entries; workflow id -> where it last ran.
     _warm: dict[str, list[tuple[str, WarmPrefix]]] = field(default_factory=dict, init=False, repr=False)
     _workflows: OrderedDict[str, WarmPrefix] = field(default_factory=OrderedDict, init=False, repr=False)
+    # Workflow homes recorded since the last build, and the snapshot that shows them (the
+    # pending-applied snapshot it was made from, and the result; None: to be made).
+    _recent_workflows: dict[str, WarmPrefix] = field(default_factory=dict, init=False, repr=False)
+    _with_recent: tuple[FleetSnapshot, FleetSnapshot] | None = field(default=None, init=False, repr=False)
+    _built_workflows: dict[str, WarmPrefix] = field(default_factory=dict, init=False, repr=False)
     pending: PendingDispatches = field(default_factory=PendingDispatches, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -175,9 +184,18 @@ class SnapshotRefresher:
         return await self.refresh()
 
     def current(self) -> FleetSnapshot:
-        """The latest snapshot with this router's pending dispatches (no I/O: safe on the
-        request path)."""
-        return self.pending.apply(self._snapshot)
+        """The latest snapshot with this router's pending dispatches and the workflow homes
+        recorded since it was built (no I/O: safe on the request path)."""
+        snapshot = self.pending.apply(self._snapshot)
+        if not self._recent_workflows:
+            return snapshot
+        made = self._with_recent
+        if made is None or made[0] is not snapshot:
+            # A copy of the recent homes: a snapshot handed out never changes.
+            homes = ChainMap(dict(self._recent_workflows), self._built_workflows)
+            made = (snapshot, snapshot.with_workflows(homes))
+            self._with_recent = made
+        return made[1]
 
     def record_dispatch(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request) -> None:
         """This router sent ``request`` to ``candidate``: later decisions count its work
@@ -185,11 +203,14 @@ class SnapshotRefresher:
         now = self.clock()
         self.pending.record(snapshot, candidate, request, now)
         if request.workflow_id:
-            self._workflows[request.workflow_id] = WarmPrefix(
-                candidate.region.name, candidate.pool.name, request.prompt_tokens, now, source="workflow")
+            home = WarmPrefix(candidate.region.name, candidate.pool.name, request.prompt_tokens, now,
+                              source="workflow")
+            self._workflows[request.workflow_id] = home
             self._workflows.move_to_end(request.workflow_id)
             while len(self._workflows) > MAX_WORKFLOWS:
                 self._workflows.popitem(last=False)
+            self._recent_workflows[request.workflow_id] = home
+            self._with_recent = None
 
     @property
     def energy_routing(self) -> bool:
@@ -300,13 +321,17 @@ class SnapshotRefresher:
         return {key: tuple(places) for key, places in by_key.items()}
 
     def _fresh_workflows(self, now: float) -> dict[str, WarmPrefix]:
+        # The built snapshot holds every home recorded so far.
+        self._recent_workflows.clear()
+        self._with_recent = None
         oldest = now - self.builder.policy.max_age.prefix_cache
         while self._workflows:
             first = next(iter(self._workflows.values()))
             if first.observed_at >= oldest:
                 break
             self._workflows.popitem(last=False)
-        return dict(self._workflows)
+        self._built_workflows = dict(self._workflows)
+        return self._built_workflows
 
     def _apply_seen(self, raw_by_region: Mapping[str, bytes | None]) -> None:
         for region, raw in raw_by_region.items():

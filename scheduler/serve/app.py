@@ -27,6 +27,9 @@ from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
 from scheduler.serve.tiny_model import TINY_MODEL, cache_dir, ensure_tiny_model
 from scheduler.tickets import RegionKeys
 
+# Each pool's request router, by path: Serve imports it in the handle's process.
+PREFIX_ROUTER_CLASS = "scheduler.serve.prefix_router:PrefixKeyRouter"
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -109,7 +112,9 @@ def llm_config(options: EngineOptions) -> Any:
         accelerator_config={"kind": options.device},  # type: ignore[arg-type]
         placement_group_config={"bundles": bundles},
         engine_kwargs=engine_kwargs,
-        deployment_config={"num_replicas": options.replicas, "ray_actor_options": {"num_cpus": 0}},
+        # Requests sharing a prefix key go to the replica holding it (scheduler.serve.prefix_router).
+        deployment_config={"num_replicas": options.replicas, "ray_actor_options": {"num_cpus": 0},
+                           "request_router_config": {"request_router_class": PREFIX_ROUTER_CLASS}},
         runtime_env={"env_vars": engine_env(options)},
         experimental_configs={"stream_batching_interval_ms": options.stream_batching_interval_ms},
         **extra,

@@ -126,11 +126,16 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
             stats["max_model_len"] = float(max_model_len)
         return stats
 
-    async def stream_completions(self, body: dict[str, Any]) -> AsyncIterator[list[str | dict[str, Any]]]:
+    # ``prefix_key`` is for the pool's request router (scheduler.serve.prefix_router), which
+    # reads it off the call to pick the replica holding the prefix; the engine finds the
+    # cached blocks itself.
+    async def stream_completions(self, body: dict[str, Any], prefix_key: str | None = None,
+                                 ) -> AsyncIterator[list[str | dict[str, Any]]]:
         async for batch in self._stream(CompletionRequest, "completions", body):
             yield batch
 
-    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[list[str | dict[str, Any]]]:
+    async def stream_chat(self, body: dict[str, Any], prefix_key: str | None = None,
+                          ) -> AsyncIterator[list[str | dict[str, Any]]]:
         async for batch in self._stream(ChatCompletionRequest, "chat", body):
             yield batch
 

@@ -324,9 +324,12 @@ class RegionGateway:
         engine_body = {**body, "model": self._settings.pools[pool].served_model,
                        "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
         request_id = uuid.uuid4().hex
+        hinted = scheduler_info.get("prefix_key") if isinstance(scheduler_info, dict) else None
+        prefix_key = hinted if isinstance(hinted, str) and hinted else None
         self._start(pool, request_id)
         try:
-            stream = getattr(self._llms[pool].options(stream=True), method).remote(engine_body)
+            # The prefix key picks the pool's replica (scheduler.serve.prefix_router).
+            stream = getattr(self._llms[pool].options(stream=True), method).remote(engine_body, prefix_key=prefix_key)
             first = await stream.__anext__()
         except Exception as exc:
             self._end(pool, request_id)
@@ -341,8 +344,7 @@ class RegionGateway:
             return JSONResponse(error, status_code=status if isinstance(status, int) else 500)
         assembler = StreamAssembler(requested_model=model, clock=time.monotonic)
         return StreamingResponse(
-            self._relay(pool, request_id, model, ticket, first, stream, assembler, time.monotonic(),
-                        scheduler_info.get("prefix_key") if isinstance(scheduler_info, dict) else None),
+            self._relay(pool, request_id, model, ticket, first, stream, assembler, time.monotonic(), prefix_key),
             media_type="text/event-stream", headers={"x-scheduler-pool": pool},
         )
 

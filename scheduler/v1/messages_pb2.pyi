@@ -14,6 +14,13 @@ class WorkloadClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKLOAD_CLASS_BATCH: _ClassVar[WorkloadClass]
     WORKLOAD_CLASS_DEFERRABLE: _ClassVar[WorkloadClass]
 
+class WorkflowShape(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKFLOW_SHAPE_UNSPECIFIED: _ClassVar[WorkflowShape]
+    WORKFLOW_SHAPE_CHAIN: _ClassVar[WorkflowShape]
+    WORKFLOW_SHAPE_FANOUT: _ClassVar[WorkflowShape]
+    WORKFLOW_SHAPE_DAG: _ClassVar[WorkflowShape]
+
 class DecisionDetail(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DECISION_DETAIL_UNSPECIFIED: _ClassVar[DecisionDetail]
@@ -23,6 +30,10 @@ WORKLOAD_CLASS_UNSPECIFIED: WorkloadClass
 WORKLOAD_CLASS_INTERACTIVE: WorkloadClass
 WORKLOAD_CLASS_BATCH: WorkloadClass
 WORKLOAD_CLASS_DEFERRABLE: WorkloadClass
+WORKFLOW_SHAPE_UNSPECIFIED: WorkflowShape
+WORKFLOW_SHAPE_CHAIN: WorkflowShape
+WORKFLOW_SHAPE_FANOUT: WorkflowShape
+WORKFLOW_SHAPE_DAG: WorkflowShape
 DECISION_DETAIL_UNSPECIFIED: DecisionDetail
 DECISION_DETAIL_FULL: DecisionDetail
 DECISION_DETAIL_SUMMARY: DecisionDetail
@@ -84,7 +95,7 @@ class GeoPoint(_message.Message):
     def __init__(self, lat: _Optional[float] = ..., lon: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("tenant", "request_id", "model", "prompt", "chat", "sampling", "workload_class", "slo", "compliance", "client_location", "prefix_key", "prompt_tokens", "cached_tokens", "decision_detail", "workflow_id")
+    __slots__ = ("tenant", "request_id", "model", "prompt", "chat", "sampling", "workload_class", "slo", "compliance", "client_location", "prefix_key", "prompt_tokens", "cached_tokens", "decision_detail", "workflow_id", "workflow_shape", "shared_prefix_tokens")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +111,8 @@ class GenerateRequest(_message.Message):
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DECISION_DETAIL_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     request_id: str
     model: str
@@ -115,7 +128,9 @@ class GenerateRequest(_message.Message):
     cached_tokens: int
     decision_detail: DecisionDetail
     workflow_id: str
-    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., workload_class: _Optional[_Union[WorkloadClass, str]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., compliance: _Optional[_Union[Compliance, _Mapping]] = ..., client_location: _Optional[_Union[GeoPoint, _Mapping]] = ..., prefix_key: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., decision_detail: _Optional[_Union[DecisionDetail, str]] = ..., workflow_id: _Optional[str] = ...) -> None: ...
+    workflow_shape: WorkflowShape
+    shared_prefix_tokens: int
+    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., workload_class: _Optional[_Union[WorkloadClass, str]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., compliance: _Optional[_Union[Compliance, _Mapping]] = ..., client_location: _Optional[_Union[GeoPoint, _Mapping]] = ..., prefix_key: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., decision_detail: _Optional[_Union[DecisionDetail, str]] = ..., workflow_id: _Optional[str] = ..., workflow_shape: _Optional[_Union[WorkflowShape, str]] = ..., shared_prefix_tokens: _Optional[int] = ...) -> None: ...
 
 class EnergyEstimate(_message.Message):
     __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "prefill_j", "decode_j", "idle_j", "provenance")
@@ -200,7 +215,7 @@ class Fallback(_message.Message):
     def __init__(self, signal: _Optional[str] = ..., scorer: _Optional[str] = ..., age_s: _Optional[float] = ..., max_age_s: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("decision_id", "request_id", "decided_at_unix_s", "policy", "ranked", "rejected", "fallbacks", "rates", "units", "objective", "energy_ranking", "plugin_timings_ns", "prompt_tokens", "prompt_tokens_estimated", "ranked_total", "rejected_total", "config_version", "canary_arm", "output_budget")
+    __slots__ = ("decision_id", "request_id", "decided_at_unix_s", "policy", "ranked", "rejected", "fallbacks", "rates", "units", "objective", "energy_ranking", "plugin_timings_ns", "prompt_tokens", "prompt_tokens_estimated", "ranked_total", "rejected_total", "config_version", "canary_arm", "output_budget", "deferred_until_unix_s", "deferral")
     class RatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +256,8 @@ class Decision(_message.Message):
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
     CANARY_ARM_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_UNTIL_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    DEFERRAL_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     request_id: str
     decided_at_unix_s: float
@@ -260,7 +277,9 @@ class Decision(_message.Message):
     config_version: str
     canary_arm: str
     output_budget: OutputBudget
-    def __init__(self, decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decided_at_unix_s: _Optional[float] = ..., policy: _Optional[str] = ..., ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., rates: _Optional[_Mapping[str, float]] = ..., units: _Optional[_Mapping[str, str]] = ..., objective: _Optional[str] = ..., energy_ranking: _Optional[bool] = ..., plugin_timings_ns: _Optional[_Mapping[str, int]] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_estimated: _Optional[bool] = ..., ranked_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ...) -> None: ...
+    deferred_until_unix_s: float
+    deferral: str
+    def __init__(self, decision_id: _Optional[str] = ..., request_id: _Optional[str] = ..., decided_at_unix_s: _Optional[float] = ..., policy: _Optional[str] = ..., ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., rejected: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., rates: _Optional[_Mapping[str, float]] = ..., units: _Optional[_Mapping[str, str]] = ..., objective: _Optional[str] = ..., energy_ranking: _Optional[bool] = ..., plugin_timings_ns: _Optional[_Mapping[str, int]] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_estimated: _Optional[bool] = ..., ranked_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ..., deferred_until_unix_s: _Optional[float] = ..., deferral: _Optional[str] = ...) -> None: ...
 
 class OutputBudget(_message.Message):
     __slots__ = ("requested_max_tokens", "max_tokens", "quality_requested", "quality", "energy_j_requested", "energy_j", "mode", "enforced")
@@ -321,7 +340,7 @@ class Failover(_message.Message):
     def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., error: _Optional[str] = ..., http_status: _Optional[int] = ...) -> None: ...
 
 class EnergyReceipt(_message.Message):
-    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms", "partial", "end_reason", "carbon_basis", "carbon_intensity_g_per_kwh", "config_version", "canary_arm", "precision", "output_budget")
+    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms", "partial", "end_reason", "carbon_basis", "carbon_intensity_g_per_kwh", "config_version", "canary_arm", "precision", "output_budget", "released_at_unix_s", "deferral")
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_LOW_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_HIGH_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +378,8 @@ class EnergyReceipt(_message.Message):
     CANARY_ARM_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    DEFERRAL_FIELD_NUMBER: _ClassVar[int]
     energy_j: float
     energy_j_low: float
     energy_j_high: float
@@ -396,7 +417,9 @@ class EnergyReceipt(_message.Message):
     canary_arm: str
     precision: str
     output_budget: OutputBudget
-    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., partial: _Optional[bool] = ..., end_reason: _Optional[str] = ..., carbon_basis: _Optional[str] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., precision: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ...) -> None: ...
+    released_at_unix_s: float
+    deferral: str
+    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., partial: _Optional[bool] = ..., end_reason: _Optional[str] = ..., carbon_basis: _Optional[str] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., precision: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ..., released_at_unix_s: _Optional[float] = ..., deferral: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("decision", "chunk", "receipt")

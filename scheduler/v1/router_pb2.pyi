@@ -7,6 +7,58 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DeferRequest(_message.Message):
+    __slots__ = ("request", "deadline_unix_s")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    request: _messages_pb2.GenerateRequest
+    deadline_unix_s: float
+    def __init__(self, request: _Optional[_Union[_messages_pb2.GenerateRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
+
+class DeferResponse(_message.Message):
+    __slots__ = ("decision", "request_id", "release_at_unix_s", "deadline_unix_s", "reason")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    decision: _messages_pb2.Decision
+    request_id: str
+    release_at_unix_s: float
+    deadline_unix_s: float
+    reason: str
+    def __init__(self, decision: _Optional[_Union[_messages_pb2.Decision, _Mapping]] = ..., request_id: _Optional[str] = ..., release_at_unix_s: _Optional[float] = ..., deadline_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GetDeferredRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class DeferredStatus(_message.Message):
+    __slots__ = ("request_id", "state", "release_at_unix_s", "deadline_unix_s", "reason", "detail", "decision", "text", "receipt", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    state: str
+    release_at_unix_s: float
+    deadline_unix_s: float
+    reason: str
+    detail: str
+    decision: _messages_pb2.Decision
+    text: str
+    receipt: _messages_pb2.EnergyReceipt
+    error: str
+    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[str] = ..., release_at_unix_s: _Optional[float] = ..., deadline_unix_s: _Optional[float] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., decision: _Optional[_Union[_messages_pb2.Decision, _Mapping]] = ..., text: _Optional[str] = ..., receipt: _Optional[_Union[_messages_pb2.EnergyReceipt, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
 class RouteResponse(_message.Message):
     __slots__ = ("decision", "targets")
     DECISION_FIELD_NUMBER: _ClassVar[int]

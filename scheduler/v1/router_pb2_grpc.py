@@ -50,6 +50,21 @@ class GlobalRouterStub:
                 request_serializer=scheduler_dot_v1_dot_router__pb2.ListRegionsRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_router__pb2.ListRegionsResponse.FromString,
                 _registered_method=True)
+        self.Defer = channel.unary_unary(
+                '/scheduler.v1.GlobalRouter/Defer',
+                request_serializer=scheduler_dot_v1_dot_router__pb2.DeferRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_router__pb2.DeferResponse.FromString,
+                _registered_method=True)
+        self.GetDeferred = channel.unary_unary(
+                '/scheduler.v1.GlobalRouter/GetDeferred',
+                request_serializer=scheduler_dot_v1_dot_router__pb2.GetDeferredRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_router__pb2.DeferredStatus.FromString,
+                _registered_method=True)
+        self.WaitDeferred = channel.unary_stream(
+                '/scheduler.v1.GlobalRouter/WaitDeferred',
+                request_serializer=scheduler_dot_v1_dot_router__pb2.GetDeferredRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_messages__pb2.GenerateResponse.FromString,
+                _registered_method=True)
 
 
 class GlobalRouterServicer:
@@ -78,6 +93,28 @@ class GlobalRouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Defer(self, request, context):
+        """Deferral (docs/deferral.md): hold a deferrable request in the durable queue until the
+        lowest-carbon window of the forecast before its deadline; fetch its answer later.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDeferred(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitDeferred(self, request, context):
+        """The answer as a Generate stream would carry it (Decision, one TokenChunk, EnergyReceipt),
+        once done, waiting up to the call's deadline.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GlobalRouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -95,6 +132,21 @@ def add_GlobalRouterServicer_to_server(servicer, server):
                     servicer.ListRegions,
                     request_deserializer=scheduler_dot_v1_dot_router__pb2.ListRegionsRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_router__pb2.ListRegionsResponse.SerializeToString,
+            ),
+            'Defer': grpc.unary_unary_rpc_method_handler(
+                    servicer.Defer,
+                    request_deserializer=scheduler_dot_v1_dot_router__pb2.DeferRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_router__pb2.DeferResponse.SerializeToString,
+            ),
+            'GetDeferred': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDeferred,
+                    request_deserializer=scheduler_dot_v1_dot_router__pb2.GetDeferredRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_router__pb2.DeferredStatus.SerializeToString,
+            ),
+            'WaitDeferred': grpc.unary_stream_rpc_method_handler(
+                    servicer.WaitDeferred,
+                    request_deserializer=scheduler_dot_v1_dot_router__pb2.GetDeferredRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_messages__pb2.GenerateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +230,87 @@ class GlobalRouter:
             '/scheduler.v1.GlobalRouter/ListRegions',
             scheduler_dot_v1_dot_router__pb2.ListRegionsRequest.SerializeToString,
             scheduler_dot_v1_dot_router__pb2.ListRegionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Defer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.GlobalRouter/Defer',
+            scheduler_dot_v1_dot_router__pb2.DeferRequest.SerializeToString,
+            scheduler_dot_v1_dot_router__pb2.DeferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDeferred(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.GlobalRouter/GetDeferred',
+            scheduler_dot_v1_dot_router__pb2.GetDeferredRequest.SerializeToString,
+            scheduler_dot_v1_dot_router__pb2.DeferredStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitDeferred(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/scheduler.v1.GlobalRouter/WaitDeferred',
+            scheduler_dot_v1_dot_router__pb2.GetDeferredRequest.SerializeToString,
+            scheduler_dot_v1_dot_messages__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,10 @@ For a request with a workflow id whose last request this router sent to pool h (
 ``snapshot.workflows``, younger than the policy's ``max_age.prefix_cache``) with W_h prompt
 tokens, on a request of C prompt tokens:
 
-    W  = min(W_h, C)                     tokens of this request the home holds warm
+    W  = min(W_h, S, C)                  tokens of this request the home holds warm, S the
+                                         request's shared_prefix_tokens (a fan-out sibling
+                                         shares its system prompt, not its question; absent:
+                                         C, a chain's step extends the last one's prompt)
     w0 = min(published_h, W)             of those, what the energy model already credits at h
                                          (an engine-reported hit for the request's prefix key
                                          there, snapshot.prefix_warm; scheduler.framework.predict)
@@ -20,8 +23,13 @@ credits hits the regions published (the same for every request of that prefix); 
 adds the workflow's own warmth at its home, which no region has confirmed yet, once: the
 cost of leaving home for c is then the cache it holds, priced at the policy's rate per joule.
 A workflow moves when what c saves in the other terms (carbon, price, latency) exceeds it.
-Reads: request.workflow_id, request.prefix_key, snapshot.workflows, snapshot.prefix_warm,
-each candidate's energy coefficients. Never abstains (without a home every candidate is 0).
+The home is visible to the very next request of the workflow (the data layer records it at
+dispatch, scheduler.datalayer.refresher), so a fan-out's siblings sent together follow the
+first one to its pool; a sibling whose deadline the home cannot meet is rejected there by
+the SLO filter (the home's queue counts this router's pending dispatches) and goes elsewhere.
+Reads: request.workflow_id, request.prefix_key, request.shared_prefix_tokens,
+snapshot.workflows, snapshot.prefix_warm, each candidate's energy coefficients. Never abstains
+(without a home every candidate is 0).
 """
 
 from __future__ import annotations
@@ -74,7 +82,8 @@ class AffinityScorer(Plugin):
             zeros: FloatArray = np.zeros(len(place))
             return zeros
         prompt = float(request.prompt_tokens)
-        warm = float(min(home.cached_tokens, request.prompt_tokens))
+        shared = request.prompt_tokens if request.shared_prefix_tokens is None else request.shared_prefix_tokens
+        warm = float(min(home.cached_tokens, shared, request.prompt_tokens))
         published = next((w.cached_tokens for w in snapshot.prefix_warm.get(request.prefix_key or "", ())
                           if w.region == home.region and w.pool == home.pool), 0)
         credited = float(min(published, warm))

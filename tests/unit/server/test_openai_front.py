@@ -44,6 +44,8 @@ CASES = [
     Case("a bad workload class", {**BASE, "x_scheduler": {"workload_class": "urgent"}},
          bad=("x_scheduler.workload_class",)),
     Case("a bad location", {**BASE, "x_scheduler": {"client_location": "paris"}}, bad=("x_scheduler.client_location",)),
+    Case("a bad workflow shape", {**BASE, "x_scheduler": {"workflow_id": "w", "workflow_shape": "star"}},
+         bad=("x_scheduler.workflow_shape",)),
     Case("a bad ttft header", BASE, headers={"x-scheduler-ttft-ms": "soon"}, bad=("x-scheduler-ttft-ms",)),
     Case("not an object", ["prompt"], bad=("body",)),
     Case("every violation at once", {"prompt": 3, "max_tokens": -1, "n": 3}, bad=("model", "prompt", "max_tokens", "n")),
@@ -80,6 +82,9 @@ def test_hints_come_from_the_body_over_the_headers_and_defaults_follow_openai() 
     assert completion.sampling.max_tokens == 16  # OpenAI's default for completions
     chat_limit, _ = openai_front.generate_request({**CHAT, "max_completion_tokens": 7}, {}, chat=True)
     assert chat_limit.sampling.max_tokens == 7
+    fan, _ = openai_front.generate_request(CHAT, {"x-scheduler-workflow-id": "fan-3", "x-scheduler-workflow-shape":
+                                                  "fanout", "x-scheduler-shared-prefix-tokens": "512"}, chat=True)
+    assert (fan.workflow_id, fan.workflow_shape, fan.shared_prefix_tokens) == ("fan-3", pb.WORKFLOW_SHAPE_FANOUT, 512)
 
 
 def test_stream_events_are_openai_chunks() -> None:

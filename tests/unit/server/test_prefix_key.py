@@ -53,3 +53,19 @@ def test_shared_text_without_a_system_message_is_the_conversation() -> None:
 def test_a_long_workflow_id_is_refused(make_snapshot) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidRequest, match="workflow_id"):
         convert.incoming(chat(SYSTEM, "x", workflow_id="w" * 200), "t", make_snapshot([region("a")]))
+
+
+def test_the_workflow_shape_and_shared_prefix_are_carried_and_checked(make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    snapshot = make_snapshot([region("a")])
+    request = convert.incoming(chat(SYSTEM, "x", workflow_id="fan-2", workflow_shape=pb.WORKFLOW_SHAPE_FANOUT,
+                                    shared_prefix_tokens=600), "t", snapshot).request
+    assert (request.workflow_shape, request.shared_prefix_tokens, request.holdable) == ("fanout", 600, True)
+    step = convert.incoming(chat(SYSTEM, "x", workflow_id="c", workflow_shape=pb.WORKFLOW_SHAPE_CHAIN), "t",
+                            snapshot).request
+    assert (step.workflow_shape, step.shared_prefix_tokens, step.holdable) == ("chain", None, False)
+    with pytest.raises(InvalidRequest, match="workflow_shape: needs a workflow_id"):
+        convert.incoming(chat(SYSTEM, "x", workflow_shape=pb.WORKFLOW_SHAPE_DAG), "t", snapshot)
+    with pytest.raises(InvalidRequest, match="workflow_shape: unknown value 9"):
+        convert.incoming(chat(SYSTEM, "x", workflow_id="w", workflow_shape=9), "t", snapshot)
+    with pytest.raises(InvalidRequest, match="shared_prefix_tokens: 100000 exceeds"):
+        convert.incoming(chat(SYSTEM, "x", workflow_id="w", shared_prefix_tokens=100_000), "t", snapshot)
