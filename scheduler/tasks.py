@@ -74,6 +74,19 @@ def start_loop(run: Callable[[], Awaitable[None]], name: str) -> asyncio.Task[No
     return asyncio.create_task(supervised(), name=name)
 
 
+async def run_every(interval_s: float, step: Callable[[], Awaitable[object]], what: str) -> None:
+    """``await step()`` every ``interval_s`` until cancelled; a step that fails is logged (as
+    ``what`` failing) and the next one runs on time: a failing source or store never ends it."""
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s failed", what)
+        await asyncio.sleep(interval_s)
+
+
 async def stop_task(task: asyncio.Task[None] | None) -> None:
     """Cancel ``task`` and wait until it has ended, cancelling again every 0.5 s while it runs.
     An exception it ended with is logged, not raised: stopping goes on with the next part."""

@@ -9,7 +9,6 @@ it expire). A failing store only delays the next write.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 
 from scheduler.state import keys, prefix_warm
 from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.tasks import run_every
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,4 @@ class PrefixWarmPublisher:
         return True
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.publish_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("region %s: publishing prefix warmth failed", self.region)
-            await asyncio.sleep(self.interval_s)
+        await run_every(self.interval_s, self.publish_once, f"region {self.region}: publishing prefix warmth")

@@ -31,7 +31,7 @@ import httpx
 from scheduler.datalayer.refresher import encode_seen
 from scheduler.state import codec, keys
 from scheduler.state.store import StateStore, StateUnavailable
-from scheduler.tasks import start_loop, stop_task
+from scheduler.tasks import run_every, start_loop, stop_task
 from scheduler.types import RegionLiveState
 
 log = logging.getLogger(__name__)
@@ -71,14 +71,7 @@ class RegionStatePublisher:
 
     async def run(self) -> None:
         """Publish until cancelled; a failing source or store never ends the loop."""
-        while True:
-            try:
-                await self.publish_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("region %s: publishing live state failed", self.region)
-            await asyncio.sleep(self.interval_s)
+        await run_every(self.interval_s, self.publish_once, f"region {self.region}: publishing live state")
 
 
 @dataclass(frozen=True)
