@@ -137,3 +137,17 @@ class Unauthenticated(SchedulerError):
 
 class PermissionDenied(SchedulerError):
     """A known key without the right: a tenant key on the admin API, or naming another tenant."""
+
+
+class NotFound(SchedulerError):
+    """Nothing by that name for this caller: a deferred request unknown, expired, or another
+    tenant's (which is not told apart from unknown)."""
+
+
+class Replayed(SchedulerError):
+    """An outcome recorded earlier, answered again with its code: a deferred request whose run
+    failed, fetched later (``code``: the ``google.rpc.Code`` name, e.g. ``UNAVAILABLE``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)

@@ -548,3 +548,7 @@ class EnergyReceipt:
     precision: str = ""
     # The policy's quality-per-joule max_tokens for it (None: the policy has no table for it).
     output_budget: OutputBudget | None = None
+    # When the deferral queue released it (None: not deferred), and why it was held
+    # ("<reason>: <explanation>", as in the decision that held it; docs/deferral.md).
+    released_at: float | None = None
+    deferral: str = ""

@@ -2,11 +2,12 @@
 ``AsyncSchedulerClient`` (asyncio); typed errors in ``scheduler.client.errors``."""
 
 from scheduler.client.aio import AsyncGeneration, AsyncSchedulerClient
-from scheduler.client.common import RetryPolicy, TlsConfig
+from scheduler.client.common import DeferredAnswer, RetryPolicy, TlsConfig
 from scheduler.client.errors import (
     DeadlineExceededError,
     InternalError,
     InvalidArgumentError,
+    NotFoundError,
     PermissionDeniedError,
     RateLimitedError,
     SchedulerRpcError,
@@ -20,9 +21,11 @@ __all__ = [
     "AsyncGeneration",
     "AsyncSchedulerClient",
     "DeadlineExceededError",
+    "DeferredAnswer",
     "Generation",
     "InternalError",
     "InvalidArgumentError",
+    "NotFoundError",
     "PermissionDeniedError",
     "RateLimitedError",
     "RetryPolicy",

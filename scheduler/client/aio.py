@@ -17,14 +17,17 @@ import grpc
 
 from scheduler.client import connect, direct
 from scheduler.client.common import (
+    DeferredAnswer,
     RetryPolicy,
     StreamState,
     TlsConfig,
     auth_metadata,
     build_request,
     channel_options,
+    defer_request,
     resolve_tls,
     should_retry,
+    wait_state,
 )
 from scheduler.client.errors import SchedulerRpcError, UnavailableError, from_rpc_error
 from scheduler.http.client import HttpClient, HttpError
@@ -205,6 +208,54 @@ class AsyncSchedulerClient:
         request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
         response: router_pb2.RouteResponse = await self._unary(self._router.Route, request, timeout_s)
         return response.decision
+
+    async def defer(self, prompt: str | None = None, *, model: str, max_tokens: int, deadline_unix_s: float = 0.0,
+                    timeout_s: float | None = None, **options: Any) -> router_pb2.DeferResponse:
+        """Hold a deferrable request until the lowest-carbon window before ``deadline_unix_s``
+        (0: the policy's deferrable TTFT SLO from now); the answer says when it is released and
+        why (docs/deferral.md). Fetch it with ``get_deferred`` or ``wait_deferred``.
+
+        ``options``: those of ``generate``; ``workload_class`` is ``deferrable``, and the
+        ``request_id`` (made here when not given) is the idempotency key: a retry after
+        UNAVAILABLE, here or by the caller with the same id, gets the first submission's answer.
+        """
+        options.setdefault("decision_detail", "summary")
+        options.setdefault("workload_class", "deferrable")
+        request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
+        response: router_pb2.DeferResponse = await self._unary(
+            self._router.Defer, defer_request(request, deadline_unix_s), timeout_s)
+        return response
+
+    async def get_deferred(self, request_id: str, timeout_s: float | None = None) -> router_pb2.DeferredStatus:
+        """Where a deferred request stands (held, running, done, failed); ``NotFoundError`` for
+        an id this key's tenant did not submit, or whose answer expired (7 days)."""
+        response: router_pb2.DeferredStatus = await self._unary(
+            self._router.GetDeferred, router_pb2.GetDeferredRequest(request_id=request_id), timeout_s)
+        return response
+
+    async def wait_deferred(self, request_id: str, timeout_s: float | None = None) -> DeferredAnswer:
+        """The answer of a deferred request once it is done, waiting up to ``timeout_s`` (default:
+        the client's): ``DeadlineExceededError`` when it is still held or running then; a failed
+        run raises its own error (e.g. ``UnavailableError``)."""
+        state = wait_state(request_id, timeout_s if timeout_s is not None else self.timeout_s, self.retry)
+        while True:
+            remaining = state.begin_attempt()
+            texts: list[str] = []
+            try:
+                call = self._router.WaitDeferred(router_pb2.GetDeferredRequest(request_id=request_id),
+                                                 metadata=self._metadata, timeout=remaining)
+                async for event in call:
+                    text = state.take(event)
+                    if text is not None:
+                        texts.append(text)
+                return DeferredAnswer(request_id, state.decision, "".join(texts), state.receipt)
+            except grpc.aio.AioRpcError as exc:
+                # Reading an answer is safe to repeat: retried whatever arrived.
+                try:
+                    delay = state.retry_delay(from_rpc_error(exc), received_text=False)
+                except SchedulerRpcError as error:
+                    raise error from None
+                await asyncio.sleep(delay)
 
     async def list_regions(self, timeout_s: float | None = None) -> list[messages_pb2.RegionInfo]:
         response: router_pb2.ListRegionsResponse = await self._unary(

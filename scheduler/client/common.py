@@ -12,6 +12,7 @@ import grpc
 
 from scheduler.client.errors import SchedulerRpcError, UnavailableError
 from scheduler.v1 import messages_pb2 as pb
+from scheduler.v1 import router_pb2
 
 DECISION_DETAILS = {"full": pb.DECISION_DETAIL_FULL, "summary": pb.DECISION_DETAIL_SUMMARY}
 WORKLOAD_CLASSES = {
@@ -19,6 +20,7 @@ WORKLOAD_CLASSES = {
     "batch": pb.WORKLOAD_CLASS_BATCH,
     "deferrable": pb.WORKLOAD_CLASS_DEFERRABLE,
 }
+WORKFLOW_SHAPES = {"chain": pb.WORKFLOW_SHAPE_CHAIN, "fanout": pb.WORKFLOW_SHAPE_FANOUT, "dag": pb.WORKFLOW_SHAPE_DAG}
 
 
 @dataclass(frozen=True)
@@ -104,17 +106,22 @@ def build_request(
     client_location: tuple[float, float] | None = None,
     prefix_key: str = "",
     workflow_id: str = "",
+    workflow_shape: str = "",
+    shared_prefix_tokens: int | None = None,
     prompt_tokens: int | None = None,
     cached_tokens: int | None = None,
     decision_detail: str = "full",
 ) -> pb.GenerateRequest:
     """A ``GenerateRequest``; the router validates it (INVALID_ARGUMENT names a bad field).
     ``decision_detail``: ``full`` (every ranked candidate and rejection) or ``summary`` (the
-    chosen candidate only: less work for the router on every request)."""
+    chosen candidate only: less work for the router on every request). ``workflow_shape``:
+    ``chain``, ``fanout`` or ``dag`` (with a ``workflow_id``; docs/affinity.md, "Workflow shapes")."""
     if workload_class not in WORKLOAD_CLASSES:
         raise ValueError(f"workload_class must be one of {sorted(WORKLOAD_CLASSES)}, got {workload_class!r}")
     if decision_detail not in DECISION_DETAILS:
         raise ValueError(f"decision_detail must be one of {sorted(DECISION_DETAILS)}, got {decision_detail!r}")
+    if workflow_shape and workflow_shape not in WORKFLOW_SHAPES:
+        raise ValueError(f"workflow_shape must be one of {sorted(WORKFLOW_SHAPES)}, got {workflow_shape!r}")
     request = pb.GenerateRequest(
         tenant=tenant, request_id=request_id or uuid.uuid4().hex, model=model,
         sampling=pb.SamplingParams(max_tokens=max_tokens, stop=list(stop)),
@@ -124,6 +131,7 @@ def build_request(
                                  precision=precision, task_class=task_class),
         prefix_key=prefix_key,
         workflow_id=workflow_id,
+        workflow_shape=WORKFLOW_SHAPES.get(workflow_shape, pb.WORKFLOW_SHAPE_UNSPECIFIED),
         decision_detail=DECISION_DETAILS[decision_detail],
     )
     if prompt is not None:
@@ -143,6 +151,8 @@ def build_request(
         request.prompt_tokens = prompt_tokens
     if cached_tokens is not None:
         request.cached_tokens = cached_tokens
+    if shared_prefix_tokens is not None:
+        request.shared_prefix_tokens = shared_prefix_tokens
     return request
 
 
@@ -195,3 +205,26 @@ class StreamState:
         if self._deadline is not None and time.monotonic() + delay >= self._deadline:
             raise error
         return delay
+
+
+@dataclass(frozen=True)
+class DeferredAnswer:
+    """A deferred request's answer, as ``WaitDeferred`` streams it: the release's decision
+    (``deferred_until_unix_s`` and ``deferral`` set), the whole text, the receipt
+    (``released_at_unix_s`` and ``deferral`` set)."""
+
+    request_id: str
+    decision: pb.Decision | None
+    text: str
+    receipt: pb.EnergyReceipt | None
+
+
+def defer_request(request: pb.GenerateRequest, deadline_unix_s: float) -> router_pb2.DeferRequest:
+    """A ``DeferRequest``: ``deadline_unix_s`` 0 means the policy's deferrable TTFT SLO from now."""
+    return router_pb2.DeferRequest(request=request, deadline_unix_s=deadline_unix_s)
+
+
+def wait_state(request_id: str, timeout_s: float | None, retry: RetryPolicy) -> StreamState:
+    """The state of a ``WaitDeferred`` stream: a Generate stream's (the same events, the same
+    retries before the first of them, one deadline for all attempts) for the request id."""
+    return StreamState(pb.GenerateRequest(request_id=request_id), timeout_s, retry)

@@ -95,6 +95,10 @@ class DeadlineExceededError(SchedulerRpcError):
     pass
 
 
+class NotFoundError(SchedulerRpcError):
+    """NOT_FOUND: no such deferred request for this key's tenant (unknown, expired or another's)."""
+
+
 class InternalError(SchedulerRpcError):
     pass
 
@@ -107,6 +111,7 @@ ERRORS_BY_CODE: dict[grpc.StatusCode, type[SchedulerRpcError]] = {
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
     grpc.StatusCode.INTERNAL: InternalError,
 }
 

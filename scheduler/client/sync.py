@@ -17,14 +17,17 @@ import grpc
 
 from scheduler.client import connect, direct
 from scheduler.client.common import (
+    DeferredAnswer,
     RetryPolicy,
     StreamState,
     TlsConfig,
     auth_metadata,
     build_request,
     channel_options,
+    defer_request,
     resolve_tls,
     should_retry,
+    wait_state,
 )
 from scheduler.client.errors import SchedulerRpcError, UnavailableError, from_rpc_error
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
@@ -196,6 +199,46 @@ class SchedulerClient:
         request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
         response: router_pb2.RouteResponse = self._unary(self._router.Route, request, timeout_s)
         return response.decision
+
+    def defer(self, prompt: str | None = None, *, model: str, max_tokens: int, deadline_unix_s: float = 0.0,
+              timeout_s: float | None = None, **options: Any) -> router_pb2.DeferResponse:
+        """Hold a deferrable request for its lowest-carbon window (see ``AsyncSchedulerClient.defer``)."""
+        options.setdefault("decision_detail", "summary")
+        options.setdefault("workload_class", "deferrable")
+        request = build_request(prompt=prompt, model=model, max_tokens=max_tokens, **options)
+        response: router_pb2.DeferResponse = self._unary(self._router.Defer, defer_request(request, deadline_unix_s),
+                                                         timeout_s)
+        return response
+
+    def get_deferred(self, request_id: str, timeout_s: float | None = None) -> router_pb2.DeferredStatus:
+        """Where a deferred request stands (see ``AsyncSchedulerClient.get_deferred``)."""
+        response: router_pb2.DeferredStatus = self._unary(
+            self._router.GetDeferred, router_pb2.GetDeferredRequest(request_id=request_id), timeout_s)
+        return response
+
+    def wait_deferred(self, request_id: str, timeout_s: float | None = None) -> DeferredAnswer:
+        """The answer once done, waiting up to ``timeout_s`` (see ``AsyncSchedulerClient.wait_deferred``)."""
+        state = wait_state(request_id, timeout_s if timeout_s is not None else self.timeout_s, self.retry)
+        while True:
+            remaining = state.begin_attempt()
+            texts: list[str] = []
+            call = self._router.WaitDeferred(router_pb2.GetDeferredRequest(request_id=request_id),
+                                             metadata=self._metadata, timeout=remaining)
+            try:
+                for event in call:
+                    text = state.take(event)
+                    if text is not None:
+                        texts.append(text)
+                return DeferredAnswer(request_id, state.decision, "".join(texts), state.receipt)
+            except grpc.RpcError as exc:
+                # Reading an answer is safe to repeat: retried whatever arrived.
+                try:
+                    delay = state.retry_delay(from_rpc_error(exc), received_text=False)
+                except SchedulerRpcError as error:
+                    raise error from None
+                time.sleep(delay)
+            finally:
+                call.cancel()
 
     def list_regions(self, timeout_s: float | None = None) -> list[messages_pb2.RegionInfo]:
         response: router_pb2.ListRegionsResponse = self._unary(

@@ -37,6 +37,7 @@ from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
+from scheduler.server.deferred import Deferrals
 from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
 from scheduler.server.http_api import build_http_server, server_ssl_context
@@ -145,6 +146,10 @@ class RouterDeps:
     # files to reload, e.g. one built in-process; RouterAdmin/ReloadConfig then says so). It is
     # also in ``background`` (scheduler.server.config_reload).
     config: ConfigReloader | None = None
+    # The deferral queue's submit, fetch and release loop (scheduler.server.deferred; None: this
+    # router neither holds nor releases deferred requests). Started last, stopped first: a
+    # release cut short by the stop books its partial receipt while the ledger still runs.
+    deferrals: Deferrals | None = None
     # The largest request gRPC accepts (a 4 MiB prompt and its envelope); larger: RESOURCE_EXHAUSTED.
     max_message_bytes: int = 8 * 2**20
     # HTTP/2 streams one client connection may have open at once.
@@ -167,7 +172,8 @@ class RouterDeps:
 
     def lifecycle(self) -> list[BackgroundTask]:
         """Start order; stopped in reverse (tracing last: the final streams' spans are flushed)."""
-        return [self.tracing, self.refresher, self.audit, self.limiter, *self.background]
+        deferrals = [] if self.deferrals is None else [self.deferrals]
+        return [self.tracing, self.refresher, self.audit, self.limiter, *self.background, *deferrals]
 
 
 def build_deps(
@@ -209,6 +215,9 @@ def build_deps(
     # The canary's writer: its last counts are flushed at stop, before the store closes.
     deps.background.append(canary)
     deps.gauges.append(canary.samples)
+    deferrals = Deferrals(deps)
+    deps.deferrals = deferrals
+    deps.gauges.append(deferrals.samples)
     return deps
 
 

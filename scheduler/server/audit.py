@@ -9,7 +9,8 @@ write that timed out on our side but reached Redis is not appended again by the 
 Fields (shared format): decision_id, tenant, region, pool, energy_j, carbon_g, fallbacks
 (JSON), partial ("1" / "0"), end_reason, carbon_basis, config_version (the config the request
 was decided on; scheduler.server.config_reload), canary_arm (control | canary; empty without a
-canary). Never the prompt text. The canary's rollbacks and an admin's enable and disable are
+canary), released_at and deferral (when the deferral queue released the request and why it
+waited; empty when it was not deferred). Never the prompt text. The canary's rollbacks and an admin's enable and disable are
 entries of the same stream with an ``event`` field (scheduler.canary.runtime).
 """
 
@@ -52,6 +53,8 @@ def audit_fields(receipt: EnergyReceipt) -> dict[str, str]:
         "carbon_basis": receipt.carbon_basis,
         "config_version": receipt.config_version,
         "canary_arm": receipt.canary_arm,
+        "released_at": "" if receipt.released_at is None else repr(receipt.released_at),
+        "deferral": receipt.deferral,
     }
 
 

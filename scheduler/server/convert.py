@@ -22,7 +22,17 @@ from scheduler.framework.explain import objective_text
 from scheduler.server.dispatch import CHAT_COMPLETIONS, COMPLETIONS, RegionCall
 from scheduler.server.prefix import derive_prefix_key, shared_text
 from scheduler.tickets import MAX_TOKEN_BYTES
-from scheduler.types import CarbonUsed, Decision, EnergyReceipt, Fallback, FleetSnapshot, GeoPoint, Request, WorkloadClass
+from scheduler.types import (
+    CarbonUsed,
+    Decision,
+    EnergyReceipt,
+    Fallback,
+    FleetSnapshot,
+    GeoPoint,
+    Request,
+    WorkflowShape,
+    WorkloadClass,
+)
 from scheduler.v1 import messages_pb2 as pb
 
 MAX_TOKENS_LIMIT = 1_048_576
@@ -48,6 +58,12 @@ _WORKLOAD: dict[int, WorkloadClass] = {
     pb.WORKLOAD_CLASS_INTERACTIVE: "interactive",
     pb.WORKLOAD_CLASS_BATCH: "batch",
     pb.WORKLOAD_CLASS_DEFERRABLE: "deferrable",
+}
+_WORKFLOW_SHAPE: dict[int, WorkflowShape | None] = {
+    pb.WORKFLOW_SHAPE_UNSPECIFIED: None,
+    pb.WORKFLOW_SHAPE_CHAIN: "chain",
+    pb.WORKFLOW_SHAPE_FANOUT: "fanout",
+    pb.WORKFLOW_SHAPE_DAG: "dag",
 }
 
 
@@ -157,6 +173,11 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
             bad.append(FieldViolation(f"slo.{name}", f"must be positive, got {getattr(msg.slo, name):g}"))
     if msg.workload_class not in _WORKLOAD:
         bad.append(FieldViolation("workload_class", f"unknown value {msg.workload_class}"))
+    if msg.workflow_shape not in _WORKFLOW_SHAPE:
+        bad.append(FieldViolation("workflow_shape", f"unknown value {msg.workflow_shape}"))
+    elif msg.workflow_shape and not msg.workflow_id:
+        # A shape without a workflow has no siblings or steps to relate to.
+        bad.append(FieldViolation("workflow_shape", "needs a workflow_id"))
     compliance = msg.compliance
     if _cap_strings(bad, "compliance.allowed_jurisdictions", compliance.allowed_jurisdictions, MAX_LIST_ENTRIES, 8):
         wrong = [i for i, code in enumerate(compliance.allowed_jurisdictions) if not _JURISDICTION.match(code)]
@@ -190,6 +211,9 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
     cached = msg.cached_tokens if msg.HasField("cached_tokens") else 0
     if cached > prompt_tokens:
         bad.append(FieldViolation("cached_tokens", f"{cached} exceeds the prompt's {prompt_tokens} tokens"))
+    shared = msg.shared_prefix_tokens if msg.HasField("shared_prefix_tokens") else None
+    if shared is not None and shared > prompt_tokens:
+        bad.append(FieldViolation("shared_prefix_tokens", f"{shared} exceeds the prompt's {prompt_tokens} tokens"))
     if bad:
         raise InvalidRequest(bad)
 
@@ -212,6 +236,8 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
                                                        BYTES_PER_TOKEN),
         cached_tokens=cached,
         workflow_id=msg.workflow_id or None,
+        workflow_shape=_WORKFLOW_SHAPE.get(msg.workflow_shape),
+        shared_prefix_tokens=shared,
     )
     detail = pb.DECISION_DETAIL_SUMMARY if msg.decision_detail == pb.DECISION_DETAIL_SUMMARY else pb.DECISION_DETAIL_FULL
     return Incoming(request, RegionCall(path, body), estimated, detail)
@@ -330,15 +356,26 @@ def receipt_to_proto(receipt: EnergyReceipt) -> pb.EnergyReceipt:
         config_version=receipt.config_version,
         precision=receipt.precision,
         canary_arm=receipt.canary_arm,
+        deferral=receipt.deferral,
     )
     for name in _OPTIONAL_RECEIPT_FIELDS:
         value = getattr(receipt, name)
         if value is not None:
             setattr(message, name, value)
+    if receipt.released_at is not None:
+        message.released_at_unix_s = receipt.released_at
     if receipt.carbon is not None:
         message.carbon_signal.CopyFrom(carbon_to_proto(receipt.carbon))
     if receipt.output_budget is not None:
         message.output_budget.CopyFrom(output_budget_to_proto(receipt.output_budget))
+    return message
+
+
+def deferred_decision(message: pb.Decision, until: float, deferral: str) -> pb.Decision:
+    """``message`` marked as held by the deferral queue until ``until`` (epoch s); ``deferral``:
+    "<reason>: <explanation>" (docs/deferral.md)."""
+    message.deferred_until_unix_s = until
+    message.deferral = deferral
     return message
 
 

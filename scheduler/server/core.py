@@ -35,6 +35,10 @@ from scheduler.server.tracing import NO_TRACE, RequestTrace, decision_attributes
 from scheduler.types import Candidate, Decision, EnergyReceipt, FleetSnapshot, Request
 from scheduler.v1 import messages_pb2
 
+# Unschedulable because of these plugins is about the fleet's state now (retry later); any other
+# (residency, certifications, context, model) is about the request.
+TRANSIENT_PLUGINS = frozenset({"region-health", "pool-served", "slo-reachable"})
+
 # gRPC cancels a call at its deadline on its own timer, and the deadline we hold was read from
 # ``time_remaining()`` a moment before the stream started: a cancellation this close to the
 # client's deadline is the deadline, not the client leaving.
@@ -110,6 +114,8 @@ class ProxyRun:
     started: float
     client_deadline: float | None
     trace: RequestTrace = NO_TRACE
+    # A request the deferral queue released: (when, "<reason>: <explanation>"); its receipt says so.
+    released: tuple[float, str] | None = None
     receipt: EnergyReceipt | None = None
     failure: errors.SchedulerError | None = None
     _booked: bool = field(default=False, init=False)
@@ -202,6 +208,8 @@ class ProxyRun:
             relayed_events=stream.content_events,
             end_reason=end_reason,
             output_budget=self.incoming.output_budget,
+            released_at=None if self.released is None else self.released[0],
+            deferral="" if self.released is None else self.released[1],
         ))
         self._booked = True
         self._booked_receipt = receipt
@@ -219,8 +227,10 @@ class RouterCore:
         self.deps = deps
 
     def decide(self, principal: Principal, msg: messages_pb2.GenerateRequest, trace: RequestTrace = NO_TRACE,
-               ) -> tuple[FleetSnapshot, convert.Incoming, Decision]:
-        """Validate, decide, count the dispatch; ``Unschedulable`` when nothing survives."""
+               dispatching: bool = True) -> tuple[FleetSnapshot, convert.Incoming, Decision]:
+        """Validate, decide, count the dispatch; ``Unschedulable`` when nothing survives.
+        ``dispatching`` False: nothing goes out now (a request the deferral queue holds), so no
+        dispatch is counted against the chosen pool's queue."""
         with trace.child("scheduler.decide") as span:
             tenant = msg.tenant or principal.tenant
             if tenant != principal.tenant and not principal.admin:
@@ -258,7 +268,8 @@ class RouterCore:
                         raise unschedulable(decision)
                 incoming = dataclasses.replace(incoming, output_budget=budget)
         # Route answers send the client there too (direct mode): both count as dispatched.
-        deps.refresher.record_dispatch(snapshot, decision.ranked_candidates[0], incoming.request)
+        if dispatching:
+            deps.refresher.record_dispatch(snapshot, decision.ranked_candidates[0], incoming.request)
         return snapshot, incoming, decision
 
     def route(self, principal: Principal, msg: messages_pb2.GenerateRequest, trace: RequestTrace = NO_TRACE,
@@ -286,9 +297,10 @@ class RouterCore:
         return Routed(decision_id, snapshot, incoming, decision, targets)
 
     def proxy(self, principal: Principal, msg: messages_pb2.GenerateRequest, remaining_s: float | None,
-              trace: RequestTrace = NO_TRACE) -> ProxyRun:
+              trace: RequestTrace = NO_TRACE, released: tuple[float, str] | None = None) -> ProxyRun:
         """A stream to run (``async with``): decided and admitted here, dispatched on entry.
-        ``remaining_s``: the client's deadline from now (None: none); ``trace``: the request's."""
+        ``remaining_s``: the client's deadline from now (None: none); ``trace``: the request's;
+        ``released``: (when, why) the deferral queue released it (None: not deferred)."""
         deps = self.deps
         started = deps.monotonic()
         snapshot, incoming, decision = self.decide(principal, msg, trace)
@@ -312,4 +324,5 @@ class RouterCore:
         if incoming.request.workflow_id:
             hints["workflow_id"] = incoming.request.workflow_id
         stream = deps.dispatcher.stream(decision, incoming.call, client_deadline, hints, ticket_for, trace)
-        return ProxyRun(deps, decision_id, snapshot, incoming, decision, stream, started, client_deadline, trace)
+        return ProxyRun(deps, decision_id, snapshot, incoming, decision, stream, started, client_deadline, trace,
+                        released)

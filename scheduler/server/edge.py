@@ -30,20 +30,32 @@ from scheduler.server.rate_limit import SharedRateLimiter
 from scheduler.server.status import status_for
 from scheduler.server.stream_slots import StreamSlots
 from scheduler.server.tracing import NO_TRACE, RequestTrace, RouterTracing
-from scheduler.server.wire import GENERATE_REQUEST_FIELDS, RejectedRequest, decoded, guarded
-from scheduler.v1 import messages_pb2
+from scheduler.server.wire import (
+    DEFER_REQUEST_FIELDS,
+    DEFER_REQUEST_NESTED,
+    GENERATE_REQUEST_FIELDS,
+    RejectedRequest,
+    decoded,
+    guarded,
+)
+from scheduler.v1 import messages_pb2, router_pb2
 
 log = logging.getLogger(__name__)
 
 ADMIN_PREFIX = "/scheduler.v1.RouterAdmin/"
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 # Methods taking a GenerateRequest: their requests are size-checked on the wire before parsing.
-GUARDED_DESERIALIZERS = {
+DECIDING_DESERIALIZERS = {
     method: guarded(messages_pb2.GenerateRequest.FromString, GENERATE_REQUEST_FIELDS, "scheduler.v1.GenerateRequest")
     for method in ("/scheduler.v1.GlobalRouter/Route", "/scheduler.v1.GlobalRouter/Generate")
 }
+GUARDED_DESERIALIZERS = {
+    **DECIDING_DESERIALIZERS,
+    "/scheduler.v1.GlobalRouter/Defer": guarded(router_pb2.DeferRequest.FromString, DEFER_REQUEST_FIELDS,
+                                                "scheduler.v1.DeferRequest", DEFER_REQUEST_NESTED),
+}
 # Methods that decide (and dispatch): one trace span each.
-TRACED_METHODS = frozenset(GUARDED_DESERIALIZERS)
+TRACED_METHODS = frozenset(DECIDING_DESERIALIZERS)
 # The W3C trace context a caller may send in its metadata.
 TRACE_METADATA = ("traceparent", "tracestate")
 

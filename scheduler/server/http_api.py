@@ -8,6 +8,9 @@
   HTTP request on a kept-alive connection costs the router a fraction of a gRPC call.
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: OpenAI's API,
   streamed or not (scheduler.server.openai_front has the formats and the scheduling hints).
+- ``POST /v1/deferred/completions`` (a completions body plus ``"deadline"``, epoch seconds):
+  the Defer RPC, answered ``202`` with the ``DeferResponse`` as JSON; ``GET /v1/deferred/{id}``:
+  GetDeferred, the ``DeferredStatus`` as JSON (docs/deferral.md).
 
 The same keys (``authorization: Bearer``), rate limits, per-tenant stream slots, decision,
 admission (budgets), dispatch with failover, receipts, ledger and audit as gRPC: every
@@ -19,8 +22,10 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import ssl
-from collections.abc import AsyncIterator
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +37,7 @@ from google.rpc import code_pb2
 from scheduler import errors
 from scheduler.http.server import (
     AnswerInstead,
+    Handler,
     HttpRequest,
     HttpResponse,
     HttpServer,
@@ -41,7 +47,8 @@ from scheduler.http.server import (
 )
 from scheduler.server import convert, openai_front
 from scheduler.server.auth import Principal
-from scheduler.server.core import ProxyRun, RouterCore
+from scheduler.server.core import TRANSIENT_PLUGINS, ProxyRun, RouterCore
+from scheduler.server.deferred import Deferrals
 from scheduler.server.edge import GUARDED_DESERIALIZERS, admit
 from scheduler.server.status import rpc_status_for
 from scheduler.server.wire import RejectedRequest
@@ -53,13 +60,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROUTE_PATH = "/scheduler.v1.GlobalRouter/Route"
+DEFERRED_COMPLETIONS_PATH = "/v1/deferred/completions"
+# GET DEFERRED_PREFIX + request id: a deferred request's status.
+DEFERRED_PREFIX = "/v1/deferred/"
+# What the DeferRequest's fields are called in a deferred completions body.
+_DEFERRED_BODY_FIELDS = {"deadline_unix_s": "deadline", "request.request_id": "x_scheduler.request_id",
+                         "request.workload_class": "x_scheduler.workload_class"}
 PROTO = "application/proto"
 JSON = "application/json"
 # The largest body the OpenAI endpoints and Route take: a 4 MiB prompt and its envelope.
 MAX_BODY_BYTES = 5 * 2**20
-# Unschedulable because of these plugins is about the fleet's state now (retry later: 503);
-# any other (residency, certifications, context, model) is about the request (400).
-TRANSIENT_PLUGINS = frozenset({"region-health", "pool-served", "slo-reachable"})
 
 _CONNECT_STATUS = {code_pb2.OK: 200, code_pb2.CANCELLED: 499, code_pb2.UNKNOWN: 500, code_pb2.INVALID_ARGUMENT: 400,
                    code_pb2.DEADLINE_EXCEEDED: 504, code_pb2.NOT_FOUND: 404, code_pb2.ALREADY_EXISTS: 409,
@@ -98,6 +108,7 @@ def _openai_mapping(exc: BaseException) -> _OpenAiError:
     if isinstance(exc, errors.InvalidRequest):
         return _OpenAiError(400, "invalid_request", "INVALID_ARGUMENT")
     if isinstance(exc, errors.Unschedulable):
+        # About the fleet's state now: 503 (retry later); about the request: 400.
         transient = exc.plugin in TRANSIENT_PLUGINS
         return _OpenAiError(503 if transient else 400, "unschedulable", "FAILED_PRECONDITION")
     if isinstance(exc, errors.Unauthenticated):
@@ -114,6 +125,8 @@ def _openai_mapping(exc: BaseException) -> _OpenAiError:
         return _OpenAiError(503, "regions_unavailable", "UNAVAILABLE")
     if isinstance(exc, errors.DeadlineExceeded):
         return _OpenAiError(504, "deadline_exceeded", "DEADLINE_EXCEEDED")
+    if isinstance(exc, errors.NotFound):
+        return _OpenAiError(404, "not_found", "NOT_FOUND")
     return _OpenAiError(500, "internal_error", "INTERNAL")
 
 
@@ -140,18 +153,83 @@ def _json_body(request: HttpRequest) -> Any:
         raise errors.InvalidRequest([errors.FieldViolation("body", f"not JSON: {exc}"[:200])]) from None
 
 
+def deferred_request(body: Any, headers: Mapping[str, str]) -> router_pb2.DeferRequest:
+    """A deferred completions body (a completions body plus ``deadline``, epoch seconds, 0 or
+    absent: the policy's deferrable SLO from now) as a ``DeferRequest``; the workload class is
+    ``deferrable`` unless the request names one."""
+    if not isinstance(body, dict):
+        raise errors.InvalidRequest([errors.FieldViolation("body", "expected a JSON object")])
+    bad = []
+    deadline = body.get("deadline", 0)
+    if not isinstance(deadline, int | float) or isinstance(deadline, bool) or not math.isfinite(deadline):
+        bad.append(errors.FieldViolation("deadline", f"expected epoch seconds, got {deadline!r}"[:200]))
+        deadline = 0
+    if body.get("stream", False) is not False:
+        bad.append(errors.FieldViolation("stream", f"a deferred request is fetched ({DEFERRED_PREFIX}{{id}}), "
+                                                   "not streamed"))
+    completion = {name: value for name, value in body.items() if name != "deadline"}
+    hints = completion.get("x_scheduler")
+    try:
+        msg, _ = openai_front.generate_request(completion, headers, chat=False)
+    except errors.InvalidRequest as exc:
+        raise errors.InvalidRequest([*bad, *exc.violations]) from None
+    if bad:
+        raise errors.InvalidRequest(bad)
+    named = (isinstance(hints, dict) and "workload_class" in hints) or "x-scheduler-workload-class" in headers
+    if not named:
+        msg.workload_class = messages_pb2.WORKLOAD_CLASS_DEFERRABLE
+    return router_pb2.DeferRequest(request=msg, deadline_unix_s=float(deadline))
+
+
+def _body_names(exc: errors.InvalidRequest) -> errors.InvalidRequest:
+    """A Defer violation named as the deferred completions body names the field."""
+    return errors.InvalidRequest([
+        errors.FieldViolation(_DEFERRED_BODY_FIELDS.get(v.field, v.field.removeprefix("request.")), v.description)
+        for v in exc.violations])
+
+
+class Routes(Mapping[tuple[str, str], Handler]):
+    """The server's routes: exact paths, and paths whose last segment is a parameter (keyed by
+    their prefix, e.g. ``/v1/deferred/``, shown as ``/v1/deferred/{id}``): a path under the
+    prefix with one more, non-empty segment."""
+
+    def __init__(self, exact: Mapping[tuple[str, str], Handler],
+                 parameterized: Mapping[tuple[str, str], Handler]) -> None:
+        self.exact = dict(exact)
+        self.parameterized = dict(parameterized)
+
+    def __getitem__(self, key: tuple[str, str]) -> Handler:
+        handler = self.exact.get(key)
+        if handler is not None:
+            return handler
+        method, path = key
+        for (route_method, prefix), candidate in self.parameterized.items():
+            rest = path[len(prefix):]
+            if route_method == method and path.startswith(prefix) and rest and "/" not in rest:
+                return candidate
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        yield from self.exact
+        yield from ((method, prefix + "{id}") for method, prefix in self.parameterized)
+
+    def __len__(self) -> int:
+        return len(self.exact) + len(self.parameterized)
+
+
 class HttpApi:
     def __init__(self, deps: RouterDeps) -> None:
         self.deps = deps
         self.core = RouterCore(deps)
 
-    def routes(self) -> dict[tuple[str, str], Any]:
-        return {
+    def routes(self) -> Routes:
+        return Routes({
             ("POST", ROUTE_PATH): self.route,
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/v1/chat/completions"): self.chat_completions,
             ("GET", "/v1/models"): self.models,
-        }
+            ("POST", DEFERRED_COMPLETIONS_PATH): self.deferred_completions,
+        }, {("GET", DEFERRED_PREFIX): self.deferred_status})
 
     async def _admit(self, request: HttpRequest, method: str) -> Principal:
         return await admit(self.deps.keys, self.deps.limiter, method, request.headers.get("authorization"))
@@ -206,6 +284,51 @@ class HttpApi:
             raise errors.InvalidRequest([errors.FieldViolation("body", f"not a GenerateRequest: {exc}"[:300])]) \
                 from None
         return msg
+
+    # --- deferral (docs/deferral.md) --------------------------------------------------------
+
+    def _deferrals(self) -> Deferrals:
+        if self.deps.deferrals is None:
+            raise errors.Unavailable("this router does not run the deferral queue", retryable=False)
+        return self.deps.deferrals
+
+    async def deferred_completions(self, request: HttpRequest) -> HttpResponse:
+        """Defer: ``202`` with the ``DeferResponse`` (and its status URL in ``location``)."""
+        method = "openai.deferred.completions"
+        code, message = "OK", ""
+        trace = self.deps.tracing.begin_http(request.method, request.path, request.headers)
+        response: HttpResponse | None = None
+        try:
+            principal = await self._admit(request, method)
+            try:
+                answer = await self._deferrals().defer(principal, deferred_request(_json_body(request),
+                                                                                   request.headers), trace)
+            except errors.InvalidRequest as exc:
+                raise _body_names(exc) from None
+            location = DEFERRED_PREFIX + urllib.parse.quote(answer.request_id, safe="")
+            response = HttpResponse(202, _json(answer), JSON, (("location", location),))
+            return response
+        except Exception as exc:
+            response, code = openai_error(exc)
+            message = str(exc)
+            return response
+        finally:
+            self.deps.metrics.request(method, code)
+            trace.end(code, message, None if response is None else response.status)
+
+    async def deferred_status(self, request: HttpRequest) -> HttpResponse:
+        """GetDeferred: the ``DeferredStatus``; 404 for an unknown id or another tenant's."""
+        method = "openai.deferred.get"
+        code = "OK"
+        try:
+            principal = await self._admit(request, method)
+            request_id = urllib.parse.unquote(request.path[len(DEFERRED_PREFIX):])
+            return HttpResponse(200, _json(await self._deferrals().status(principal, request_id)), JSON)
+        except Exception as exc:
+            response, code = openai_error(exc)
+            return response
+        finally:
+            self.deps.metrics.request(method, code)
 
     # --- the OpenAI API ------------------------------------------------------------------
 
@@ -321,6 +444,11 @@ class HttpApi:
             slots.release(principal)
             self.deps.metrics.request(method, code)
             run.trace.end(code, message, status)
+
+
+def _json(message: Any) -> bytes:
+    """A message as JSON with the proto's field names."""
+    return json_format.MessageToJson(message, preserving_proto_field_name=True).encode()
 
 
 def _stream_headers(run: ProxyRun) -> tuple[tuple[str, str], ...]:

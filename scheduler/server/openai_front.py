@@ -14,7 +14,8 @@ as ``x-scheduler-<name>`` headers (``extra_headers``; the body wins): ``tenant``
 ``request_id``, ``workload_class``, ``ttft_ms``, ``tpot_ms``, ``deadline_ms``,
 ``jurisdictions``, ``certifications`` (lists; comma-separated in a header), ``precision``,
 ``task_class``, ``client_location`` (``[lat, lon]`` or ``{"lat", "lon"}``; ``"lat,lon"`` in a
-header), ``prefix_key``, ``workflow_id``, ``prompt_tokens``, ``cached_tokens``.
+header), ``prefix_key``, ``workflow_id``, ``workflow_shape`` (chain, fanout, dag),
+``shared_prefix_tokens``, ``prompt_tokens``, ``cached_tokens``.
 
 Answers: streamed, OpenAI's ``text_completion`` / ``chat.completion.chunk`` events, a usage
 chunk (``choices: []``) when ``stream_options.include_usage``, ``data: [DONE]``, and then one
@@ -41,13 +42,14 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = 1024
 WORKLOAD = {"interactive": pb.WORKLOAD_CLASS_INTERACTIVE, "batch": pb.WORKLOAD_CLASS_BATCH,
             "deferrable": pb.WORKLOAD_CLASS_DEFERRABLE}
+WORKFLOW_SHAPE = {"chain": pb.WORKFLOW_SHAPE_CHAIN, "fanout": pb.WORKFLOW_SHAPE_FANOUT, "dag": pb.WORKFLOW_SHAPE_DAG}
 # OpenAI fields the router carries or that do not change the answer.
 COMPLETION_FIELDS = frozenset({"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
                                "stream_options", "user", "x_scheduler"})
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt"}) | {"messages", "max_completion_tokens"}
 HINTS = frozenset({"tenant", "request_id", "workload_class", "ttft_ms", "tpot_ms", "deadline_ms", "jurisdictions",
                    "certifications", "precision", "task_class", "client_location", "prefix_key", "prompt_tokens",
-                   "cached_tokens", "workflow_id"})
+                   "cached_tokens", "workflow_id", "workflow_shape", "shared_prefix_tokens"})
 HINT_HEADER = "x-scheduler-"
 
 
@@ -136,7 +138,7 @@ def _header_value(name: str, text: str, fields: _Fields) -> Any:
         except ValueError:
             fields.fail(f"{HINT_HEADER}{name.replace('_', '-')}", f"expected a number, got {_show(text)}")
             return None
-    if name in ("prompt_tokens", "cached_tokens"):
+    if name in ("prompt_tokens", "cached_tokens", "shared_prefix_tokens"):
         return int(text) if text.isdigit() else text
     if name == "client_location":
         parts = text.split(",")
@@ -238,6 +240,11 @@ def generate_request(body: Any, headers: Mapping[str, str], chat: bool) -> tuple
     msg.compliance.task_class = fields.string("x_scheduler.task_class", hints.get("task_class")) or ""
     msg.prefix_key = fields.string("x_scheduler.prefix_key", hints.get("prefix_key")) or ""
     msg.workflow_id = fields.string("x_scheduler.workflow_id", hints.get("workflow_id")) or ""
+    shape = fields.string("x_scheduler.workflow_shape", hints.get("workflow_shape"))
+    if shape is not None and shape not in WORKFLOW_SHAPE:
+        fields.fail("x_scheduler.workflow_shape", f"expected one of {sorted(WORKFLOW_SHAPE)}, got {_show(shape)}")
+    elif shape is not None:
+        msg.workflow_shape = WORKFLOW_SHAPE[shape]
     location = hints.get("client_location")
     if isinstance(location, dict):
         location = [location.get("lat"), location.get("lon")]
@@ -247,7 +254,7 @@ def generate_request(body: Any, headers: Mapping[str, str], chat: bool) -> tuple
             msg.client_location.lat, msg.client_location.lon = float(location[0]), float(location[1])
         else:
             fields.fail("x_scheduler.client_location", "expected [lat, lon]")
-    for name in ("prompt_tokens", "cached_tokens"):
+    for name in ("prompt_tokens", "cached_tokens", "shared_prefix_tokens"):
         value = fields.integer(f"x_scheduler.{name}", hints.get(name))
         if value is not None:
             setattr(msg, name, value)

@@ -77,6 +77,9 @@ class ReceiptInputs:
     end_reason: str = "complete"
     # The policy's output budget for the request (None: none applies).
     output_budget: OutputBudget | None = None
+    # A request the deferral queue held: when it was released and why it was held.
+    released_at: float | None = None
+    deferral: str = ""
 
 
 def _modelled_energy(inputs: ReceiptInputs, prompt: int, cached: int, completion: int) -> dict[str, Any]:
@@ -149,5 +152,7 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         config_version=snapshot.config_version,
         canary_arm=snapshot.canary_arm,
         output_budget=inputs.output_budget,
+        released_at=inputs.released_at,
+        deferral=inputs.deferral,
         **energy,
     )

@@ -24,6 +24,7 @@ from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server import convert
 from scheduler.server.canary import no_canary, status_to_proto
 from scheduler.server.core import RouterCore
+from scheduler.server.deferred import FAILED, Deferrals, replayed
 from scheduler.server.edge import current_principal, current_trace
 from scheduler.state import keys
 from scheduler.state.store import StateUnavailable
@@ -73,6 +74,32 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
             yield messages_pb2.GenerateResponse(receipt=convert.receipt_to_proto(run.receipt))
         if run.failure is not None:
             raise run.failure
+
+    # --- deferral (docs/deferral.md; scheduler.server.deferred) ----------------------------------
+
+    def _deferrals(self) -> Deferrals:
+        if self.deps.deferrals is None:
+            raise errors.Unavailable("this router does not run the deferral queue", retryable=False)
+        return self.deps.deferrals
+
+    async def Defer(self, request: router_pb2.DeferRequest, context: Context) -> router_pb2.DeferResponse:
+        return await self._deferrals().defer(current_principal(), request, current_trace())
+
+    async def GetDeferred(self, request: router_pb2.GetDeferredRequest, context: Context) -> router_pb2.DeferredStatus:
+        return await self._deferrals().status(current_principal(), request.request_id)
+
+    async def WaitDeferred(
+        self, request: router_pb2.GetDeferredRequest, context: Context
+    ) -> AsyncIterator[messages_pb2.GenerateResponse]:
+        """The answer as a Generate stream carries it, once done: the release's Decision, the
+        text as one TokenChunk, the EnergyReceipt. A failed run ends with its own status."""
+        status = await self._deferrals().wait(current_principal(), request.request_id, context.time_remaining())
+        if status.state == FAILED:
+            raise replayed(status)
+        yield messages_pb2.GenerateResponse(decision=status.decision)
+        yield messages_pb2.GenerateResponse(chunk=messages_pb2.TokenChunk(text=status.text))
+        if status.HasField("receipt"):
+            yield messages_pb2.GenerateResponse(receipt=status.receipt)
 
     async def ListRegions(self, request: router_pb2.ListRegionsRequest, context: Context) -> router_pb2.ListRegionsResponse:
         snapshot = self.deps.refresher.current()

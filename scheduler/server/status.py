@@ -6,7 +6,8 @@
 - RateLimited      -> RESOURCE_EXHAUSTED + QuotaFailure + RetryInfo
 - StreamLimited    -> RESOURCE_EXHAUSTED + QuotaFailure (concurrent streams)
 - DeadlineExceeded -> DEADLINE_EXCEEDED
-- Unauthenticated  -> UNAUTHENTICATED;  PermissionDenied -> PERMISSION_DENIED
+- Unauthenticated  -> UNAUTHENTICATED;  PermissionDenied -> PERMISSION_DENIED;  NotFound -> NOT_FOUND
+- Replayed         -> its recorded code (UNKNOWN if the name is not a code)
 - Internal / anything else -> INTERNAL (the message of an unexpected exception is not shown)
 """
 
@@ -125,6 +126,12 @@ def _budget_exhausted(exc: errors.SchedulerError) -> status_pb2.Status:
     return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc), details=_pack(quota))
 
 
+def _replayed(exc: errors.SchedulerError) -> status_pb2.Status:
+    assert isinstance(exc, errors.Replayed)
+    value = code_pb2.Code.DESCRIPTOR.values_by_name.get(exc.code)
+    return status_pb2.Status(code=code_pb2.UNKNOWN if value is None else value.number, message=str(exc))
+
+
 def _plain(code: int) -> Callable[[errors.SchedulerError], status_pb2.Status]:
     def build(exc: errors.SchedulerError) -> status_pb2.Status:
         return status_pb2.Status(code=code, message=str(exc))
@@ -142,6 +149,8 @@ STATUS_BUILDERS: Mapping[type[errors.SchedulerError], Callable[[errors.Scheduler
         errors.BudgetExhausted: _budget_exhausted,
         errors.Unauthenticated: _plain(code_pb2.UNAUTHENTICATED),
         errors.PermissionDenied: _plain(code_pb2.PERMISSION_DENIED),
+        errors.NotFound: _plain(code_pb2.NOT_FOUND),
+        errors.Replayed: _replayed,
         errors.Internal: _plain(code_pb2.INTERNAL),
         errors.DeadlineExceeded: _plain(code_pb2.DEADLINE_EXCEEDED),
     })

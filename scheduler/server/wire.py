@@ -37,6 +37,9 @@ GENERATE_REQUEST_FIELDS: Mapping[int, tuple[str, int]] = {
     15: ("workflow_id", 128),
 }
 MAX_TOP_LEVEL_FIELDS = 64
+# DeferRequest: its GenerateRequest (field 1) is walked with GenerateRequest's limits.
+DEFER_REQUEST_FIELDS: Mapping[int, tuple[str, int]] = {1: ("request", 1 << 62)}
+DEFER_REQUEST_NESTED: Mapping[int, Mapping[int, tuple[str, int]]] = {1: GENERATE_REQUEST_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,10 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
         shift += 7
 
 
-def oversized_fields(data: bytes, limits: Mapping[int, tuple[str, int]]) -> list[FieldViolation]:
-    """Top-level fields longer than their limit (and a message with too many fields)."""
+def oversized_fields(data: bytes, limits: Mapping[int, tuple[str, int]],
+                     nested: Mapping[int, Mapping[int, tuple[str, int]]] | None = None) -> list[FieldViolation]:
+    """Top-level fields longer than their limit (and a message with too many fields); a field
+    in ``nested`` is a message whose own fields are walked with the limits given there."""
     violations = []
     position = fields = 0
     while position < len(data):
@@ -80,6 +85,9 @@ def oversized_fields(data: bytes, limits: Mapping[int, tuple[str, int]]) -> list
             name, limit = limits.get(number, (f"field {number}", 1024))
             if length > limit:
                 violations.append(FieldViolation(name, f"at most {limit:,} bytes, got {length:,}"))
+            elif nested and number in nested:
+                inner = oversized_fields(data[position:position + length], nested[number])
+                violations.extend(FieldViolation(f"{name}.{v.field}", v.description) for v in inner)
             position += length
         else:
             raise ValueError(f"unsupported wire type {wire_type}")
@@ -93,12 +101,13 @@ def _undecodable(what: str, exc: Exception) -> RejectedRequest:
     return RejectedRequest((FieldViolation("request", f"not a valid {what}: {detail}"),))
 
 
-def guarded(parse: Callable[[bytes], Any], limits: Mapping[int, tuple[str, int]], what: str) -> Callable[[bytes], Any]:
+def guarded(parse: Callable[[bytes], Any], limits: Mapping[int, tuple[str, int]], what: str,
+            nested: Mapping[int, Mapping[int, tuple[str, int]]] | None = None) -> Callable[[bytes], Any]:
     """A request deserializer: the message, or a ``RejectedRequest`` saying why not."""
 
     def deserialize(data: bytes) -> Any:
         try:
-            violations = oversized_fields(data, limits)
+            violations = oversized_fields(data, limits, nested)
             if violations:
                 return RejectedRequest(tuple(violations))
             return parse(data)

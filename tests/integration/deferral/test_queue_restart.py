@@ -4,8 +4,8 @@ A child process (standing for a router) holds requests in Redis and runs the rel
 is killed with SIGKILL while some are answered, one is mid-run and the rest are not due yet.
 A new release loop on a fresh connection (the restarted router) then answers every one of
 them: the answered ones stay answered, the one mid-run runs again once its claim lapses, the
-rest at their release time. This is the queue's own restart test; the router does not use
-the queue yet (docs/deferral.md, "Status").
+rest at their release time. This is the queue's own restart test; the router's (two real
+router processes) is tests/integration/router/test_router_deferral_restart.py.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 from scheduler.v1 import messages_pb2 as pb
+from scheduler.v1 import router_pb2
 
 from .conftest import Fleet, RouterFactory
 
@@ -101,3 +102,23 @@ async def test_undecodable_bytes_get_invalid_argument_not_unknown(make_router: R
         error = await _refusal(target, raw)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (raw[:20], error.details())
         assert "not a valid scheduler.v1.GenerateRequest" in error.details()
+
+
+@pytest.mark.timeout(60)
+async def test_a_hostile_defer_is_refused_on_the_wire_like_a_generate(make_router: RouterFactory,
+                                                                       stub_fleet: Fleet) -> None:
+    router = await make_router(stub_fleet.configs)
+    inner = _request(jurisdictions=["EU"] * 975_000, request_id="d-1", workload_class=pb.WORKLOAD_CLASS_DEFERRABLE)
+    raw = router_pb2.DeferRequest(request=inner).SerializeToString()
+    process = psutil.Process()
+    before = process.memory_info().rss
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}",
+                                         options=[("grpc.max_send_message_length", 64 * 2**20)]) as channel:
+        defer = channel.unary_unary("/scheduler.v1.GlobalRouter/Defer")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await defer(raw, timeout=30)
+    grown = process.memory_info().rss - before
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+    assert "request.compliance: at most 4,096 bytes, got 3,900,000" in (refused.value.details() or "")
+    assert _details_bytes(refused.value) < MAX_DETAILS_BYTES
+    assert grown < 50 * 2**20, f"the router's process grew by {grown / 2**20:.0f} MB"

@@ -1,0 +1,374 @@
+"""Deferral in the router (docs/deferral.md): ``Defer`` holds a deferrable request in the
+durable queue (``scheduler.deferral.queue``) until the lowest-carbon window of its grid's
+forecast before its deadline; the release loop runs it through the same core path as
+``Generate``; ``GetDeferred`` and ``WaitDeferred`` read its answer from the store, so the router
+that answers need not be the one that ran it.
+
+Submit (``Deferrals.defer``):
+
+    deadline = the request's, or now + the policy's deferrable TTFT budget (deadline 0)
+    decision = decided now (unservable: the usual errors, nothing held), admitted (budgets)
+    where    = the candidate ranked first; forecast = its carbon zone's, from the store
+    needs    = DURATION_FACTOR x predicted completion + GUARD_S       (as the simulator,
+               predicted completion = queue wait + prefill + N x TPOT   scheduler.sim.deferral)
+    release  = choose_release(forecast, now, deadline, needs)          (scheduler.deferral.window)
+               or now, reason ``chain``, for a chain's or DAG's step (``Request.holdable``)
+
+then the request is written to the queue (its submission record first) and only then answered.
+A retry of an id the caller submitted, held or answered, gets the first submission's answer
+before anything is decided again. The store unreachable: UNAVAILABLE, nothing held.
+
+Release (``Deferrals.run``, the ``DeferralWorker``'s callable): the held ``GenerateRequest`` is
+decided afresh on the snapshot of its release with a TTFT SLO of min(its own or the class's,
+the time left to the deadline), dispatched with failover, booked (ledger, audit) and collected
+into a ``DeferredStatus``. A failure that retrying cannot mend (``final``: a bad request, a
+budget spent, nothing can serve it) is answered at once as ``failed``; any other is retried
+every tick until the deadline, then answered ``failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import os
+import uuid
+from typing import TYPE_CHECKING
+
+from google.rpc import code_pb2
+
+from scheduler import errors
+from scheduler.datalayer.carbon.store_io import read_forecast
+from scheduler.datalayer.pending import prefill_s
+from scheduler.deferral.queue import DONE, HELD, RUNNING, UNKNOWN, DeferralQueue, DeferralWorker, HeldRequest
+from scheduler.deferral.window import ForecastPoint, choose_release
+from scheduler.server import convert
+from scheduler.server.auth import Principal
+from scheduler.server.core import DEADLINE_CLOCK_SLACK_S, TRANSIENT_PLUGINS, RouterCore
+from scheduler.server.metrics import Sample
+from scheduler.server.status import rpc_status_for
+from scheduler.server.tracing import NO_TRACE, RequestTrace
+from scheduler.state.store import StateUnavailable
+from scheduler.types import Candidate, FleetSnapshot, Request
+from scheduler.v1 import messages_pb2 as pb
+from scheduler.v1 import router_pb2
+
+if TYPE_CHECKING:
+    from scheduler.server.app import RouterDeps
+
+log = logging.getLogger(__name__)
+
+# The release reason of a chain's (or DAG's) step: released at once, never held.
+CHAIN = "chain"
+CHAIN_DETAIL = "released at once: a chain step never waits for batching"
+FAILED = "failed"
+# What a request needs from release to its last token, as the simulator assumes it
+# (scheduler.sim.deferral.Deferral): twice the predicted completion time, plus 5 minutes.
+DURATION_FACTOR = 2.0
+GUARD_S = 300.0
+# The furthest deadline accepted: forecasts reach a few days ahead, and the queue keeps a held
+# request until its deadline (plus a week), so a deadline beyond this would only hold a prompt.
+MAX_DEFERRAL_S = 7 * 86400.0
+# A router's claim on a release, renewed while it runs: a router that dies lets it lapse
+# within this, and another router (or the same, restarted) runs the request again.
+CLAIM_TTL_S = 15.0
+# Releases one router runs at once (a window releases many requests together).
+MAX_RUNNING = 16
+# WaitDeferred reads the answer from the store this often.
+POLL_S = 0.5
+
+
+def predicted_completion_s(snapshot: FleetSnapshot, request: Request, candidate: Candidate) -> float:
+    """The scheduler's predicted time from dispatch to the last token on ``candidate``:
+    queue wait + prefill + N x TPOT, TPOT at the mid-output context (as
+    ``scheduler.sim.deferral.predicted_completion_s``, without the network's round trip)."""
+    perf = snapshot.perf[candidate.index]
+    latency = perf.latency
+    n = request.max_tokens
+    tpot = latency.tpot_s + (request.prompt_tokens + n * 0.5) * latency.tpot_s_per_context_token
+    return perf.queue_wait_s + prefill_s(snapshot, candidate, request) + n * tpot
+
+
+def ttft_budget_s(snapshot: FleetSnapshot, request: Request) -> float:
+    """The policy's deferrable TTFT budget for ``request``: ttft_ms + per 1k prompt tokens."""
+    slo = snapshot.policy.slo_for("deferrable")
+    return (slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * request.prompt_tokens / 1000.0) / 1000.0
+
+
+# Release failures that every retry would meet again (besides Unschedulable for reasons of the
+# request rather than of the fleet's state now): answered ``failed`` at once.
+FINAL_ERRORS = (errors.InvalidRequest, errors.PermissionDenied, errors.BudgetExhausted)
+
+
+def final(exc: errors.SchedulerError) -> bool:
+    """Whether a release failing with ``exc`` would fail the same way on every retry."""
+    if isinstance(exc, errors.Unschedulable):
+        return exc.plugin not in TRANSIENT_PLUGINS
+    return isinstance(exc, FINAL_ERRORS)
+
+
+def failure_text(exc: BaseException) -> str:
+    """``CODE: message``, as the request's status would have said it (``DeferredStatus.error``)."""
+    status = rpc_status_for(exc)
+    return f"{code_pb2.Code.Name(status.code)}: {status.message}"
+
+
+def replayed(status: router_pb2.DeferredStatus) -> errors.Replayed:
+    """The failure a ``failed`` status records, to answer it again with its code."""
+    code, _, message = status.error.partition(": ")
+    return errors.Replayed(code, message or status.error)
+
+
+def not_held(exc: StateUnavailable) -> errors.Unavailable:
+    """A submission the store could not take: nothing was held, a retry with the same id is safe."""
+    return errors.Unavailable(f"the state store is unreachable; nothing was held (retry with the same request_id): "
+                              f"{exc}", retry_after_s=1.0)
+
+
+def _prefixed(exc: errors.InvalidRequest, prefix: str) -> errors.InvalidRequest:
+    """The request's violations named by their path in the ``DeferRequest``."""
+    return errors.InvalidRequest([errors.FieldViolation(prefix + v.field, v.description) for v in exc.violations])
+
+
+class Deferrals:
+    """The router's deferral: submit, fetch, and the release loop (a background task)."""
+
+    def __init__(self, deps: RouterDeps, *, interval_s: float = 1.0, max_running: int = MAX_RUNNING,
+                 claim_ttl_s: float = CLAIM_TTL_S) -> None:
+        self.deps = deps
+        self.core = RouterCore(deps)
+        self.queue = DeferralQueue(deps.store, claim_ttl_s=claim_ttl_s, clock=deps.clock)
+        # One owner per router process (a restarted one is another: its old claims lapse).
+        owner = f"{deps.host_id}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.worker = DeferralWorker(self.queue, self.run, owner, self.give_up, interval_s=interval_s,
+                                     max_running=max_running)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- the release loop, started and stopped with the router ----------------------------
+
+    async def start(self) -> None:
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self.worker.run_forever(self._stop), name="deferral release loop")
+
+    async def stop(self) -> None:
+        """Stop releasing; the runs in progress are cancelled and give their claims back."""
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+
+    def samples(self) -> list[Sample]:
+        return [("scheduler_deferred_running", {}, float(self.worker.running))]
+
+    # --- submit -----------------------------------------------------------------------------
+
+    async def defer(self, principal: Principal, msg: router_pb2.DeferRequest,
+                    trace: RequestTrace = NO_TRACE) -> router_pb2.DeferResponse:
+        deps = self.deps
+        now = deps.clock()
+        self._check(msg, now)
+        retried = await self._retried(principal, msg.request)
+        if retried is not None:
+            return retried
+        try:
+            snapshot, incoming, decision = self.core.decide(principal, msg.request, trace, dispatching=False)
+        except errors.InvalidRequest as exc:
+            raise _prefixed(exc, "request.") from None
+        request = incoming.request
+        for admit in deps.admission:
+            admit(request)
+        deadline = msg.deadline_unix_s or now + ttft_budget_s(snapshot, request)
+        candidate = decision.ranked_candidates[0]
+        held = HeldRequest(
+            request_id=request.request_id, tenant=request.tenant, enqueued_at=now, deadline=deadline, release_at=now,
+            reason=CHAIN, detail=CHAIN_DETAIL, region=candidate.region.name,
+            payload=self._payload(msg.request, request).SerializeToString())
+        try:
+            if request.holdable:
+                needs_s = DURATION_FACTOR * predicted_completion_s(snapshot, request, candidate) + GUARD_S
+                release = choose_release(await self._forecast(candidate), now, deadline, needs_s)
+                held = dataclasses.replace(held, release_at=release.at, reason=release.reason,
+                                           detail=release.describe(), forecast_value=release.value,
+                                           now_value=release.now_value)
+            answer = router_pb2.DeferResponse(
+                decision=convert.deferred_decision(
+                    convert.decision_to_proto(decision, uuid.uuid4().hex, incoming, snapshot.config_version),
+                    held.release_at, f"{held.reason}: {held.detail}"),
+                request_id=request.request_id, release_at_unix_s=held.release_at, deadline_unix_s=deadline,
+                reason=held.reason)
+            ack = answer.SerializeToString()
+            first = await self.queue.submit(held, ack)
+        except StateUnavailable as exc:
+            raise not_held(exc) from None
+        if first.tenant != request.tenant:
+            raise errors.InvalidRequest([errors.FieldViolation(
+                "request.request_id", f"{convert.show(request.request_id)} is taken by another submission; "
+                                      "choose another")])
+        if first.ack == ack:
+            deps.metrics.inc("scheduler_deferred_total", {"reason": held.reason})
+            log.info("deferred request %s (%s): release at %.0f, %s", request.request_id, request.tenant,
+                     held.release_at, held.detail)
+        return router_pb2.DeferResponse.FromString(first.ack)
+
+    async def _retried(self, principal: Principal, msg: pb.GenerateRequest) -> router_pb2.DeferResponse | None:
+        """The first answer when ``msg`` retries a submission of the caller's that is held or
+        answered (whatever the fleet or the budgets say now); None: decide it (a new id, or
+        one a crash left unheld, which the submission then holds)."""
+        tenant = msg.tenant or principal.tenant
+        try:
+            first = await self.queue.submission(msg.request_id)
+            if first is None or first.tenant != tenant or (tenant != principal.tenant and not principal.admin):
+                return None
+            if await self.queue.get(msg.request_id) is None and await self.queue.answer(msg.request_id) is None:
+                return None
+        except StateUnavailable as exc:
+            raise not_held(exc) from None
+        return router_pb2.DeferResponse.FromString(first.ack)
+
+    def _check(self, msg: router_pb2.DeferRequest, now: float) -> None:
+        """What ``Defer`` asks beyond a valid ``GenerateRequest``; every bad field at once."""
+        bad = []
+        request = msg.request
+        if request.workload_class != pb.WORKLOAD_CLASS_DEFERRABLE:
+            named = pb.WorkloadClass.DESCRIPTOR.values_by_number.get(request.workload_class)
+            got = request.workload_class if named is None else named.name
+            bad.append(errors.FieldViolation(
+                "request.workload_class", f"must be WORKLOAD_CLASS_DEFERRABLE: only deferrable requests are held "
+                                          f"(got {got})"))
+        if not request.request_id:
+            bad.append(errors.FieldViolation("request.request_id",
+                                             "required: the idempotency key of a deferred request"))
+        deadline = msg.deadline_unix_s
+        if not math.isfinite(deadline) or deadline < 0:
+            bad.append(errors.FieldViolation("deadline_unix_s", f"expected epoch seconds (0: the policy's "
+                                                                f"deferrable SLO from now), got {deadline}"))
+        elif 0 < deadline <= now:
+            bad.append(errors.FieldViolation("deadline_unix_s", f"{deadline:.0f} is in the past (now {now:.0f})"))
+        elif deadline > now + MAX_DEFERRAL_S:
+            bad.append(errors.FieldViolation("deadline_unix_s", f"{deadline:.0f} is more than "
+                                                                f"{MAX_DEFERRAL_S / 86400:g} days ahead"))
+        if bad:
+            raise errors.InvalidRequest(bad)
+
+    async def _forecast(self, candidate: Candidate) -> list[ForecastPoint]:
+        """The hourly carbon forecast of ``candidate``'s grid, from the store (the carbon pollers
+        write it under the region's carbon source zone); [] when there is none."""
+        regions = {r.name: r for r in self.deps.refresher.builder.regions}
+        config = regions.get(candidate.region.name)
+        if config is None:
+            return []
+        signals = await read_forecast(self.deps.store, config.carbon.zone)
+        return sorted((s.observed_at, s.value) for s in signals)
+
+    @staticmethod
+    def _payload(msg: pb.GenerateRequest, request: Request) -> pb.GenerateRequest:
+        """The request as it will be released: its tenant and id filled in, and the
+        jurisdictions the submitter's key allowed (the release runs without the key)."""
+        held = pb.GenerateRequest()
+        held.CopyFrom(msg)
+        held.tenant = request.tenant
+        held.request_id = request.request_id
+        del held.compliance.allowed_jurisdictions[:]
+        held.compliance.allowed_jurisdictions.extend(sorted(request.allowed_jurisdictions))
+        return held
+
+    # --- the release ---------------------------------------------------------------------------
+
+    async def run(self, item: HeldRequest) -> bytes:
+        """Run a released request through the core path of ``Generate``; its ``DeferredStatus``."""
+        deps = self.deps
+        released_at = deps.clock()
+        left_s = item.deadline - released_at
+        if left_s <= 0:
+            raise errors.DeadlineExceeded(f"released {-left_s:.0f} s after its deadline")
+        msg = pb.GenerateRequest.FromString(item.payload)
+        slo = deps.refresher.current().policy.slo_for("deferrable")
+        left_ms = left_s * 1000.0
+        if msg.slo.HasField("ttft_ms"):
+            msg.slo.ttft_ms = min(msg.slo.ttft_ms, left_ms)
+        elif left_ms < slo.ttft_ms:
+            msg.slo.ttft_ms = left_ms
+        deferral = f"{item.reason}: {item.detail}"
+        try:
+            stream = self.core.proxy(Principal(tenant=item.tenant, admin=False), msg, left_s,
+                                     released=(released_at, deferral))
+        except errors.SchedulerError as exc:
+            if not final(exc):
+                raise
+            return self._failed(item, exc)
+        texts = []
+        async with stream:
+            async for delta in stream:
+                texts.append(delta.text)
+        if stream.failure is not None:
+            raise stream.failure
+        status = self._status(item, DONE)
+        status.decision.CopyFrom(convert.deferred_decision(
+            convert.decision_to_proto(stream.decision, stream.decision_id, stream.incoming,
+                                      stream.snapshot.config_version), item.release_at, deferral))
+        status.text = "".join(texts)
+        if stream.receipt is not None:
+            status.receipt.CopyFrom(convert.receipt_to_proto(stream.receipt))
+        deps.metrics.inc("scheduler_deferred_released_total", {"state": DONE})
+        return status.SerializeToString()
+
+    def give_up(self, item: HeldRequest, exc: BaseException) -> bytes:
+        """The answer of a request that could not run by its deadline."""
+        return self._failed(item, exc)
+
+    def _failed(self, item: HeldRequest, exc: BaseException) -> bytes:
+        log.warning("deferred request %s failed: %s", item.request_id, exc)
+        self.deps.metrics.inc("scheduler_deferred_released_total", {"state": FAILED})
+        status = self._status(item, FAILED)
+        status.error = failure_text(exc)
+        return status.SerializeToString()
+
+    @staticmethod
+    def _status(item: HeldRequest, state: str) -> router_pb2.DeferredStatus:
+        return router_pb2.DeferredStatus(request_id=item.request_id, state=state, release_at_unix_s=item.release_at,
+                                         deadline_unix_s=item.deadline, reason=item.reason, detail=item.detail)
+
+    # --- fetch ---------------------------------------------------------------------------------
+
+    async def status(self, principal: Principal, request_id: str) -> router_pb2.DeferredStatus:
+        """Where a deferred request stands; ``NotFound`` when unknown, expired or another
+        tenant's (an admin key sees every tenant's)."""
+        if not request_id:
+            raise errors.InvalidRequest([errors.FieldViolation("request_id", "required")])
+        queue = self.queue
+        try:
+            submission = await queue.submission(request_id)
+            answer = await queue.answer(request_id)
+            held = None if answer is not None else await queue.get(request_id)
+            state = UNKNOWN if held is None else await queue.status(request_id)
+        except StateUnavailable as exc:
+            raise errors.Unavailable(f"the state store is unreachable: {exc}", retry_after_s=1.0) from None
+        tenant = submission.tenant if submission is not None else held.tenant if held is not None else None
+        if tenant is None or (tenant != principal.tenant and not principal.admin):
+            raise errors.NotFound(f"no deferred request {convert.show(request_id)} for tenant {principal.tenant!r}")
+        if answer is not None:
+            return router_pb2.DeferredStatus.FromString(answer)
+        if held is None:
+            # Submitted, and a crash came between its record and its hold: the client was never
+            # told it is held, and a retry with the same request_id holds it.
+            return router_pb2.DeferredStatus(request_id=request_id, state=UNKNOWN,
+                                             detail="submitted but not held: submit it again with the same request_id")
+        return self._status(held, RUNNING if state == RUNNING else HELD)
+
+    async def wait(self, principal: Principal, request_id: str, remaining_s: float | None) -> router_pb2.DeferredStatus:
+        """The status once done or failed, polling the store every ``POLL_S``; ``DeadlineExceeded``
+        when the call's deadline (without one: the router's longest stream) comes first."""
+        deps = self.deps
+        limit = remaining_s if remaining_s is not None else deps.dispatcher.settings.max_stream_s
+        until = None if limit is None else deps.monotonic() + limit - DEADLINE_CLOCK_SLACK_S
+        while True:
+            status = await self.status(principal, request_id)
+            if status.state in (DONE, FAILED):
+                return status
+            left = None if until is None else until - deps.monotonic()
+            if left is not None and left <= 0:
+                raise errors.DeadlineExceeded(f"deferred request {convert.show(request_id)} is still {status.state} "
+                                              f"(release at {status.release_at_unix_s:.0f})")
+            await asyncio.sleep(POLL_S if left is None else min(POLL_S, left))
