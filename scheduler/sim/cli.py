@@ -16,6 +16,7 @@ from scheduler.sim.carbon_feed import ProviderOutage
 from scheduler.sim.deferral import Deferral
 from scheduler.sim.engine import RegionOutage
 from scheduler.sim.scenario import ScenarioSpec
+from scheduler.sim.workflow import WorkflowSpec
 from scheduler.sim.workload import DEFAULT_CONTINENTS, TraceError, WorkloadConfig, with_shares
 
 DEFAULT_POLICIES = "default,latency-first,carbon-first"
@@ -90,11 +91,19 @@ def _non_negative(value: str) -> float:
     return number
 
 
+def _workflow(value: str) -> WorkflowSpec:
+    try:
+        return WorkflowSpec.parse(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float | None) -> None:
     add_config_dirs(parser)
     parser.add_argument("--trace", default="conv", help="conv, code (the shipped Azure 2023 traces) or a CSV path")
     parser.add_argument("--hours", type=float, default=hours, help="simulated hours")
-    parser.add_argument("--rate", type=float, default=rate, help="mean arrivals per second (default: the trace's own)")
+    parser.add_argument("--rate", type=float, default=rate,
+                        help="mean arrivals per second (default: the trace's own); with --workflow, workflows per second")
     parser.add_argument("--start", type=_start, default=None,
                         help="simulated start time, UTC (default: June 1 of the carbon year)")
     parser.add_argument("--carbon-dir", type=Path, default=SHIPPED_CARBON_DIR,
@@ -124,6 +133,9 @@ def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float
     parser.add_argument("--no-deferral", action="store_true",
                         help="decide deferrable requests at arrival (no queue, no second run)")
     parser.add_argument("--prefix-share", type=_share, default=0.3, help="share of requests with a shared prefix")
+    parser.add_argument("--workflow", type=_workflow, default=None, metavar="SHAPE:N:TOKENS",
+                        help="each trace arrival starts a workflow: chain, fanout or dag of N requests sharing a "
+                             "TOKENS-token prefix (e.g. fanout:8:4096); each policy runs with and without affinity")
     parser.add_argument("--capacity-scale", type=float, default=1.0,
                         help="multiply every pool's GPU count (size the fleet to the simulated rate)")
     parser.add_argument("--truth-error", type=_non_negative, default=0.1, metavar="SIGMA",
@@ -169,6 +181,7 @@ def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> Sc
         truth_error=args.truth_error,
         twelve_regions=twelve_regions,
         deferral=None if args.no_deferral else Deferral(forecast_error=args.forecast_error),
+        workflow=args.workflow,
         seed=args.seed,
         progress=not args.no_progress,
     )

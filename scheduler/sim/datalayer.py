@@ -13,18 +13,133 @@ the clock, and so do the ages a decision records from it; the engine adds the la
 As in the router, the dispatches made since the last publication are counted
 (``scheduler.datalayer.pending``): the engine records each, a publication settles those it
 shows, and every snapshot handed out carries the rest.
+
+With ``affinity`` (``SimAffinity``) every snapshot handed out also carries ``prefix_warm`` and
+``workflows`` as the router's refresher fills them (docs/affinity.md); without, both are empty.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 
+from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.pending import PendingDispatches
+from scheduler.datalayer.refresher import MAX_WARM_KEYS, MAX_WORKFLOWS
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.pools import PoolSim
-from scheduler.types import FleetSnapshot, PoolLiveState, RegionLiveState
+from scheduler.state.prefix_warm import MAX_KEYS_PER_POOL
+from scheduler.types import Candidate, FleetSnapshot, PoolLiveState, RegionLiveState, Request, WarmPrefix
+
+
+class SimAffinity:
+    """What the router's snapshot carries for affinity, on the simulated clock.
+
+    ``prefix_warm``: a request that finished with cached tokens > 0 (a prefix-cache hit) is a
+    hit of its key on its pool, stamped with its finish time and its cached tokens, as the
+    region gateway records it (``scheduler.state.prefix_warm.PrefixHits``: per pool the
+    ``MAX_KEYS_PER_POOL`` most recently hit keys). A region publishes the hits recorded since
+    its last publication when it publishes its live state (``publish``; a region that is down
+    publishes none); the snapshot carries every published hit younger than the policy's
+    ``max_age.prefix_cache``, at most ``MAX_WARM_KEYS`` keys (the most recent), as the
+    refresher's ``_fresh_warm`` does.
+
+    ``workflows``: every dispatch of a request with a workflow id records where it went and its
+    prompt tokens (``SnapshotRefresher.record_dispatch``), visible to the very next decision, at
+    most ``MAX_WORKFLOWS`` of them, each dropped ``max_age.prefix_cache`` after its dispatch.
+    The snapshots carry a read-only view of that record, not a copy: the simulator decides on
+    each snapshot as soon as it is handed out, when the view is exactly what a copy would hold,
+    and a copy per dispatch would cost as many entries as there are live workflows.
+    """
+
+    def __init__(self, policy: PolicyConfig) -> None:
+        self.max_age_s = policy.max_age.prefix_cache
+        # hits recorded and not yet published: (region, pool, key, cached tokens, at)
+        self._staged: list[tuple[str, str, str, int, float]] = []
+        # (region, pool) -> key -> its latest published hit (least recent first)
+        self._pools: dict[tuple[str, str], OrderedDict[str, WarmPrefix]] = {}
+        # key -> the pools it is warm in, as the snapshot shows them
+        self._by_key: dict[str, tuple[WarmPrefix, ...]] = {}
+        self._warm: Mapping[str, tuple[WarmPrefix, ...]] = {}
+        self._flows: OrderedDict[str, WarmPrefix] = OrderedDict()
+        self._flows_view: Mapping[str, WarmPrefix] = MappingProxyType(self._flows)
+        # the snapshot ``attach`` was last given and what it returned
+        self._attached: tuple[FleetSnapshot, Mapping[str, object], FleetSnapshot] | None = None
+
+    def record_hit(self, region: str, pool: str, key: str, cached_tokens: int, at: float) -> None:
+        self._staged.append((region, pool, key, cached_tokens, at))
+
+    def record_dispatch(self, candidate: Candidate, request: Request, now: float) -> None:
+        workflow = request.workflow_id
+        if not workflow:
+            return
+        flows = self._flows
+        flows[workflow] = WarmPrefix(candidate.region.name, candidate.pool.name, request.prompt_tokens, now,
+                                     source="workflow")
+        flows.move_to_end(workflow)
+        if len(flows) > MAX_WORKFLOWS:
+            flows.popitem(last=False)
+
+    def publish(self, now: float, up: Iterable[str]) -> None:
+        """The regions in ``up`` publish their staged hits; hits older than the max age leave."""
+        regions = set(up)
+        changed: set[str] = set()
+        kept: list[tuple[str, str, str, int, float]] = []
+        for hit in self._staged:
+            region, pool, key, tokens, at = hit
+            if region not in regions:
+                kept.append(hit)
+                continue
+            keys = self._pools.setdefault((region, pool), OrderedDict())
+            keys[key] = WarmPrefix(region, pool, tokens, at)
+            keys.move_to_end(key)
+            changed.add(key)
+            if len(keys) > MAX_KEYS_PER_POOL:
+                changed.add(keys.popitem(last=False)[0])
+        self._staged = kept
+        oldest = now - self.max_age_s
+        for keys in self._pools.values():
+            # Hits are recorded in time order: the stale ones are at the front.
+            while keys:
+                key, warm = next(iter(keys.items()))
+                if warm.observed_at >= oldest:
+                    break
+                del keys[key]
+                changed.add(key)
+        if not changed:
+            return
+        by_key = self._by_key
+        for key in changed:
+            places = tuple(keys[key] for keys in self._pools.values() if key in keys)
+            if places:
+                by_key[key] = places
+            else:
+                by_key.pop(key, None)
+        if len(by_key) > MAX_WARM_KEYS:
+            newest = sorted(by_key, key=lambda k: max(w.observed_at for w in by_key[k]), reverse=True)
+            self._warm = {k: by_key[k] for k in newest[:MAX_WARM_KEYS]}
+        else:
+            self._warm = dict(by_key)
+
+    def attach(self, snapshot: FleetSnapshot, now: float) -> FleetSnapshot:
+        """``snapshot`` carrying the published hits and the workflows fresh at ``now``."""
+        flows = self._flows
+        oldest = now - self.max_age_s
+        while flows and next(iter(flows.values())).observed_at < oldest:
+            flows.popitem(last=False)
+        attached = self._attached
+        if attached is not None and attached[0] is snapshot and attached[1] is self._warm:
+            return attached[2]
+        # A shallow copy, as FleetSnapshot.with_pending makes: everything else is shared.
+        copy = object.__new__(FleetSnapshot)
+        copy.__dict__.update(snapshot.__dict__)
+        copy.__dict__["prefix_warm"] = self._warm
+        copy.__dict__["workflows"] = self._flows_view
+        self._attached = (snapshot, self._warm, copy)
+        return copy
 
 
 class SimDataLayer:
@@ -34,6 +149,7 @@ class SimDataLayer:
         carbon: CarbonReplay,
         pools: Mapping[str, Sequence[PoolSim]],
         refresh_s: float = 1.0,
+        affinity: bool = False,
     ) -> None:
         self.builder = builder
         self.carbon = carbon
@@ -54,6 +170,17 @@ class SimDataLayer:
         self.pending = PendingDispatches()
         # region -> the pool states it last published and the mapping made of them
         self._states: dict[str, tuple[tuple[PoolLiveState, ...], Mapping[str, PoolLiveState]]] = {}
+        self.affinity = SimAffinity(builder.policy) if affinity else None
+
+    def record_dispatch(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request, now: float) -> None:
+        """The engine sent ``request`` to ``candidate``: as ``SnapshotRefresher.record_dispatch``."""
+        self.pending.record(snapshot, candidate, request, now)
+        if self.affinity is not None:
+            self.affinity.record_dispatch(candidate, request, now)
+
+    def _handed_out(self, snap: FleetSnapshot, now: float) -> FleetSnapshot:
+        applied = self.pending.apply(snap)
+        return applied if self.affinity is None else self.affinity.attach(applied, now)
 
     def snapshot(self, now: float) -> FleetSnapshot:
         """The snapshot a router would hold at ``now`` (rebuilt when older than refresh_s).
@@ -64,7 +191,7 @@ class SimDataLayer:
         that saves a rebuild per request)."""
         snap = self._snapshot
         if snap is not None and now - snap.now < self.refresh_s:
-            return self.pending.apply(snap)
+            return self._handed_out(snap, now)
         carbon = self.carbon.published(now)
         down = self.down
         live = {region: tuple([pool.live(now) for pool in pools]) for region, pools in self._pools.items()
@@ -72,9 +199,11 @@ class SimDataLayer:
         for region in live:
             self._last_publish[region] = now
         self.pending.settle_regions(dict.fromkeys(live, now), now)
+        if self.affinity is not None:
+            self.affinity.publish(now, live)
         inputs = (carbon, frozenset(self.down), live)
         if snap is not None and now <= self._valid_until and self._same(inputs):
-            return self.pending.apply(snap)
+            return self._handed_out(snap, now)
         published = self.published
         for region in self.down:
             # It kept publishing (unchanged) until it went down.
@@ -96,7 +225,7 @@ class SimDataLayer:
         snap = self.builder.build(now, carbon, published)
         self._snapshot, self._inputs = snap, inputs
         self._valid_until = self._exact_until(snap)
-        return self.pending.apply(snap)
+        return self._handed_out(snap, now)
 
     def _same(self, inputs: tuple[object, ...]) -> bool:
         return bool(self._inputs) and inputs[0] is self._inputs[0] and inputs[1:] == self._inputs[1:]

@@ -17,6 +17,10 @@ afresh on the snapshot of that time (the policy may pick another region then) wi
 of min(the class's, the time left to its deadline), and dispatched. Requests released at the
 same time are dispatched together, as a router releasing its queue would: they share batches.
 
+A deferrable request that may not be held (``Request.holdable`` is False: a workflow's chain
+or DAG step, on which the next steps wait) is dispatched with its arrival's decision, whatever
+the forecast (counted as ``deferred_not_holdable``).
+
 Measured per deferrable request: its grams and joules where and when it really ran, whether
 it finished (last token at the client) by its deadline, and its wait in the queue (release -
 arrival). Its TTFT, queue wait and completion time in the general figures count from its
@@ -113,6 +117,8 @@ def summary(
     return {
         "deferrable_requests": n,
         "deferred_held": int(reasons.get("window", 0)),
+        # deferrable requests that may not be held (a workflow's chain or DAG step): run at once
+        "deferred_not_holdable": int(reasons.get("not-holdable", 0)),
         "deferred_release_reasons": {r: int(reasons.get(r, 0)) for r in REASONS},
         "deferred_ran": int(ran.sum()),
         "deferred_gco2e_per_request": float(g.mean()) if len(g) else None,

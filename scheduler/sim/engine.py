@@ -26,7 +26,19 @@ Deferral (``Scenario.deferral``, ``scheduler.sim.deferral``): a deferrable reque
 arrival is either dispatched at once or held until the release time that
 ``scheduler.deferral.window.choose_release`` picks on the forecast; its release is an event on
 the heap (an arrival, for the ordering), decided afresh on the snapshot of that time. Runs
-whose workload has no deferrable request take none of these paths.
+whose workload has no deferrable request take none of these paths. A request that may not
+be held (``Request.holdable`` is False: a chain's or a DAG's step, on which the next steps
+wait) is dispatched at once, whatever its class.
+
+Workflows (``scheduler.sim.workflow``): a step that waits on others arrives when the last of
+them has its last token at the client (done + RTT) plus its think time, an event on the heap
+(an arrival, for the ordering); a step whose predecessor never ran never arrives.
+
+Affinity (``Scenario.affinity``, docs/simulation.md "Workflows and affinity"): the snapshots
+carry ``prefix_warm`` and ``workflows`` (``scheduler.sim.datalayer.SimAffinity``), requests
+carry their workflow id, and pools choose a replica prefix-aware (``scheduler.sim.pools``).
+Without it (the default) none of these: the replicas' own prefix caches still hit when a
+request lands where its key is cached.
 """
 
 from __future__ import annotations
@@ -59,10 +71,11 @@ from scheduler.sim.predicted import Predictions
 from scheduler.sim.replica import Replica, Seq
 from scheduler.sim.report import FallbackAges, PolicyResult, summarize
 from scheduler.sim.truth import truth_costs
+from scheduler.sim.workflow import figures as workflow_figures
 from scheduler.sim.workload import RequestFactory, Workload
 from scheduler.types import WORKLOAD_CLASSES, Decision, FleetSnapshot, Request
 
-_STEP, _DOWN, _UP, _RELEASE = 0, 1, 2, 3
+_STEP, _DOWN, _UP, _RELEASE, _ARRIVE = 0, 1, 2, 3, 4
 _DEFERRABLE = WORKLOAD_CLASSES.index("deferrable")
 J_PER_KWH = 3.6e6
 PROGRESS_EVERY = 5000
@@ -85,6 +98,8 @@ class Scenario:
     truth_error: float = 0.0
     # The deferral queue for deferrable requests (None: they are decided and run at arrival).
     deferral: Deferral | None = None
+    # The router's and the pools' prefix and workflow affinity (module docstring).
+    affinity: bool = False
 
 
 class Simulation:
@@ -121,7 +136,10 @@ class Simulation:
         builder = SnapshotBuilder(self.regions, self.policy)
         predictions = Predictions()
         scheduler = self.scheduler or Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(self.seed))
-        factory = RequestFactory(w)
+        affinity = self.scenario.affinity
+        factory = RequestFactory(w, workflow_ids=affinity)
+        flows = w.workflows
+        roots: Sequence[int] = range(n) if flows is None else flows.roots
         region_names = [r.name for r in self.regions]
         region_index = {name: i for i, name in enumerate(region_names)}
 
@@ -135,23 +153,27 @@ class Simulation:
         grams = [0.0] * n
         predicted_j = [math.nan] * n
         predicted_ttft = [math.nan] * n
-        start_hour = w.arrival_s[0] if n else 0.0
+        # the pool each request ran in (index into by_pool)
+        ran_pool = [-1] * n
+        arrival = list(w.arrival_s)
+        start_hour = arrival[roots[0]] if n else 0.0
         # Deferrable requests: their deadlines and release times (None: the workload has none).
         classes = w.workload_class
         has_deferrable = _DEFERRABLE in classes
         deferral = self.scenario.deferral if has_deferrable else None
         deferring = deferral is not None
         deadline: list[float] = [math.nan] * n if has_deferrable else []
-        released: list[float] = list(w.arrival_s) if has_deferrable else []
+        released: list[float] = list(arrival) if has_deferrable else []
         reasons: Counter[str] = Counter()
         # row -> (the request as it arrived, its class's TTFT budget [s]) while held
         held: dict[int, tuple[Request, float]] = {}
-        last = w.arrival_s[-1] if n else start_hour
-        if has_deferrable:
-            # A held request runs no later than its deadline: the hourly counts (by dispatch) reach it.
-            last += self._longest_deadline_s()
-        hours = int((last - start_hour) // 3600) + 1 if n else 1
-        hourly = [[0] * len(region_names) for _ in range(hours)]
+        last_root = arrival[roots[-1]] if n else start_hour
+        # Requests per hour (of arrival) and region; grown as later hours are reached (held
+        # requests run until their deadline, a workflow's steps after its start).
+        hourly = [[0] * len(region_names) for _ in range(int((last_root - start_hour) // 3600) + 1)]
+        # Workflows: the parents each step still waits for, and when the last one's reached the client.
+        waits_for = [len(parents) for parents in flows.after] if flows is not None else []
+        ready_at = [-math.inf] * n if flows is not None else []
         intensity = self.carbon.intensity
         counters: Counter[str] = Counter()
         fallback_ages = FallbackAges()
@@ -159,7 +181,12 @@ class Simulation:
         sched_ns = 0
         snapshot_ns = 0
 
+        # Events: (time, tie-break, kind, subject, version).
+        heap: list[tuple[float, int, int, object, int]] = []
+        seq_no = 0
+
         def done(seq: Seq) -> None:
+            nonlocal seq_no
             assert isinstance(seq, Job) and seq.pool is not None
             row = seq.row
             request = seq.request
@@ -173,7 +200,11 @@ class Simulation:
             grams[row] = seq.energy_j / J_PER_KWH * intensity(region.grid_zone, seq.admitted) * region.pue
             predicted_j[row] = seq.predicted_j
             predicted_ttft[row] = seq.predicted_ttft_s
-            hourly[int((seq.arrived - start_hour) // 3600)][r] += 1
+            ran_pool[row] = seq.pool.number
+            hour = int((seq.arrived - start_hour) // 3600)
+            while hour >= len(hourly):
+                hourly.append([0] * len(region_names))
+            hourly[hour][r] += 1
             if request.allowed_jurisdictions and region.jurisdiction not in request.allowed_jurisdictions:
                 counters["violations"] += 1
             if request.required_certifications and not request.required_certifications.issubset(region.certifications):
@@ -181,6 +212,17 @@ class Simulation:
             if seq.cached:
                 counters["prefix_hits"] += 1
                 counters["reused_tokens"] += seq.cached
+                if data.affinity is not None and request.prefix_key is not None:
+                    data.affinity.record_hit(region.name, seq.pool.candidate.pool.name, request.prefix_key,
+                                             seq.cached, seq.done)
+            if flows is not None:
+                at_client = seq.done + seq.rtt_s
+                for child in flows.children[row]:
+                    ready_at[child] = max(ready_at[child], at_client)
+                    waits_for[child] -= 1
+                    if waits_for[child] == 0:
+                        heapq.heappush(heap, (ready_at[child] + flows.think_s[child], seq_no, _ARRIVE, child, 0))
+                        seq_no += 1
 
         # One simulated pool per (region, pool) serving the workload's model, at its true costs.
         pool_of: dict[int, PoolSim] = {}
@@ -193,15 +235,13 @@ class Simulation:
                 d = c.deployment
                 rated = builder.energy_model.rated_costs(c.model, c.gpu, d.precision, d.tensor_parallel).costs
                 costs = truth_costs(rated, self.scenario.truth_error, self.seed, f"{key[0]}/{key[1]}")
-                by_pool[key] = PoolSim(c, costs, done, self.seed)
+                by_pool[key] = PoolSim(c, costs, done, self.seed, prefix_aware=affinity, number=len(by_pool))
             pool_of[c.index] = by_pool[key]
         region_pools: dict[str, list[PoolSim]] = {}
         for (region, _), pool in by_pool.items():
             region_pools.setdefault(region, []).append(pool)
-        data = SimDataLayer(builder, self.carbon, region_pools, self.scenario.refresh_s)
+        data = SimDataLayer(builder, self.carbon, region_pools, self.scenario.refresh_s, affinity=affinity)
 
-        heap: list[tuple[float, int, int, object, int]] = []
-        seq_no = 0
         for outage in self.scenario.region_outages:
             heapq.heappush(heap, (outage.start, seq_no, _DOWN, outage.region, 0))
             heapq.heappush(heap, (outage.end, seq_no + 1, _UP, outage.region, 0))
@@ -223,7 +263,7 @@ class Simulation:
                                      min_gain=deferral.min_gain)
             reasons[release.reason] += 1
             if release.at <= now:
-                dispatch(Job(row, request, now, prefix_tokens[row], decision), now, snap)
+                dispatch(job(row, request, now, decision), now, snap)
                 return
             held[row] = (request, class_budget_s)
             released[row] = release.at
@@ -246,7 +286,7 @@ class Simulation:
             if decision.fallbacks:
                 fallback_ages.record(decision.fallbacks, now - snap.now)
             if decision.schedulable:
-                dispatch(Job(row, request, now, prefix_tokens[row], decision), now, snap)
+                dispatch(job(row, request, now, decision), now, snap)
             else:
                 counters["unschedulable"] += 1
                 if decision.rejected:
@@ -269,9 +309,9 @@ class Simulation:
                 request = job.request
                 job.predicted_j, job.predicted_ttft_s = predictions.energy_and_ttft(snap, request, candidate)
                 job.rtt_s = predictions.rtt_s(request.client_location, candidate)
-                data.pending.record(snap, candidate, request, now)
+                data.record_dispatch(snap, candidate, request, now)
                 pool.sent(request.prompt_tokens)
-                replica = pool.choose()
+                replica = pool.choose(job)
                 if replica.waiting or not replica.can_admit(job):
                     counters["queued"] += 1
                 then = replica.arrive(job, now)
@@ -297,6 +337,13 @@ class Simulation:
                 assert isinstance(subject, int)
                 release(subject, now)
                 return
+            if kind == _ARRIVE:
+                assert isinstance(subject, int)
+                arrival[subject] = now
+                if has_deferrable:
+                    released[subject] = now
+                arrive(subject, now)
+                return
             region = str(subject)
             down = kind == _DOWN
             for pool in region_pools.get(region, ()):
@@ -312,18 +359,21 @@ class Simulation:
             else:
                 data.down.discard(region)
 
-        arrival = w.arrival_s
         prefix_tokens = w.prefix_tokens
+        leaves = None if flows is None else flows.leaves
+
+        def job(row: int, request: Request, now: float, decision: Decision) -> Job:
+            return Job(row, request, now, prefix_tokens[row], decision, None if leaves is None else leaves[row])
+
         bar = tqdm(total=n, unit="req", desc=self.policy.name + ("" if deferring or not has_deferrable else " (at arrival)"),
                    disable=not progress, mininterval=0.5)
         clock = time.perf_counter_ns
         deadline_s = w.deferrable_deadline_s
-        i = 0
-        while i < n:
-            t = arrival[i]
-            # Step boundaries at t come after the arrival (it joins that step); outages at t before.
-            while heap and (heap[0][0] < t or (heap[0][0] == t and heap[0][2] != _STEP)):
-                handle(heapq.heappop(heap))
+        arrived = 0
+
+        def arrive(i: int, t: float) -> None:
+            """Request ``i`` arrives at ``t``: decided, then dispatched, held or unschedulable."""
+            nonlocal sched_ns, snapshot_ns, arrived
             mark = clock()
             snap = data.snapshot(t)
             request = factory.request(i)
@@ -343,23 +393,32 @@ class Simulation:
             sched_ns += done_ns - mid
             if decision.fallbacks:
                 fallback_ages.record(decision.fallbacks, t - snap.now)
-            if decision.schedulable and deferrable and deferring:
+            if decision.schedulable and deferrable and deferring and request.holdable:
                 hold(i, request, t, snap, decision, budget[i])
             elif decision.schedulable:
-                dispatch(Job(i, request, t, prefix_tokens[i], decision), t, snap)
+                if deferrable and deferring:
+                    reasons["not-holdable"] += 1
+                dispatch(job(i, request, t, decision), t, snap)
             else:
                 counters["unschedulable"] += 1
                 if decision.rejected:
                     unschedulable_by[decision.rejected[-1].plugin] += 1
-            i += 1
-            if i % PROGRESS_EVERY == 0:
+            arrived += 1
+            if arrived % PROGRESS_EVERY == 0:
                 bar.update(PROGRESS_EVERY)
+
+        for i in roots:
+            t = arrival[i]
+            # Step boundaries at t come after the arrival (it joins that step); outages at t before.
+            while heap and (heap[0][0] < t or (heap[0][0] == t and heap[0][2] != _STEP)):
+                handle(heapq.heappop(heap))
+            arrive(i, t)
         while heap:
             handle(heapq.heappop(heap))
         bar.update(n - bar.n)
         bar.close()
 
-        span = max(last_event, arrival[-1] if n else start_hour) - start_hour
+        span = max(last_event, last_root) - start_hour
         utilisation: dict[str, float] = {}
         idle_j = 0.0
         for (region, pool_name), pool in by_pool.items():
@@ -375,7 +434,7 @@ class Simulation:
         deferral_figures = None
         if has_deferrable:
             rows = [i for i, c in enumerate(classes) if c == _DEFERRABLE]
-            deferral_figures = deferral_summary(rows, w.arrival_s, deadline, released, ran_in_a, latency_a, energy_a,
+            deferral_figures = deferral_summary(rows, arrival, deadline, released, ran_in_a, latency_a, energy_a,
                                                 grams_a, reasons)
             deferral_figures["deferral"] = "queue" if deferring else "at-arrival"
 
@@ -389,9 +448,10 @@ class Simulation:
             budget_s=np.asarray(budget),
             energy_j=energy_a,
             grams=grams_a,
+            output_tokens=np.asarray(w.output_tokens),
             predicted_j=np.asarray(predicted_j),
             predicted_ttft_s=np.asarray(predicted_ttft),
-            hourly=np.asarray(hourly, dtype=np.int64).reshape(hours, len(region_names)),
+            hourly=np.asarray(hourly, dtype=np.int64).reshape(len(hourly), len(region_names)),
             start=start_hour,
             counters=counters,
             fallback_ages=fallback_ages,
@@ -404,12 +464,5 @@ class Simulation:
                 "snapshot_and_request": snapshot_ns / 1e9,
             },
             deferral=deferral_figures,
+            workflow=None if flows is None else workflow_figures(flows, ran_pool, arrival, latency_a),
         )
-
-    def _longest_deadline_s(self) -> float:
-        """An upper bound of any deferrable request's deadline after its arrival."""
-        if self.workload.deferrable_deadline_s is not None:
-            return self.workload.deferrable_deadline_s
-        slo = self.policy.slo_for("deferrable")
-        longest_prompt = max(self.workload.prompt_tokens, default=0)
-        return (slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * longest_prompt / 1000.0) / 1000.0

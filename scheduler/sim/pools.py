@@ -6,6 +6,18 @@ costs (``scheduler.sim.truth``). A request sent to the pool goes to one replica,
 Ray Serve's default request router does: two distinct replicas drawn at random (a seeded RNG
 per pool), the one with fewer requests waiting + running wins (the first drawn on a tie).
 
+With ``prefix_aware`` (the simulator's affinity runs) the pool routes as Ray Serve's
+``PrefixCacheAffinityRouter`` would (docs/affinity.md: not enabled in the region app yet): it
+remembers the replica it last sent each prefix key to (its prefix tree; at most
+``PREFIX_ENTRIES_PER_REPLICA`` x R keys, least recently sent dropped first), and a request
+with that key goes there when that replica can run it without queueing behind its limits:
+
+    running + waiting + 1 <= max_num_seqs   and   KV reserved + waiting reservations + its own <= KV capacity
+
+(it then joins the replica's batch as soon as the step token budget allows); otherwise the
+power-of-two choice above (the pool's balance rule), which becomes the key's replica. The
+two random draws are made either way, so both runs of a comparison draw the same numbers.
+
 What the pool publishes (its replicas summed, as vLLM's metrics are summed over a pool):
 
     queue_depth    = sum of waiting requests
@@ -24,11 +36,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Callable
 
 from scheduler.datalayer.snapshot import replicas_of
 from scheduler.energy.step import StepCosts
-from scheduler.sim.replica import Replica, Seq, Totals
+from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, Replica, Seq, Totals
 from scheduler.types import Candidate, Decision, PoolLiveState, Request
 
 # Time constant of the published arrival rates' moving average.
@@ -40,8 +53,9 @@ class Job(Seq):
 
     __slots__ = ("decision", "pool", "predicted_j", "predicted_ttft_s", "rank", "request", "row", "rtt_s")
 
-    def __init__(self, row: int, request: Request, arrived: float, prefix_tokens: int, decision: Decision) -> None:
-        super().__init__(arrived, request.prompt_tokens, request.max_tokens, request.prefix_key, prefix_tokens)
+    def __init__(self, row: int, request: Request, arrived: float, prefix_tokens: int, decision: Decision,
+                 leaves: int | None = None) -> None:
+        super().__init__(arrived, request.prompt_tokens, request.max_tokens, request.prefix_key, prefix_tokens, leaves)
         self.row = row
         self.request = request
         # Dispatch walks the decision's ranking; failover moves down it.
@@ -53,18 +67,24 @@ class Job(Seq):
         self.rtt_s = 0.0
 
 
-
 class PoolSim:
-    __slots__ = ("_arrivals", "_live", "_prompt_tokens", "_rng", "_window_start", "candidate", "costs", "down",
-                 "replicas", "totals")
+    __slots__ = ("_arrivals", "_live", "_prompt_tokens", "_rng", "_tree", "_tree_size", "_window_start", "candidate",
+                 "costs", "down", "number", "prefix_aware", "replicas", "totals")
 
-    def __init__(self, candidate: Candidate, costs: StepCosts, on_done: Callable[[Seq], None], seed: int = 0) -> None:
-        """``costs``: the true step costs of one replica of this pool."""
+    def __init__(self, candidate: Candidate, costs: StepCosts, on_done: Callable[[Seq], None], seed: int = 0,
+                 prefix_aware: bool = False, number: int = 0) -> None:
+        """``costs``: the true step costs of one replica of this pool; ``number``: its index
+        among the simulation's pools."""
         self.candidate = candidate
+        self.number = number
         self.costs = costs
         self.totals = Totals()
         self.replicas = tuple(Replica(costs, on_done, self.totals) for _ in range(replicas_of(candidate)))
         self.down = False
+        self.prefix_aware = prefix_aware
+        # prefix key -> the replica it was last sent to (least recently sent first)
+        self._tree: OrderedDict[str, Replica] = OrderedDict()
+        self._tree_size = PREFIX_ENTRIES_PER_REPLICA * len(self.replicas)
         self._rng = random.Random(f"{seed}:{candidate.region.name}/{candidate.pool.name}")
         self._live = PoolLiveState()
         # Requests and prompt tokens sent since the last publication, which began the window.
@@ -77,8 +97,9 @@ class PoolSim:
         self._arrivals += 1
         self._prompt_tokens += prompt_tokens
 
-    def choose(self) -> Replica:
-        """Power of two choices on waiting + running."""
+    def choose(self, seq: Seq | None = None) -> Replica:
+        """Power of two choices on waiting + running; with ``prefix_aware``, the replica that
+        holds ``seq``'s prefix key when it can run it (module docstring)."""
         replicas = self.replicas
         n = len(replicas)
         if n == 1:
@@ -87,7 +108,19 @@ class PoolSim:
         i = int(draw() * n)
         j = int(draw() * (n - 1))
         first, second = replicas[i], replicas[j + (j >= i)]
-        return second if second.load < first.load else first
+        chosen = second if second.load < first.load else first
+        if seq is None or not self.prefix_aware or seq.prefix_key is None:
+            return chosen
+        key = seq.prefix_key
+        tree = self._tree
+        warm = tree.get(key)
+        if warm is not None and warm is not chosen and _has_room(warm, seq):
+            chosen = warm
+        tree[key] = chosen
+        tree.move_to_end(key)
+        if len(tree) > self._tree_size:
+            tree.popitem(last=False)
+        return chosen
 
     def drain(self) -> list[Seq]:
         """Take every waiting request (the region went down before they were admitted)."""
@@ -135,3 +168,14 @@ class PoolSim:
     @property
     def busy_s(self) -> float:
         return sum(r.busy_s for r in self.replicas)
+
+
+def _has_room(replica: Replica, seq: Seq) -> bool:
+    """Whether ``seq`` fits beside everything running and waiting on ``replica`` (sequence
+    limit and KV reservations): it would not queue behind the replica's limits."""
+    costs = replica.costs
+    waiting = replica.waiting
+    if replica.running + len(waiting) + 1 > costs.max_num_seqs:
+        return False
+    reserved = replica.kv_reserved + seq.reserve + sum(s.reserve for s in waiting)
+    return reserved <= costs.kv_capacity_tokens

@@ -7,13 +7,17 @@ framework's network model (``scheduler.framework.network``):
 
     energy_j = perf.energy.joules(P, cached, N)
     ttft_s   = RTT + perf.queue_wait_s + prefill_s + U x prefill_s_per_token + pairs x prefill_s_per_pair
-    U = P - cached, pairs = U (P - U / 2)          (P prompt, N output tokens; cached as the request says)
+    U = P - cached, pairs = U (P - U / 2)          (P prompt, N output tokens)
+    cached   = max(the request's cached tokens, min(the snapshot's published hit of its prefix
+               key on that pool, P))             (the framework's credit, scheduler.framework.predict)
     RTT      = 2 x great-circle km x 1.4 / 200,000 km/s + 2 ms
 
 The simulator records these beside what it measured, for the report's prediction errors.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -41,6 +45,23 @@ class Predictions:
         """Predicted joules and TTFT [s] of ``request`` on ``candidate`` in ``snapshot``."""
         perf = snapshot.perf[candidate.index]
         prompt = request.prompt_tokens
+        cached = credited_tokens(snapshot, request, candidate)
+        if cached > request.cached_tokens:
+            request = dataclasses.replace(request, cached_tokens=cached)
         energy_j = perf.energy.joules(prompt, min(request.cached_tokens, prompt), request.max_tokens)
         ttft_s = self.rtt_s(request.client_location, candidate) + perf.queue_wait_s + prefill_s(snapshot, candidate, request)
         return energy_j, ttft_s
+
+
+def credited_tokens(snapshot: FleetSnapshot, request: Request, candidate: Candidate) -> int:
+    """The cached tokens the framework credits ``request`` with on ``candidate``: its own, or
+    the snapshot's published hit of its prefix key on that pool (at most its prompt)."""
+    cached = request.cached_tokens
+    key = request.prefix_key
+    if not key:
+        return cached
+    region, pool = candidate.region.name, candidate.pool.name
+    for warm in snapshot.prefix_warm.get(key, ()):
+        if warm.region == region and warm.pool == pool:
+            cached = max(cached, min(warm.cached_tokens, request.prompt_tokens))
+    return cached

@@ -50,7 +50,7 @@ def reference_replay(costs: StepCosts, seqs: Sequence[Seq], prefix_entries: int 
                 break
             waiting.popleft()
             head.admitted = t
-            head.cached = head.in_kv = min(cache.lookup(head.prefix_key, head.prefix_tokens), head.prompt - 1)
+            head.cached = head.in_kv = min(cache.lookup(head.prefix_key, head.prefix_tokens, head.leaves), head.prompt - 1)
             running.append(head)
             decoded[id(head)] = 0
             m = min(head.prompt - head.in_kv, budget)

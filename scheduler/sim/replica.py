@@ -6,8 +6,9 @@ The replica schedules as vLLM V1 does, with one KV rule of its own:
 - a request is admitted when the replica runs fewer than ``max_num_seqs`` sequences and the KV
   cache has room for its whole reservation, prompt + output tokens (reserved at admission, so
   no sequence is ever preempted); a request larger than the whole cache is admitted alone;
-- at admission the replica's prefix cache (an LRU of prefix keys) is looked up: a hit skips
-  the prefill of the cached prefix (at least one prompt token is always computed);
+- at admission the replica's prefix cache (an LRU of prefix keys, ``PrefixCache``) is looked
+  up: a hit skips the prefill of the cached part of the request's prefix (at least one prompt
+  token is always computed);
 - every step first gives each decoding sequence one token, then fills the rest of the token
   budget (``max_batched_tokens``) with prefill chunks, first the sequence left part-way
   (there is at most one), then newly admitted ones, FCFS;
@@ -56,20 +57,25 @@ PREFIX_ENTRIES_PER_REPLICA = 8
 
 
 class Seq:
-    """A request on a replica: what it asks for, and what the replica measured."""
+    """A request on a replica: what it asks for, and what the replica measured.
+
+    ``prefix_tokens``: the prompt tokens it can reuse where its ``prefix_key`` is cached;
+    ``leaves``: the tokens it leaves cached under the key (default ``prefix_tokens``; a chain's
+    step leaves its whole context, prompt + output, for the next step)."""
 
     __slots__ = (
-        "admitted", "arrived", "cached", "done", "energy_j", "first_token", "in_kv", "output",
+        "admitted", "arrived", "cached", "done", "energy_j", "first_token", "in_kv", "leaves", "output",
         "prefix_key", "prefix_tokens", "prompt", "share_mark",
     )
 
     def __init__(self, arrived: float, prompt: int, output: int, prefix_key: str | None = None,
-                 prefix_tokens: int = 0) -> None:
+                 prefix_tokens: int = 0, leaves: int | None = None) -> None:
         self.arrived = arrived
         self.prompt = prompt
         self.output = max(1, output)
         self.prefix_key = prefix_key
         self.prefix_tokens = prefix_tokens
+        self.leaves = prefix_tokens if leaves is None else leaves
         # measured
         self.cached = 0
         self.in_kv = 0  # prompt tokens in the KV cache
@@ -85,22 +91,30 @@ class Seq:
 
 
 class PrefixCache:
-    """An LRU of prefix keys: ``lookup`` returns the tokens served from cache."""
+    """An LRU of prefix keys, each with the tokens cached under it (the most any request left).
+
+    ``lookup(key, tokens, leaves)``: a request that could reuse ``tokens`` of the key's prefix
+    is served min(cached, tokens) from cache (0 on a miss: vLLM reuses the blocks it holds, no
+    more), then the key holds max(cached, leaves) tokens and is the most recently used."""
 
     __slots__ = ("_entries", "_keys")
 
     def __init__(self, entries: int = PREFIX_ENTRIES_PER_REPLICA) -> None:
-        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._keys: OrderedDict[str, int] = OrderedDict()
         self._entries = entries
 
-    def lookup(self, key: str | None, tokens: int) -> int:
+    def lookup(self, key: str | None, tokens: int, leaves: int | None = None) -> int:
         if key is None:
             return 0
         keys = self._keys
-        if key in keys:
+        stored = tokens if leaves is None else leaves
+        cached = keys.get(key)
+        if cached is not None:
             keys.move_to_end(key)
-            return tokens
-        keys[key] = None
+            if stored > cached:
+                keys[key] = stored
+            return min(cached, tokens)
+        keys[key] = stored
         if len(keys) > self._entries:
             keys.popitem(last=False)
         return 0
@@ -325,7 +339,7 @@ class Replica:
             cached = 0
             if seq.prefix_key is not None:
                 totals.lookups += 1
-                cached = self.cache.lookup(seq.prefix_key, seq.prefix_tokens)
+                cached = self.cache.lookup(seq.prefix_key, seq.prefix_tokens, seq.leaves)
                 if cached:
                     totals.hits += 1
                     cached = min(cached, seq.prompt - 1)

@@ -5,7 +5,11 @@ passed the hard filters) or failed (every ranked region was down) counts as miss
 J/request and gCO2e/request are over the requests that ran; J is the GPU energy the simulator
 attributed to the request on its pool's true step costs, grams include the region's PUE and
 the true grid intensity of the hour it ran in. Fleet idle energy (idle replicas' floor power)
-is reported apart, attributed to no request.
+is reported apart, attributed to no request. J per output token is over the requests that
+ran, idle energy excluded; ``j_per_output_token_with_idle`` adds the fleet's idle energy:
+
+    j_per_output_token           = sum of their attributed J / sum of their output tokens
+    j_per_output_token_with_idle = (sum of their attributed J + idle J) / sum of their output tokens
 
 Prediction error per request that ran, of energy and of TTFT:
 
@@ -19,6 +23,11 @@ holds the deferrable work's figures (``deferred_gco2e_per_request``, ``missed_de
 and the same requests decided at arrival, ``deferred_gco2e_per_request_at_arrival``); JSON
 puts them at the policy's top level. A held request's TTFT, queue wait and completion time
 count from its release.
+
+Workflows (``scheduler.sim.workflow``): ``workflow`` holds the workflows' figures and, after
+``scheduler.sim.workflow.merge_affinity``, the same figures with and without affinity
+(``j_per_output_token_affinity``, ``j_per_output_token_no_affinity``, ...); JSON puts them at
+the policy's top level too.
 """
 
 from __future__ import annotations
@@ -92,6 +101,9 @@ class PolicyResult:
     failed: int
     j_per_request: float
     gco2e_per_request: float
+    j_per_output_token: float
+    # Output tokens of the requests that ran.
+    output_tokens: int
     ttft_p50_ms: float
     ttft_p99_ms: float
     queue_wait_p50_ms: float
@@ -121,10 +133,17 @@ class PolicyResult:
     hourly: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64), repr=False)
     # The deferrable work's figures (empty: the workload has no deferrable request).
     deferral: Mapping[str, Any] = field(default_factory=dict)
+    # The workflows' figures (empty: the workload has no workflows).
+    workflow: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def j_per_output_token_with_idle(self) -> float:
+        return self.j_per_output_token + self.idle_j / self.output_tokens if self.output_tokens else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("hourly", "start", "deferral")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("hourly", "start", "deferral", "workflow")}
         out.update(self.deferral)
+        out.update(self.workflow)
         out["region_share"] = dict(self.region_share)
         out["fallbacks"] = dict(self.fallbacks)
         out["unschedulable_by"] = dict(self.unschedulable_by)
@@ -152,6 +171,7 @@ def summarize(
     budget_s: np.ndarray,
     energy_j: np.ndarray,
     grams: np.ndarray,
+    output_tokens: np.ndarray,
     predicted_j: np.ndarray,
     predicted_ttft_s: np.ndarray,
     hourly: np.ndarray,
@@ -163,6 +183,7 @@ def summarize(
     idle_j: float,
     timings_s: Mapping[str, float],
     deferral: Mapping[str, Any] | None = None,
+    workflow: Mapping[str, Any] | None = None,
 ) -> PolicyResult:
     n = len(ran_in)
     ran = ran_in >= 0
@@ -181,6 +202,8 @@ def summarize(
         failed=counters["failed"],
         j_per_request=float(energy_j[ran].mean()) if n_ran else 0.0,
         gco2e_per_request=float(grams[ran].mean()) if n_ran else 0.0,
+        j_per_output_token=float(energy_j[ran].sum() / output_tokens[ran].sum()) if n_ran else 0.0,
+        output_tokens=int(output_tokens[ran].sum()),
         ttft_p50_ms=percentile_ms(ttft_s, 50),
         ttft_p99_ms=percentile_ms(ttft_s, 99),
         queue_wait_p50_ms=percentile_ms(queue_wait_s, 50),
@@ -204,6 +227,7 @@ def summarize(
         start=start,
         hourly=hourly,
         deferral=dict(deferral or {}),
+        workflow=dict(workflow or {}),
     )
 
 
@@ -276,6 +300,25 @@ def format_table(results: Sequence[PolicyResult], baseline: str | None = None) -
                 f"{num('deferred_g_per_kwh_at_arrival', '.1f'):>9}{d['missed_deadlines']:>8,}"
                 f"{num('missed_deadlines_at_arrival', ','):>9}"
                 f"{wait50:>10}{wait99:>8}"
+            )
+    compared = [r for r in results if "j_per_output_token_no_affinity" in r.workflow]
+    if compared:
+        lines.append("")
+        header = (
+            f"{'workflows':<16}{'count':>9}{'J/out tok':>11}{'no aff.':>9}{'ratio':>7}{'hits':>8}{'no aff.':>9}"
+            f"{'one pool':>10}{'no aff.':>9}{'TTFT p99':>10}{'no aff.':>9}{'SLO met':>9}{'no aff.':>9}"
+        )
+        lines += [header, "-" * len(header)]
+        for r in compared:
+            f = r.workflow
+            lines.append(
+                f"{r.policy:<16}{f['workflows']:>9,}{f['j_per_output_token_affinity']:>11.3f}"
+                f"{f['j_per_output_token_no_affinity']:>9.3f}{f['j_per_output_token_ratio']:>6.2f}x"
+                f"{f['prefix_hit_share_affinity'] * 100:>7.1f}%{f['prefix_hit_share_no_affinity'] * 100:>8.1f}%"
+                f"{f['workflows_in_one_pool_share_affinity'] * 100:>9.1f}%"
+                f"{f['workflows_in_one_pool_share_no_affinity'] * 100:>8.1f}%"
+                f"{f['ttft_p99_ms_affinity']:>8.0f}ms{f['ttft_p99_ms_no_affinity']:>7.0f}ms"
+                f"{f['slo_attainment_affinity'] * 100:>8.2f}%{f['slo_attainment_no_affinity'] * 100:>8.2f}%"
             )
     regions = list(results[0].region_share) if results else []
     lines.append("")

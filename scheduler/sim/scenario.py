@@ -7,6 +7,10 @@ since each run depends only on the spec and the policy.
 With deferrable requests and ``deferral`` set, a policy runs twice on the same workload: with
 the deferral queue (its result) and deciding the same deferrable requests at arrival (its
 ``deferred_*_at_arrival`` figures, ``scheduler.sim.deferral.merge``).
+
+With ``workflow`` set the workload is that workflow's (``scheduler.sim.workflow``) and a policy
+runs twice on it, with affinity (its result) and without (its ``*_no_affinity`` figures,
+``scheduler.sim.workflow.merge_affinity``); ``compare`` runs those two as separate jobs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from scheduler.sim.deferral import Deferral, merge
 from scheduler.sim.engine import RegionOutage, Scenario, Simulation
 from scheduler.sim.fleets import scale_fleet, twelve_region_fleet
 from scheduler.sim.report import PolicyResult
+from scheduler.sim.workflow import WorkflowSpec, build_workflow_workload, merge_affinity
 from scheduler.sim.workload import WorkloadConfig, build_workload, load_trace
 
 
@@ -48,6 +53,8 @@ class ScenarioSpec:
     # The deferral queue for deferrable requests (None: decided at arrival, no second run).
     deferral: Deferral | None = dataclasses.field(default_factory=Deferral)
     refresh_s: float = 1.0
+    # Workflows instead of independent requests, each run with and without affinity (None: neither).
+    workflow: WorkflowSpec | None = None
     seed: int = 0
     progress: bool = True
 
@@ -80,13 +87,30 @@ class ScenarioSpec:
             "deferral": None if self.deferral is None else dataclasses.asdict(self.deferral),
             "prefix_share": w.prefix_share,
             "clients": {c.name: c.share for c in w.continents},
+            "workflow": None if self.workflow is None else self.workflow.describe(),
         }
+
+    def affinity_modes(self) -> tuple[bool, ...]:
+        """The runs of each policy: with and without affinity for workflows, else the plain one."""
+        return (True, False) if self.workflow is not None else (False,)
 
 
 def run_policy(spec: ScenarioSpec, policy: str) -> PolicyResult:
+    """``policy`` on the spec's workload: every run of ``affinity_modes``, merged."""
+    return _merged([run_mode(spec, policy, affinity) for affinity in spec.affinity_modes()])
+
+
+def _merged(results: Sequence[PolicyResult]) -> PolicyResult:
+    return results[0] if len(results) == 1 else merge_affinity(results[0], results[1])
+
+
+def run_mode(spec: ScenarioSpec, policy: str, affinity: bool) -> PolicyResult:
+    """``policy`` on the spec's workload, with or without affinity (``Scenario.affinity``)."""
     fleet = load_fleet(spec.regions_dir, spec.policies_dir)
     regions = spec.regions()
-    workload = build_workload(load_trace(spec.trace), spec.workload, spec.seed)
+    trace = load_trace(spec.trace)
+    workload = (build_workload(trace, spec.workload, spec.seed) if spec.workflow is None
+                else build_workflow_workload(trace, spec.workload, spec.workflow, spec.seed))
 
     def run(deferral: Deferral | None) -> PolicyResult:
         carbon = CarbonReplay.from_dir(
@@ -94,7 +118,7 @@ def run_policy(spec: ScenarioSpec, policy: str) -> PolicyResult:
             spec.carbon_outages,
         )
         scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages,
-                            truth_error=spec.truth_error, deferral=deferral)
+                            truth_error=spec.truth_error, deferral=deferral, affinity=affinity)
         return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed).run(spec.progress)
 
     if spec.deferral is None or spec.workload.deferrable_share <= 0:
@@ -110,7 +134,13 @@ def compare(spec: ScenarioSpec, policies: Sequence[str], jobs: int = 1) -> list[
     fleet = load_fleet(spec.regions_dir, spec.policies_dir)
     for name in policies:
         fleet.policy(name)  # fail fast on an unknown name, before any run
-    if jobs <= 1 or len(policies) <= 1:
-        return [run_policy(spec, name) for name in policies]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(policies))) as pool:
-        return list(pool.map(run_policy, [spec] * len(policies), policies))
+    modes = spec.affinity_modes()
+    names = [name for name in policies for _ in modes]
+    affinity = [mode for _ in policies for mode in modes]
+    if jobs <= 1 or len(names) <= 1:
+        results = [run_mode(spec, name, mode) for name, mode in zip(names, affinity, strict=True)]
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(names))) as pool:
+            results = list(pool.map(run_mode, [spec] * len(names), names, affinity))
+    k = len(modes)
+    return [_merged(results[i:i + k]) for i in range(0, len(results), k)]

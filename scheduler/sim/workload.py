@@ -18,10 +18,14 @@ import csv
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scheduler.types import WORKLOAD_CLASSES, GeoPoint, Request, WorkloadClass
+
+if TYPE_CHECKING:
+    from scheduler.sim.workflow import WorkflowColumns
 
 TRACES_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
 SHIPPED_TRACES = {
@@ -198,13 +202,17 @@ class Workload:
     city_jurisdiction: tuple[str | None, ...]
     # Deadline of a deferrable request after its arrival [s]; None: the policy's deferrable TTFT SLO.
     deferrable_deadline_s: float | None = None
+    # The workflows the rows belong to (scheduler.sim.workflow; None: independent requests).
+    # Then prefix_group is each row's workflow, prefix_tokens what it can reuse where its
+    # workflow is warm, and a row that waits on others has arrival_s NaN (the engine times it).
+    workflows: WorkflowColumns | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
 
 
-def build_workload(trace: Trace, config: WorkloadConfig, seed: int) -> Workload:
-    rng = np.random.default_rng(seed)
+def arrivals(trace: Trace, config: WorkloadConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The arrival times of the tiled, scaled trace (module docstring) and each one's trace row."""
     native = trace.native_rate
     rate = config.rate if config.rate is not None else native
     n_total = max(1, round(rate * config.hours * 3600.0))
@@ -212,8 +220,23 @@ def build_workload(trace: Trace, config: WorkloadConfig, seed: int) -> Workload:
     index = np.arange(n_total)
     tile, row = index // n, index % n
     scale = native / rate
-    arrival = config.start + (tile * trace.span_s + trace.offsets_s[row]) * scale
+    return config.start + (tile * trace.span_s + trace.offsets_s[row]) * scale, row
 
+
+@dataclass(frozen=True)
+class Clients:
+    """Per arrival: its client city, whether a residency rule binds it, its workload class."""
+
+    cities: tuple[City, ...]
+    city_jurisdiction: tuple[str | None, ...]
+    city_of: np.ndarray
+    restricted: np.ndarray
+    classes: np.ndarray
+
+
+def draw_clients(config: WorkloadConfig, n_total: int, rng: np.random.Generator) -> Clients:
+    """Client cities by continent share, residency rules at ``residency_share`` of the clients
+    in a jurisdiction, workload classes at their shares."""
     cities: list[City] = []
     city_jurisdiction: list[str | None] = []
     city_weight: list[float] = []
@@ -231,6 +254,14 @@ def build_workload(trace: Trace, config: WorkloadConfig, seed: int) -> Workload:
     classes = np.full(n_total, WORKLOAD_CLASSES.index("interactive"), dtype=np.int64)
     classes[u < config.batch_share + config.deferrable_share] = WORKLOAD_CLASSES.index("batch")
     classes[u < config.deferrable_share] = WORKLOAD_CLASSES.index("deferrable")
+    return Clients(tuple(cities), tuple(city_jurisdiction), city_of, restricted, classes)
+
+
+def build_workload(trace: Trace, config: WorkloadConfig, seed: int) -> Workload:
+    rng = np.random.default_rng(seed)
+    arrival, row = arrivals(trace, config)
+    n_total = len(arrival)
+    clients = draw_clients(config, n_total, rng)
 
     prompt = trace.prompt_tokens[row]
     groups = max(1, config.prefix_groups)
@@ -248,34 +279,46 @@ def build_workload(trace: Trace, config: WorkloadConfig, seed: int) -> Workload:
         arrival_s=arrival.tolist(),
         prompt_tokens=prompt.tolist(),
         output_tokens=trace.output_tokens[row].tolist(),
-        city=city_of.tolist(),
-        restricted=restricted.tolist(),
-        workload_class=classes.tolist(),
+        city=clients.city_of.tolist(),
+        restricted=clients.restricted.tolist(),
+        workload_class=clients.classes.tolist(),
         prefix_group=group.tolist(),
         prefix_tokens=prefix.tolist(),
-        cities=tuple(cities),
-        city_jurisdiction=tuple(city_jurisdiction),
+        cities=clients.cities,
+        city_jurisdiction=clients.city_jurisdiction,
         deferrable_deadline_s=config.deferrable_deadline_s,
     )
 
 
 class RequestFactory:
     """Turns row i of a workload into a ``Request``, sharing the immutable parts (client
-    locations, jurisdiction sets, prefix keys) between requests."""
+    locations, jurisdiction sets, prefix keys) between requests.
 
-    __slots__ = ("_allowed", "_geo", "_keys", "workload")
+    A workflow's request carries its shape and shared prefix, its prefix key ``wf-<w>`` and,
+    with ``workflow_ids``, its workflow id ``wf-<w>`` (without: the router cannot tell its
+    workflows apart, the simulator's no-affinity baseline)."""
 
-    def __init__(self, workload: Workload) -> None:
+    __slots__ = ("_allowed", "_geo", "_ids", "_keys", "workload")
+
+    def __init__(self, workload: Workload, workflow_ids: bool = True) -> None:
         self.workload = workload
         self._geo = tuple(GeoPoint(c.lat, c.lon) for c in workload.cities)
         self._allowed = tuple(frozenset({j}) if j else frozenset[str]() for j in workload.city_jurisdiction)
-        self._keys = tuple(f"prefix-{g}" for g in range(max(workload.prefix_group, default=-1) + 1))
+        groups = range(max(workload.prefix_group, default=-1) + 1)
+        if workload.workflows is None:
+            self._keys = tuple(f"prefix-{g}" for g in groups)
+            self._ids: tuple[str, ...] = ()
+        else:
+            self._keys = tuple(f"wf-{g}" for g in groups)
+            self._ids = self._keys if workflow_ids else ()
 
     def request(self, i: int) -> Request:
         w = self.workload
         city = w.city[i]
         group = w.prefix_group[i]
         workload_class: WorkloadClass = WORKLOAD_CLASSES[w.workload_class[i]]
+        flows = w.workflows
+        shared = -1 if flows is None else flows.shared_prefix[i]
         return Request(
             request_id=f"sim-{i}",
             model=w.model,
@@ -285,4 +328,7 @@ class RequestFactory:
             allowed_jurisdictions=self._allowed[city] if w.restricted[i] else frozenset(),
             client_location=self._geo[city],
             prefix_key=self._keys[group] if group >= 0 else None,
+            workflow_id=self._ids[group] if self._ids else None,
+            workflow_shape=None if flows is None else flows.spec.shape,
+            shared_prefix_tokens=None if shared < 0 else shared,
         )
