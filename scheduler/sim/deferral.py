@@ -118,7 +118,7 @@ def summary(
         "deferrable_requests": n,
         "deferred_held": int(reasons.get("window", 0)),
         # deferrable requests that may not be held (a workflow's chain or DAG step): run at once
-        "deferred_not_holdable": int(reasons.get("not-holdable", 0)),
+        "deferred_not_holdable": int(reasons.get("chain", 0)),
         "deferred_release_reasons": {r: int(reasons.get(r, 0)) for r in REASONS},
         "deferred_ran": int(ran.sum()),
         "deferred_gco2e_per_request": float(g.mean()) if len(g) else None,

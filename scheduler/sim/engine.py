@@ -397,7 +397,7 @@ class Simulation:
                 hold(i, request, t, snap, decision, budget[i])
             elif decision.schedulable:
                 if deferrable and deferring:
-                    reasons["not-holdable"] += 1
+                    reasons["chain"] += 1  # the router's release reason for it (scheduler.server.deferred)
                 dispatch(job(i, request, t, decision), t, snap)
             else:
                 counters["unschedulable"] += 1
