@@ -69,7 +69,7 @@ from scheduler.sim.forecast import CarbonForecast
 from scheduler.sim.pools import Job, PoolSim
 from scheduler.sim.predicted import Predictions
 from scheduler.sim.replica import Replica, Seq
-from scheduler.sim.report import FallbackAges, PolicyResult, summarize
+from scheduler.sim.report import FallbackAges, PolicyResult, RunOutcome
 from scheduler.sim.truth import truth_costs
 from scheduler.sim.workflow import figures as workflow_figures
 from scheduler.sim.workload import RequestFactory, Workload
@@ -112,9 +112,13 @@ class Simulation:
         scenario: Scenario = Scenario(),
         seed: int = 0,
         scheduler: Scheduler | None = None,
+        hour_origin: float | None = None,
+        span_until: float | None = None,
     ) -> None:
         """``scheduler``: the decision function (default: every registered plugin, with a
-        tie-break RNG seeded from ``seed``, as in the router)."""
+        tie-break RNG seeded from ``seed``, as in the router); ``hour_origin``: the start of
+        hour 0 of the hourly counts (default: the first arrival); ``span_until``: the fleet's
+        idle energy counts until then at least (a shard: the next shard's first arrival)."""
         self.regions = tuple(regions)
         self.policy = policy
         self.workload = workload
@@ -122,6 +126,8 @@ class Simulation:
         self.scenario = scenario
         self.seed = seed
         self.scheduler = scheduler
+        self.hour_origin = hour_origin
+        self.span_until = span_until
         known = {r.name for r in self.regions}
         for outage in scenario.region_outages:
             if outage.region not in known:
@@ -130,6 +136,11 @@ class Simulation:
             raise ValueError(f"truth error must be >= 0, got {scenario.truth_error}")
 
     def run(self, progress: bool = True) -> PolicyResult:
+        return self.outcome(progress).summary()
+
+    def outcome(self, progress: bool = True) -> RunOutcome:
+        """The run's per-request outcomes and totals (``run`` summarises them; shards of one
+        workload merge theirs first, ``scheduler.sim.shards``)."""
         started_wall = time.perf_counter()
         w = self.workload
         n = len(w)
@@ -156,7 +167,9 @@ class Simulation:
         # the pool each request ran in (index into by_pool)
         ran_pool = [-1] * n
         arrival = list(w.arrival_s)
-        start_hour = arrival[roots[0]] if n else 0.0
+        first_arrival = arrival[roots[0]] if n else 0.0
+        # Hour 0 of the hourly counts (a shard counts its hours from the whole run's start).
+        start_hour = first_arrival if self.hour_origin is None else self.hour_origin
         # Deferrable requests: their deadlines and release times (None: the workload has none).
         classes = w.workload_class
         has_deferrable = _DEFERRABLE in classes
@@ -246,7 +259,7 @@ class Simulation:
             heapq.heappush(heap, (outage.start, seq_no, _DOWN, outage.region, 0))
             heapq.heappush(heap, (outage.end, seq_no + 1, _UP, outage.region, 0))
             seq_no += 2
-        last_event = start_hour
+        last_event = first_arrival
         forecast = (
             CarbonForecast(self.carbon, deferral.forecast_error, self.seed, deferral.horizon_h)
             if deferral is not None else None
@@ -418,14 +431,15 @@ class Simulation:
         bar.update(n - bar.n)
         bar.close()
 
-        span = max(last_event, last_root) - start_hour
-        utilisation: dict[str, float] = {}
+        span = max(last_event, last_root, self.span_until or -math.inf) - first_arrival
+        busy_s: dict[str, float] = {}
+        replica_s: dict[str, float] = {}
         idle_j = 0.0
         for (region, pool_name), pool in by_pool.items():
-            replica_s = len(pool.replicas) * span
-            busy = pool.busy_s
-            utilisation[f"{region}/{pool_name}"] = busy / replica_s if replica_s > 0 else 0.0
-            idle_j += pool.costs.idle_w * max(0.0, replica_s - busy)
+            place = f"{region}/{pool_name}"
+            replica_s[place] = len(pool.replicas) * span
+            busy_s[place] = pool.busy_s
+            idle_j += pool.costs.idle_w * max(0.0, replica_s[place] - pool.busy_s)
 
         ran_in_a = np.asarray(ran_in, dtype=np.int64)
         latency_a = np.asarray(latency)
@@ -438,7 +452,7 @@ class Simulation:
                                                 grams_a, reasons)
             deferral_figures["deferral"] = "queue" if deferring else "at-arrival"
 
-        return summarize(
+        return RunOutcome(
             policy=self.policy.name,
             regions=region_names,
             ran_in=ran_in_a,
@@ -456,7 +470,8 @@ class Simulation:
             counters=counters,
             fallback_ages=fallback_ages,
             unschedulable_by=unschedulable_by,
-            utilisation=utilisation,
+            busy_s=busy_s,
+            replica_s=replica_s,
             idle_j=idle_j,
             timings_s={
                 "total": time.perf_counter() - started_wall,

@@ -32,6 +32,7 @@ the policy's top level too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -64,6 +65,15 @@ class FallbackAges:
             self._aged[signal] += 1
             self._sum[signal] = self._sum.get(signal, 0.0) + age
             self._max[signal] = max(self._max.get(signal, age), age)
+
+    def merge(self, other: FallbackAges) -> None:
+        """Add ``other``'s fallbacks (another shard of the same run) to these."""
+        self.count.update(other.count)
+        self._aged.update(other._aged)
+        for signal, total in other._sum.items():
+            self._sum[signal] = self._sum.get(signal, 0.0) + total
+        for signal, longest in other._max.items():
+            self._max[signal] = max(self._max.get(signal, longest), longest)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """signal -> count, mean_s and max_s (ages over the fallbacks whose signal was ever seen)."""
@@ -158,6 +168,44 @@ class PolicyResult:
 def _finite(values: Mapping[str, float]) -> dict[str, float | None]:
     """NaN (no data) as None: JSON has no NaN."""
     return {k: v if math.isfinite(v) else None for k, v in values.items()}
+
+
+@dataclass
+class RunOutcome:
+    """What one simulation run measured, before it is summarised: per request (in workload
+    order) and in totals. Shards of one workload (``scheduler.sim.shards``) concatenate theirs."""
+
+    policy: str
+    regions: Sequence[str]
+    ran_in: np.ndarray
+    ttft_s: np.ndarray
+    queue_wait_s: np.ndarray
+    latency_s: np.ndarray
+    budget_s: np.ndarray
+    energy_j: np.ndarray
+    grams: np.ndarray
+    output_tokens: np.ndarray
+    predicted_j: np.ndarray
+    predicted_ttft_s: np.ndarray
+    hourly: np.ndarray
+    start: float
+    counters: Counter[str]
+    fallback_ages: FallbackAges
+    unschedulable_by: Counter[str]
+    # per "region/pool": its replicas' busy time and replica time over the run [s]
+    busy_s: Mapping[str, float]
+    replica_s: Mapping[str, float]
+    idle_j: float
+    timings_s: Mapping[str, float]
+    deferral: Mapping[str, Any] | None = None
+    workflow: Mapping[str, Any] | None = None
+
+    def summary(self) -> PolicyResult:
+        utilisation = {place: busy / self.replica_s[place] if self.replica_s[place] > 0 else 0.0
+                       for place, busy in self.busy_s.items()}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in ("busy_s", "replica_s")}
+        return summarize(**fields, utilisation=utilisation)
 
 
 def summarize(

@@ -25,11 +25,12 @@ from typing import Any
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR
+from scheduler.sim import shards as shards_
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
 from scheduler.sim.deferral import Deferral, merge
 from scheduler.sim.engine import RegionOutage, Scenario, Simulation
 from scheduler.sim.fleets import scale_fleet, twelve_region_fleet
-from scheduler.sim.report import PolicyResult
+from scheduler.sim.report import PolicyResult, RunOutcome
 from scheduler.sim.workflow import WorkflowSpec, build_workflow_workload, merge_affinity
 from scheduler.sim.workload import WorkloadConfig, build_workload, load_trace
 
@@ -128,6 +129,36 @@ def run_mode(spec: ScenarioSpec, policy: str, affinity: bool) -> PolicyResult:
     if not queued.deferral:
         return queued  # no deferrable request was drawn
     return dataclasses.replace(queued, deferral=merge(queued.deferral, at_arrival.deferral))
+
+
+def run_sharded(spec: ScenarioSpec, policy: str, shards: int) -> PolicyResult:
+    """``policy`` on the spec's workload cut into ``shards`` time shards simulated in parallel
+    processes (``scheduler.sim.shards``: what a shard's fleet does not inherit)."""
+    if spec.workflow is not None or spec.workload.deferrable_share > 0:
+        raise ValueError("a run is cut into shards only without workflows and deferrable requests "
+                         "(a held request or a workflow's steps would cross a shard boundary)")
+    workload = build_workload(load_trace(spec.trace), spec.workload, spec.seed)
+    first = shards_.starts(workload.arrival_s, shards)
+    bounds = [*zip(first, [*first[1:], len(workload)], strict=True)]
+    origin = workload.arrival_s[0] if len(workload) else 0.0
+    # Each shard's idle energy runs to the next one's first arrival.
+    until = [*(workload.arrival_s[start] for start in first[1:]), None]
+    with ProcessPoolExecutor(max_workers=len(bounds)) as pool:
+        outcomes = list(pool.map(_run_shard, [spec] * len(bounds), [policy] * len(bounds),
+                                 [b[0] for b in bounds], [b[1] for b in bounds], [origin] * len(bounds), until))
+    return shards_.merge(outcomes).summary()
+
+
+def _run_shard(spec: ScenarioSpec, policy: str, start: int, stop: int, origin: float,
+               until: float | None) -> RunOutcome:
+    fleet = load_fleet(spec.regions_dir, spec.policies_dir)
+    regions = spec.regions()
+    workload = build_workload(load_trace(spec.trace), spec.workload, spec.seed).rows(start, stop)
+    carbon = CarbonReplay.from_dir(spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year,
+                                   spec.carbon_delay_s, spec.carbon_outages)
+    scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages, truth_error=spec.truth_error)
+    return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed,
+                      hour_origin=origin, span_until=until).outcome(progress=False)
 
 
 def compare(spec: ScenarioSpec, policies: Sequence[str], jobs: int = 1) -> list[PolicyResult]:

@@ -15,6 +15,7 @@ as ``max_tokens`` (the scheduler predicts with the true output length).
 from __future__ import annotations
 
 import csv
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -209,6 +210,18 @@ class Workload:
 
     def __len__(self) -> int:
         return len(self.arrival_s)
+
+    def rows(self, start: int, stop: int) -> Workload:
+        """Rows ``start`` to ``stop`` (exclusive) as a workload of their own (independent requests
+        only: a workflow's steps refer to each other by row)."""
+        if self.workflows is not None:
+            raise ValueError("a workload of workflows cannot be cut into row ranges")
+        cut = slice(start, stop)
+        return dataclasses.replace(
+            self, arrival_s=self.arrival_s[cut], prompt_tokens=self.prompt_tokens[cut],
+            output_tokens=self.output_tokens[cut], city=self.city[cut], restricted=self.restricted[cut],
+            workload_class=self.workload_class[cut], prefix_group=self.prefix_group[cut],
+            prefix_tokens=self.prefix_tokens[cut])
 
 
 def arrivals(trace: Trace, config: WorkloadConfig) -> tuple[np.ndarray, np.ndarray]:
