@@ -6,11 +6,12 @@ costs (``scheduler.sim.truth``). A request sent to the pool goes to one replica,
 Ray Serve's default request router does: two distinct replicas drawn at random (a seeded RNG
 per pool), the one with fewer requests waiting + running wins (the first drawn on a tie).
 
-With ``prefix_aware`` (the simulator's affinity runs) the pool routes as Ray Serve's
-``PrefixCacheAffinityRouter`` would (docs/affinity.md: not enabled in the region app yet): it
-remembers the replica it last sent each prefix key to (its prefix tree; at most
-``PREFIX_ENTRIES_PER_REPLICA`` x R keys, least recently sent dropped first), and a request
-with that key goes there when that replica can run it without queueing behind its limits:
+With ``prefix_aware`` (the simulator's affinity runs) the pool routes prefix-aware, an
+approximation of the region app's ``PrefixKeyRouter`` (scheduler.serve.prefix_router, which
+sends a key to its rendezvous home unless that replica is overloaded): it remembers the
+replica it last sent each prefix key to (at most ``PREFIX_ENTRIES_PER_REPLICA`` x R keys,
+least recently sent dropped first), and a request with that key goes there when that
+replica can run it without queueing behind its limits:
 
     running + waiting + 1 <= max_num_seqs   and   KV reserved + waiting reservations + its own <= KV capacity
 
