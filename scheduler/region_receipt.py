@@ -69,7 +69,9 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 def receipt_claims(ticket: Ticket, *, pue: float, energy: Mapping[str, Any] | None,
                    usage: Mapping[str, int] | None, at: float, ttft_ms: float | None,
-                   duration_ms: float) -> dict[str, Any]:
+                   duration_ms: float, precision: str = "") -> dict[str, Any]:
+    """``precision``: of the weights the pool served the model at, from the region's config
+    ("": not known)."""
     energy_j = number(energy.get("energy_j")) if energy else None
     intensity, basis = ticket.carbon_g_per_kwh, "signal"
     low, high = BOUNDS["carbon_intensity"]
@@ -83,6 +85,7 @@ def receipt_claims(ticket: Ticket, *, pue: float, energy: Mapping[str, Any] | No
         "region": ticket.region,
         "pool": ticket.pool,
         "model": ticket.model,
+        "precision": precision,
         "workload_class": ticket.workload_class,
         "at": at,
         "pue": pue,
@@ -136,6 +139,7 @@ class RegionReceipt:
             model=str(claims.get("model", "")),
             region=str(claims.get("region", "")),
             pool=str(claims.get("pool", "")),
+            precision=str(claims.get("precision") or ""),
             pue=number(claims.get("pue")) or 1.0,
             **energy_fields(_mapping(claims.get("energy"))),
             prompt_tokens=_int(usage.get("prompt_tokens")),

@@ -377,6 +377,13 @@ class RegionGateway:
                 self._end(pool, request_id)
                 self._metrics.failed(pool)
 
+    def _precision(self, pool: str, model: str) -> str:
+        """The precision the region's config serves ``model`` at on ``pool`` ("": not configured)."""
+        for pool_config in self._settings.region.pools:
+            if pool_config.name == pool:
+                return next((m.precision for m in pool_config.models if m.name == model), "")
+        return ""
+
     def _direct_receipt(self, ticket: Ticket, energy: Mapping[str, Any] | None, usage: Any,
                         ttft_s: float | None, duration_s: float) -> dict[str, Any]:
         """The receipt of a direct-mode dispatch: signed into the outbox (a router books it),
@@ -388,6 +395,7 @@ class RegionGateway:
                                               "completion_tokens": usage.completion_tokens,
                                               "cached_tokens": usage.cached_tokens},
             at=time.time(), ttft_ms=None if ttft_s is None else ttft_s * 1000, duration_ms=duration_s * 1000,
+            precision=self._precision(ticket.pool, ticket.model),
         )
         if self._store is None:
             log.error("region %s: no state store: the receipt of decision %s cannot reach the ledger",

@@ -170,3 +170,4 @@ async def test_the_openai_front_door_and_direct_mode_over_http_reach_the_real_re
         direct = sdk.generate("And this one over HTTP?", model=MODEL, max_tokens=4, mode="direct")
         assert await direct.text()
     assert direct.receipt is not None and direct.receipt.region == REGION and direct.receipt.energy_j > 0
+    assert direct.receipt.precision == "bf16"  # as the region's config serves the model on that pool

@@ -26,7 +26,7 @@ def ticket(decision_id: str, region: str = "eu-north", g_per_kwh: float | None =
 def claims(decision_id: str, **options: object) -> dict[str, object]:
     return receipt_claims(ticket(decision_id, **options), pue=1.1, energy=ENERGY,  # type: ignore[arg-type]
                           usage={"prompt_tokens": 10, "completion_tokens": 16, "cached_tokens": 4},
-                          at=1010.0, ttft_ms=12.0, duration_ms=80.0)
+                          at=1010.0, ttft_ms=12.0, duration_ms=80.0, precision="fp8")
 
 
 def test_each_signed_receipt_is_booked_once_and_forgeries_never() -> None:
@@ -54,6 +54,7 @@ def test_each_signed_receipt_is_booked_once_and_forgeries_never() -> None:
     assert ingest.rejected == 2
     first = booked[0]
     assert (first.tenant, first.region, first.pool, first.model) == ("acme", "eu-north", "h200-long", "llama-3.1-8b")
+    assert first.precision == "fp8"  # signed by the region, as its config serves the model there
     assert first.energy_j == 36.0 and first.prefill_j == 6.0 and first.reused_tokens == 4
     # 36 J = 1e-5 kWh, x 100 g/kWh x PUE 1.1
     assert first.carbon_g is not None and abs(first.carbon_g - 36.0 / 3.6e6 * 100.0 * 1.1) < 1e-12
