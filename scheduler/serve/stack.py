@@ -29,6 +29,7 @@ from scheduler.plugins import load_checked_fleet
 from scheduler.serve import DEFAULT_LOCAL_REGIONS
 from scheduler.serve.app import EngineOptions, build_region_app, local_pools
 from scheduler.server.auth import KeyRing
+from scheduler.state.redis_store import delete_namespace
 from scheduler.tickets import TicketKeyRing
 
 log = logging.getLogger(__name__)
@@ -105,19 +106,6 @@ async def redis_answers(url: str, timeout_s: float = 0.5) -> bool:
         return bool(await client.ping())
     except (OSError, aioredis.RedisError):
         return False
-    finally:
-        await client.aclose()
-
-
-async def delete_namespace(url: str, namespace: str) -> int:
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(url)
-    try:
-        found = [key async for key in client.scan_iter(match=f"sched:{namespace}:*", count=1000)]
-        if found:
-            await client.delete(*found)
-        return len(found)
     finally:
         await client.aclose()
 

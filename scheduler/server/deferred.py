@@ -9,8 +9,8 @@ Submit (``Deferrals.defer``):
     deadline = the request's, or now + the policy's deferrable TTFT budget (deadline 0)
     decision = decided now (unservable: the usual errors, nothing held), admitted (budgets)
     where    = the candidate ranked first; forecast = its carbon zone's, from the store
-    needs    = DURATION_FACTOR x predicted completion + GUARD_S       (as the simulator,
-               predicted completion = queue wait + prefill + N x TPOT   scheduler.sim.deferral)
+    needs    = needs_s(queue wait + prefill + decode_s)               (scheduler.deferral.duration,
+                                                                       as the simulator)
     release  = choose_release(forecast, now, deadline, needs)          (scheduler.deferral.window)
                or now, reason ``chain``, for a chain's or DAG's step (``Request.holdable``)
 
@@ -41,8 +41,10 @@ from google.rpc import code_pb2
 from scheduler import errors
 from scheduler.datalayer.carbon.store_io import read_forecast
 from scheduler.datalayer.pending import prefill_s
+from scheduler.deferral.duration import decode_s, needs_s
 from scheduler.deferral.queue import DONE, HELD, RUNNING, UNKNOWN, DeferralQueue, DeferralWorker, HeldRequest
 from scheduler.deferral.window import ForecastPoint, choose_release
+from scheduler.plugins.filters.slo_reachable import class_ttft_budget_s
 from scheduler.server import convert
 from scheduler.server.auth import Principal
 from scheduler.server.core import DEADLINE_CLOCK_SLACK_S, TRANSIENT_PLUGINS, RouterCore
@@ -63,10 +65,6 @@ log = logging.getLogger(__name__)
 CHAIN = "chain"
 CHAIN_DETAIL = "released at once: a chain step never waits for batching"
 FAILED = "failed"
-# What a request needs from release to its last token, as the simulator assumes it
-# (scheduler.sim.deferral.Deferral): twice the predicted completion time, plus 5 minutes.
-DURATION_FACTOR = 2.0
-GUARD_S = 300.0
 # The furthest deadline accepted: forecasts reach a few days ahead, and the queue keeps a held
 # request until its deadline (plus a week), so a deadline beyond this would only hold a prompt.
 MAX_DEFERRAL_S = 7 * 86400.0
@@ -80,20 +78,10 @@ POLL_S = 0.5
 
 
 def predicted_completion_s(snapshot: FleetSnapshot, request: Request, candidate: Candidate) -> float:
-    """The scheduler's predicted time from dispatch to the last token on ``candidate``:
-    queue wait + prefill + N x TPOT, TPOT at the mid-output context (as
-    ``scheduler.sim.deferral.predicted_completion_s``, without the network's round trip)."""
-    perf = snapshot.perf[candidate.index]
-    latency = perf.latency
-    n = request.max_tokens
-    tpot = latency.tpot_s + (request.prompt_tokens + n * 0.5) * latency.tpot_s_per_context_token
-    return perf.queue_wait_s + prefill_s(snapshot, candidate, request) + n * tpot
-
-
-def ttft_budget_s(snapshot: FleetSnapshot, request: Request) -> float:
-    """The policy's deferrable TTFT budget for ``request``: ttft_ms + per 1k prompt tokens."""
-    slo = snapshot.policy.slo_for("deferrable")
-    return (slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * request.prompt_tokens / 1000.0) / 1000.0
+    """The predicted time from dispatch to the last token on ``candidate``: queue wait +
+    prefill + decode (without the network's round trip)."""
+    return (snapshot.perf[candidate.index].queue_wait_s + prefill_s(snapshot, candidate, request)
+            + decode_s(snapshot, request, candidate))
 
 
 # Release failures that every retry would meet again (besides Unschedulable for reasons of the
@@ -179,7 +167,8 @@ class Deferrals:
         request = incoming.request
         for admit in deps.admission:
             admit(request)
-        deadline = msg.deadline_unix_s or now + ttft_budget_s(snapshot, request)
+        deadline = msg.deadline_unix_s or now + class_ttft_budget_s(snapshot.policy, "deferrable",
+                                                                     request.prompt_tokens)
         candidate = decision.ranked_candidates[0]
         held = HeldRequest(
             request_id=request.request_id, tenant=request.tenant, enqueued_at=now, deadline=deadline, release_at=now,
@@ -187,8 +176,8 @@ class Deferrals:
             payload=self._payload(msg.request, request).SerializeToString())
         try:
             if request.holdable:
-                needs_s = DURATION_FACTOR * predicted_completion_s(snapshot, request, candidate) + GUARD_S
-                release = choose_release(await self._forecast(candidate), now, deadline, needs_s)
+                needs = needs_s(predicted_completion_s(snapshot, request, candidate))
+                release = choose_release(await self._forecast(candidate), now, deadline, needs)
                 held = dataclasses.replace(held, release_at=release.at, reason=release.reason,
                                            detail=release.describe(), forecast_value=release.value,
                                            now_value=release.now_value)

@@ -258,8 +258,7 @@ class HttpApi:
             if codec == PROTO:
                 response = HttpResponse(200, answer.SerializeToString(), PROTO)
             else:
-                response = HttpResponse(200, json_format.MessageToJson(answer, preserving_proto_field_name=True)
-                                        .encode(), JSON)
+                response = HttpResponse(200, _json(answer), JSON)
             return response
         except Exception as exc:
             response, code = connect_error(exc)

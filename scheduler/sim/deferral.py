@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.deferral.duration import DURATION_FACTOR, GUARD_S, decode_s, needs_s
 from scheduler.deferral.window import REASONS
 from scheduler.sim.forecast import DEFAULT_ERROR, DEFAULT_HORIZON_H
 from scheduler.sim.predicted import Predictions
@@ -56,8 +57,8 @@ class Deferral:
     forecast_error: float = DEFAULT_ERROR
     horizon_h: int = DEFAULT_HORIZON_H
     # A request needs duration_factor x its predicted completion time + guard_s before its deadline.
-    duration_factor: float = 2.0
-    guard_s: float = 300.0
+    duration_factor: float = DURATION_FACTOR
+    guard_s: float = GUARD_S
     # Hold a request only for a window at least this much cleaner (relative) than now.
     min_gain: float = 0.0
 
@@ -68,7 +69,7 @@ class Deferral:
             raise ValueError("duration_factor must be >= 1, guard_s and min_gain >= 0")
 
     def needs_s(self, predicted_completion_s: float) -> float:
-        return self.duration_factor * predicted_completion_s + self.guard_s
+        return needs_s(predicted_completion_s, self.duration_factor, self.guard_s)
 
 
 def predicted_completion_s(predictions: Predictions, snapshot: FleetSnapshot, request: Request,
@@ -76,10 +77,7 @@ def predicted_completion_s(predictions: Predictions, snapshot: FleetSnapshot, re
     """The scheduler's predicted time from dispatch to the last token on ``candidate``:
     TTFT + N x TPOT at the mid-output context (scheduler.framework.predict)."""
     _, ttft = predictions.energy_and_ttft(snapshot, request, candidate)
-    latency = snapshot.perf[candidate.index].latency
-    n = request.max_tokens
-    tpot = latency.tpot_s + (request.prompt_tokens + n * 0.5) * latency.tpot_s_per_context_token
-    return ttft + n * tpot
+    return ttft + decode_s(snapshot, request, candidate)
 
 
 def summary(

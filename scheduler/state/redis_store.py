@@ -274,3 +274,15 @@ class RedisStore:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+async def delete_namespace(url: str, namespace: str) -> int:
+    """Delete every key of ``namespace`` at ``url`` (what a local stack or a test leaves); how many."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        found = [key async for key in client.scan_iter(match=f"sched:{namespace}:*", count=1000)]
+        if found:
+            await client.delete(*found)
+        return len(found)
+    finally:
+        await client.aclose()

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from scheduler.config.schema import PolicyConfig
 from scheduler.framework.columns import BoolArray
 from scheduler.framework.plugin import NoColumns, Reason, RequestView
-from scheduler.types import FleetSnapshot, Request
+from scheduler.types import FleetSnapshot, Request, WorkloadClass
 
 TYPE = "slo-reachable"
 
@@ -21,8 +22,13 @@ TYPE = "slo-reachable"
 def ttft_budget_s(request: Request, snapshot: FleetSnapshot) -> float:
     if request.ttft_slo_ms is not None:
         return request.ttft_slo_ms / 1000.0
-    slo = snapshot.policy.slo_for(request.workload_class)
-    return (slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * request.prompt_tokens / 1000.0) / 1000.0
+    return class_ttft_budget_s(snapshot.policy, request.workload_class, request.prompt_tokens)
+
+
+def class_ttft_budget_s(policy: PolicyConfig, workload_class: WorkloadClass, prompt_tokens: int) -> float:
+    """The policy's TTFT budget of ``workload_class`` for a prompt: ttft_ms + per 1k tokens [s]."""
+    slo = policy.slo_for(workload_class)
+    return (slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * prompt_tokens / 1000.0) / 1000.0
 
 
 def tpot_budget_s(request: Request, snapshot: FleetSnapshot) -> float:

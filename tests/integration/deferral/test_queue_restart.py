@@ -21,10 +21,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 
 from scheduler.deferral.queue import DeferralQueue, DeferralWorker, HeldRequest
-from scheduler.state.redis_store import RedisStore
+from scheduler.state.redis_store import RedisStore, delete_namespace
 
 pytestmark = pytest.mark.integration
 
@@ -65,13 +64,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
 async def namespace() -> AsyncIterator[str]:
     name = f"test-deferral-{uuid.uuid4().hex[:12]}"
     yield name
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        found = [key async for key in client.scan_iter(match=f"sched:{name}:*", count=1000)]
-        if found:
-            await client.delete(*found)
-    finally:
-        await client.aclose()
+    await delete_namespace(REDIS_URL, name)
 
 
 @pytest.mark.timeout(60)

@@ -11,9 +11,8 @@ import uuid
 import pytest
 
 from scheduler.cli import main
-from scheduler.serve.stack import delete_namespace
 from scheduler.state import codec, keys
-from scheduler.state.redis_store import RedisStore
+from scheduler.state.redis_store import RedisStore, delete_namespace
 from scheduler.types import PoolLiveState, RegionLiveState
 
 pytestmark = pytest.mark.integration

@@ -33,7 +33,7 @@ from scheduler.plugins import load_checked_fleet
 from scheduler.server.app import RunningRouter, build_deps, router_gauges, start_router
 from scheduler.state import keys as store_keys
 from scheduler.state.memory_store import MemoryStore
-from scheduler.state.redis_store import RedisStore
+from scheduler.state.redis_store import RedisStore, delete_namespace
 from scheduler.state.store import StateStore
 from scheduler.v1 import admin_pb2, admin_pb2_grpc
 from tests.canary_fixtures import CANARY, write_policies
@@ -65,8 +65,11 @@ StartRouter = Callable[..., Awaitable[RunningRouter]]
 @pytest.fixture
 async def start_canary_router(stub_fleet: Fleet, keys: Keys) -> AsyncIterator[StartRouter]:
     started: list[RunningRouter] = []
+    namespaces: set[str] = set()
 
     async def start(store: StateStore, config: ConfigFleet, http: bool = False) -> RunningRouter:
+        if isinstance(store, RedisStore):
+            namespaces.add(store.namespace)
         deps = build_deps(SnapshotBuilder(stub_fleet.configs, config.policy("steady")), store,
                           "memory" if isinstance(store, MemoryStore) else "redis", keys=keys.ring,
                           rate_limit_rps=100_000.0, policies=config.policies)
@@ -78,18 +81,9 @@ async def start_canary_router(stub_fleet: Fleet, keys: Keys) -> AsyncIterator[St
     yield start
     for running in started:
         await running.stop(grace_s=0.5)
-
-
-async def _delete_namespace(namespace: str) -> None:
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        found = [key async for key in client.scan_iter(match=f"sched:{namespace}:*", count=1000)]
-        if found:
-            await client.delete(*found)
-    finally:
-        await client.aclose()
+    # After the routers stopped: their last canary counts are flushed on stop.
+    for namespace in namespaces:
+        await delete_namespace(REDIS_URL, namespace)
 
 
 async def _generate(client: AsyncSchedulerClient, router: str, **options: object) -> Served:
@@ -134,115 +128,112 @@ async def test_a_slow_candidate_is_rolled_back_on_every_router(tmp_path: Path, s
     router_b = await start_canary_router(RedisStore.from_url(REDIS_URL, namespace), config)
     routers = {"A": router_a, "B": router_b}
     admin = keys.admin.key
-    try:
-        clients = {name: AsyncSchedulerClient(f"127.0.0.1:{r.port}", api_key=keys.tenant.key)
-                   for name, r in routers.items()}
-        served: list[Served] = []
-        stop = asyncio.Event()
+    clients = {name: AsyncSchedulerClient(f"127.0.0.1:{r.port}", api_key=keys.tenant.key)
+               for name, r in routers.items()}
+    served: list[Served] = []
+    stop = asyncio.Event()
 
-        async def worker(name: str) -> None:
-            while not stop.is_set():
-                served.append(await _generate(clients[name], name))
-                await asyncio.sleep(0.1)
+    async def worker(name: str) -> None:
+        while not stop.is_set():
+            served.append(await _generate(clients[name], name))
+            await asyncio.sleep(0.1)
 
-        # Healthy traffic: both arms serve, each from its own region.
-        workers = [asyncio.create_task(worker("A" if i % 2 else "B")) for i in range(8)]
-        await asyncio.sleep(1.5)
-        assert _arm_on(router_a) and _arm_on(router_b)
-        healthy = list(served)
-        by_arm = {arm: {(s.policy, s.region) for s in healthy if s.decision_arm == arm} for arm in ("control", "canary")}
-        assert by_arm == {"control": {("steady", "us-east")}, "canary": {("thrifty", "eu-north")}}, by_arm
-        assert all(s.receipt_arm == s.decision_arm for s in healthy)
-        assert {s.router for s in healthy if s.decision_arm == "canary"} == {"A", "B"}
+    # Healthy traffic: both arms serve, each from its own region.
+    workers = [asyncio.create_task(worker("A" if i % 2 else "B")) for i in range(8)]
+    await asyncio.sleep(1.5)
+    assert _arm_on(router_a) and _arm_on(router_b)
+    healthy = list(served)
+    by_arm = {arm: {(s.policy, s.region) for s in healthy if s.decision_arm == arm} for arm in ("control", "canary")}
+    assert by_arm == {"control": {("steady", "us-east")}, "canary": {("thrifty", "eu-north")}}, by_arm
+    assert all(s.receipt_arm == s.decision_arm for s in healthy)
+    assert {s.router for s in healthy if s.decision_arm == "canary"} == {"A", "B"}
 
-        # eu-north turns slow; watch both routers for the arm going off.
-        off_at: dict[str, float] = {}
+    # eu-north turns slow; watch both routers for the arm going off.
+    off_at: dict[str, float] = {}
 
-        async def watch() -> None:
-            while len(off_at) < len(routers):
-                for name, router in routers.items():
-                    if name not in off_at and not _arm_on(router):
-                        off_at[name] = time.monotonic()
-                await asyncio.sleep(0.005)
-
-        watcher = asyncio.create_task(watch())
-        injected = time.monotonic()
-        stub_fleet.regions["eu-north"].settings.first_token_delay_s = SLOW_S
-        await asyncio.wait_for(watcher, 30)
-        stop.set()
-        await asyncio.gather(*workers)
-
-        slow = [s for s in served if s.started >= injected and s.decision_arm == "canary"]
-        assert slow and all(s.region == "eu-north" and s.ttft_ms >= SLOW_S * 1000 for s in slow)
-        first_bad = min(s.started for s in slow)
-        off_everywhere = max(off_at.values())
-        print(f"\ncanary rollback: first slow request {1000 * (first_bad - injected):.0f} ms after the injection; "
-              f"arm off on router A {off_at['A'] - first_bad:.2f} s and on router B {off_at['B'] - first_bad:.2f} s "
-              f"after it: off on every router {off_everywhere - first_bad:.2f} s after the first bad request "
-              f"({abs(off_at['A'] - off_at['B']):.2f} s between the routers; {len(slow)} slow canary requests "
-              f"started before it)")
-        # Off on every router within 1 s of the first one turning it off (the refresh is 0.5 s).
-        assert abs(off_at["A"] - off_at["B"]) <= 1.0
-        assert off_everywhere - first_bad < 10.0
-
-        # After the rollback every request goes to the control, through either router.
-        after = [await _generate(clients["A" if i % 2 else "B"], "A" if i % 2 else "B") for i in range(20)]
-        assert {(s.decision_arm, s.receipt_arm, s.policy, s.region) for s in after} == {
-            ("control", "control", "steady", "us-east")}
-
-        # The reason: in the status RPC of both routers, the audit stream, the metrics.
-        for router in routers.values():
-            status = await _admin(router.port, admin, "GetCanaryStatus", admin_pb2.GetCanaryStatusRequest())
-            assert isinstance(status, admin_pb2.GetCanaryStatusResponse)
-            assert status.configured and status.state == "rolled-back" and not status.enabled
-            assert status.policy == "steady" and status.arm == "thrifty" and status.fraction == 0.5
-            assert "TTFT-SLO attainment" in status.reason and status.updated_by.startswith("router@")
-            canary = status.judged.arms[1]
-            assert canary.arm == "canary" and canary.requests >= 8 and canary.ttft_slo_attainment < 0.9
-        store = router_a.deps.store
-        audit = [body for _, body in await store.xrange(store_keys.AUDIT, 10_000)]
-        rollbacks = [body for body in audit if body.get("event") == "canary-rollback"]
-        assert len(rollbacks) == 1 and "TTFT-SLO attainment" in rollbacks[0]["reason"]
-        assert rollbacks[0]["metrics"] == "ttft_slo_attainment"
-        assert {body.get("canary_arm") for body in audit if "decision_id" in body} == {"control", "canary"}
-        exposition = router_b.deps.metrics.exposition(router_gauges(router_b.deps))
-        assert 'scheduler_canary_enabled{policy="steady",candidate="thrifty"} 0' in exposition
-        assert 'scheduler_canary_rolled_back{policy="steady",candidate="thrifty"} 1' in exposition
-        assert 'scheduler_canary_rollback_info{policy="steady",candidate="thrifty",epoch="0",' \
-               'metrics="ttft_slo_attainment"} 1' in exposition
-
-        # A tenant key may not read or change it; an admin's CLI reads it.
-        with pytest.raises(grpc.aio.AioRpcError) as denied:
-            await _admin(router_a.port, keys.tenant.key, "SetCanaryArm", admin_pb2.SetCanaryArmRequest(enabled=True))
-        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        text = await _cli("status", "--router", f"127.0.0.1:{router_a.port}", "--api-key", admin)
-        print(text)
-        assert "state: rolled-back (TTFT-SLO attainment" in text and "canary arm thrifty on 50 %" in text
-
-        # It stays off until an admin re-enables it; then on for both routers within 1 s.
-        stub_fleet.regions["eu-north"].settings.first_token_delay_s = 0.0
-        await asyncio.sleep(0.6)
-        assert not _arm_on(router_a) and not _arm_on(router_b)
-        out = await _cli("enable", "--router", f"127.0.0.1:{router_b.port}", "--api-key", admin,
-                         "--reason", "eu-north fixed")
-        enabled_at = time.monotonic()
-        assert "canary arm thrifty ON" in out
-        assert _arm_on(router_b)  # the router that took the call applied it before answering
-        while not _arm_on(router_a):
-            assert time.monotonic() - enabled_at < 1.0
+    async def watch() -> None:
+        while len(off_at) < len(routers):
+            for name, router in routers.items():
+                if name not in off_at and not _arm_on(router):
+                    off_at[name] = time.monotonic()
             await asyncio.sleep(0.005)
-        print(f"re-enabled: on router B when `scheduler canary enable` answered, on router A "
-              f"{time.monotonic() - enabled_at:.2f} s later")
-        again = [await _generate(clients["A"], "A") for _ in range(30)]
-        assert {s.decision_arm for s in again} == {"control", "canary"}
-        assert {(s.policy, s.region) for s in again if s.decision_arm == "canary"} == {("thrifty", "eu-north")}
-        status = await _admin(router_a.port, admin, "GetCanaryStatus", admin_pb2.GetCanaryStatusRequest())
+
+    watcher = asyncio.create_task(watch())
+    injected = time.monotonic()
+    stub_fleet.regions["eu-north"].settings.first_token_delay_s = SLOW_S
+    await asyncio.wait_for(watcher, 30)
+    stop.set()
+    await asyncio.gather(*workers)
+
+    slow = [s for s in served if s.started >= injected and s.decision_arm == "canary"]
+    assert slow and all(s.region == "eu-north" and s.ttft_ms >= SLOW_S * 1000 for s in slow)
+    first_bad = min(s.started for s in slow)
+    off_everywhere = max(off_at.values())
+    print(f"\ncanary rollback: first slow request {1000 * (first_bad - injected):.0f} ms after the injection; "
+          f"arm off on router A {off_at['A'] - first_bad:.2f} s and on router B {off_at['B'] - first_bad:.2f} s "
+          f"after it: off on every router {off_everywhere - first_bad:.2f} s after the first bad request "
+          f"({abs(off_at['A'] - off_at['B']):.2f} s between the routers; {len(slow)} slow canary requests "
+          f"started before it)")
+    # Off on every router within 1 s of the first one turning it off (the refresh is 0.5 s).
+    assert abs(off_at["A"] - off_at["B"]) <= 1.0
+    assert off_everywhere - first_bad < 10.0
+
+    # After the rollback every request goes to the control, through either router.
+    after = [await _generate(clients["A" if i % 2 else "B"], "A" if i % 2 else "B") for i in range(20)]
+    assert {(s.decision_arm, s.receipt_arm, s.policy, s.region) for s in after} == {
+        ("control", "control", "steady", "us-east")}
+
+    # The reason: in the status RPC of both routers, the audit stream, the metrics.
+    for router in routers.values():
+        status = await _admin(router.port, admin, "GetCanaryStatus", admin_pb2.GetCanaryStatusRequest())
         assert isinstance(status, admin_pb2.GetCanaryStatusResponse)
-        assert status.state == "on" and status.epoch != "0"
-        for client in clients.values():
-            await client.close()
-    finally:
-        await _delete_namespace(namespace)
+        assert status.configured and status.state == "rolled-back" and not status.enabled
+        assert status.policy == "steady" and status.arm == "thrifty" and status.fraction == 0.5
+        assert "TTFT-SLO attainment" in status.reason and status.updated_by.startswith("router@")
+        canary = status.judged.arms[1]
+        assert canary.arm == "canary" and canary.requests >= 8 and canary.ttft_slo_attainment < 0.9
+    store = router_a.deps.store
+    audit = [body for _, body in await store.xrange(store_keys.AUDIT, 10_000)]
+    rollbacks = [body for body in audit if body.get("event") == "canary-rollback"]
+    assert len(rollbacks) == 1 and "TTFT-SLO attainment" in rollbacks[0]["reason"]
+    assert rollbacks[0]["metrics"] == "ttft_slo_attainment"
+    assert {body.get("canary_arm") for body in audit if "decision_id" in body} == {"control", "canary"}
+    exposition = router_b.deps.metrics.exposition(router_gauges(router_b.deps))
+    assert 'scheduler_canary_enabled{policy="steady",candidate="thrifty"} 0' in exposition
+    assert 'scheduler_canary_rolled_back{policy="steady",candidate="thrifty"} 1' in exposition
+    assert 'scheduler_canary_rollback_info{policy="steady",candidate="thrifty",epoch="0",' \
+           'metrics="ttft_slo_attainment"} 1' in exposition
+
+    # A tenant key may not read or change it; an admin's CLI reads it.
+    with pytest.raises(grpc.aio.AioRpcError) as denied:
+        await _admin(router_a.port, keys.tenant.key, "SetCanaryArm", admin_pb2.SetCanaryArmRequest(enabled=True))
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    text = await _cli("status", "--router", f"127.0.0.1:{router_a.port}", "--api-key", admin)
+    print(text)
+    assert "state: rolled-back (TTFT-SLO attainment" in text and "canary arm thrifty on 50 %" in text
+
+    # It stays off until an admin re-enables it; then on for both routers within 1 s.
+    stub_fleet.regions["eu-north"].settings.first_token_delay_s = 0.0
+    await asyncio.sleep(0.6)
+    assert not _arm_on(router_a) and not _arm_on(router_b)
+    out = await _cli("enable", "--router", f"127.0.0.1:{router_b.port}", "--api-key", admin,
+                     "--reason", "eu-north fixed")
+    enabled_at = time.monotonic()
+    assert "canary arm thrifty ON" in out
+    assert _arm_on(router_b)  # the router that took the call applied it before answering
+    while not _arm_on(router_a):
+        assert time.monotonic() - enabled_at < 1.0
+        await asyncio.sleep(0.005)
+    print(f"re-enabled: on router B when `scheduler canary enable` answered, on router A "
+          f"{time.monotonic() - enabled_at:.2f} s later")
+    again = [await _generate(clients["A"], "A") for _ in range(30)]
+    assert {s.decision_arm for s in again} == {"control", "canary"}
+    assert {(s.policy, s.region) for s in again if s.decision_arm == "canary"} == {("thrifty", "eu-north")}
+    status = await _admin(router_a.port, admin, "GetCanaryStatus", admin_pb2.GetCanaryStatusRequest())
+    assert isinstance(status, admin_pb2.GetCanaryStatusResponse)
+    assert status.state == "on" and status.epoch != "0"
+    for client in clients.values():
+        await client.close()
 
 
 @pytest.mark.timeout(60)

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 import grpc
 import httpx
 import pytest
-import redis.asyncio as aioredis
 
 from scheduler.cli import main
 from scheduler.client import AsyncSchedulerClient, SchedulerClient
@@ -30,7 +29,7 @@ from scheduler.deferral.queue import DeferralQueue
 from scheduler.ledger.budget import TenantBudget
 from scheduler.ledger.ledger import Ledger, booked_key
 from scheduler.state import keys as store_keys
-from scheduler.state.redis_store import RedisStore
+from scheduler.state.redis_store import RedisStore, delete_namespace
 from scheduler.types import Signal
 from scheduler.v1 import messages_pb2 as pb
 from scheduler.v1 import router_pb2, router_pb2_grpc
@@ -50,13 +49,7 @@ DIRTY, CLEAN = 400.0, 50.0
 async def namespace() -> AsyncIterator[str]:
     name = f"test-deferral-router-{uuid.uuid4().hex[:12]}"
     yield name
-    raw = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        found = [key async for key in raw.scan_iter(match=f"sched:{name}:*", count=1000)]
-        if found:
-            await raw.delete(*found)
-    finally:
-        await raw.aclose()
+    await delete_namespace(REDIS_URL, name)
 
 
 @pytest.fixture

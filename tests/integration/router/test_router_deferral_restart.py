@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 import yaml
 
 from scheduler.client import AsyncSchedulerClient
@@ -30,7 +29,7 @@ from scheduler.datalayer.carbon.store_io import write_forecast
 from scheduler.deferral.queue import RUNNING, DeferralQueue
 from scheduler.server.auth import NewKey, create_key
 from scheduler.server.deferred import CLAIM_TTL_S
-from scheduler.state.redis_store import RedisStore
+from scheduler.state.redis_store import RedisStore, delete_namespace
 from scheduler.tickets import TicketKeyRing
 from scheduler.types import Signal
 
@@ -51,13 +50,7 @@ TOKENS, TOKEN_INTERVAL_S = 8, 0.4
 async def namespace() -> AsyncIterator[str]:
     name = f"test-deferral-restart-{uuid.uuid4().hex[:12]}"
     yield name
-    raw = aioredis.Redis.from_url(REDIS_URL)
-    try:
-        found = [key async for key in raw.scan_iter(match=f"sched:{name}:*", count=1000)]
-        if found:
-            await raw.delete(*found)
-    finally:
-        await raw.aclose()
+    await delete_namespace(REDIS_URL, name)
 
 
 @pytest.fixture
