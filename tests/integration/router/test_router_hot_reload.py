@@ -378,7 +378,9 @@ async def test_while_redis_is_down_a_router_serves_on_its_config_reloads_and_pub
         await asyncio.sleep(1.5)
         write_atomically(router.policies / "hot.yaml", BY_CARBON)
         answer = await operator.reload_config()
-        assert answer.ok and answer.changed and not answer.published
+        # The file watcher may have applied the write before this RPC (then it answers unchanged):
+        # either way the new files are in force, locally, and not published.
+        assert answer.ok and answer.version != first and answer.version.startswith("local-") and not answer.published
         assert answer.version.startswith("local-") and "unreachable" in answer.publish_error
         local = answer.version
 
