@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RECANCEL_EVERY_S = 0.5
+# A writer woken by new work waits this long before its pass, so the work that arrives together
+# (the ledger's and the audit's receipts, one per stream: hundreds a second on a busy router)
+# is written in one pass, not one each: a group commit.
+WRITE_LINGER_S = 0.02
 
 
 class Interrupted(Exception):

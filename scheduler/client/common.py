@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,7 +123,7 @@ def build_request(
     if workflow_shape and workflow_shape not in WORKFLOW_SHAPES:
         raise ValueError(f"workflow_shape must be one of {sorted(WORKFLOW_SHAPES)}, got {workflow_shape!r}")
     request = pb.GenerateRequest(
-        tenant=tenant, request_id=request_id or uuid.uuid4().hex, model=model,
+        tenant=tenant, request_id=request_id or os.urandom(16).hex(), model=model,
         sampling=pb.SamplingParams(max_tokens=max_tokens, stop=list(stop)),
         workload_class=WORKLOAD_CLASSES[workload_class],
         compliance=pb.Compliance(allowed_jurisdictions=list(jurisdictions),

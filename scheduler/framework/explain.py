@@ -4,6 +4,7 @@ Derived from the Decision alone."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -14,12 +15,14 @@ TOTAL_UNIT = "USD"
 
 def objective_text(decision: Decision) -> str:
     """'cost [USD] = 1000 USD/tCO2e x carbon-scorer [gCO2e] + ...' for the applied objective."""
-    if not decision.scorer_names:
+    return objective_of(decision.scorer_names, decision.units, decision.rates_written)
+
+
+def objective_of(names: Sequence[str], units: Sequence[str], written: Sequence[str]) -> str:
+    """``objective_text`` of the scorers that answered: their names, units and rates as written."""
+    if not names:
         return "cost [USD] = 0 (every scorer abstained: ties broken per request)"
-    terms = (
-        f"{written} x {name} [{unit}]"
-        for name, unit, written in zip(decision.scorer_names, decision.units, decision.rates_written, strict=True)
-    )
+    terms = (f"{rate} x {name} [{unit}]" for name, unit, rate in zip(names, units, written, strict=True))
     return f"cost [{TOTAL_UNIT}] = " + " + ".join(terms)
 
 

@@ -334,26 +334,29 @@ class _ServerConnection(asyncio.Protocol):
                 transport.write(_head(answer.status, answer.content_type, answer.headers, len(answer.body), close,
                                       name) + answer.body)
                 return
-            transport.write(_head(response.status, response.content_type, response.headers, None, close, name))
-            if first is not None:
-                async for chunk in _prepend(first, chunks):
-                    if chunk:
-                        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                        if not self._writable.is_set():
-                            await self._writable.wait()
-                    if self._closed:
-                        return
+            head = _head(response.status, response.content_type, response.headers, None, close, name)
+            if first is None:
+                transport.write(head + b"0\r\n\r\n")
+                return
+            # The head leaves with the first chunk: one write, one segment.
+            transport.write(head + b"%x\r\n%b\r\n" % (len(first), first) if first else head)
+            writable = self._writable
+            if not writable.is_set():
+                await writable.wait()
+            if self._closed:
+                return
+            async for chunk in chunks:
+                if chunk:
+                    transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    if not writable.is_set():
+                        await writable.wait()
+                if self._closed:
+                    return
             transport.write(b"0\r\n\r\n")
         finally:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
-
-
-async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    yield first
-    async for chunk in rest:
-        yield chunk
 
 
 @dataclass

@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler.ledger.budget import BudgetStatus
 from scheduler.ledger.ledger import Ledger, LedgerEntry, MonthUsage, month_of
-from scheduler.tasks import start_loop, stop_task
+from scheduler.tasks import WRITE_LINGER_S, start_loop, stop_task
 from scheduler.types import EnergyReceipt, Request
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,9 @@ log = logging.getLogger(__name__)
 class LedgerService:
     ledger: Ledger
     interval_s: float = 1.0
+    linger_s: float = WRITE_LINGER_S
+    clock: Callable[[], float] = time.monotonic
+    _refreshed_at: float | None = field(default=None, init=False, repr=False)
     _usage: dict[str, tuple[MonthUsage, bool]] = field(default_factory=dict, init=False, repr=False)
     _inbox: list[LedgerEntry] = field(default_factory=list, init=False, repr=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
@@ -82,10 +87,15 @@ class LedgerService:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval_s):
                     await self._wake.wait()
+                    await asyncio.sleep(self.linger_s)
             self._wake.clear()
             try:
                 await self._drain()
-                await self._refresh()
+                # The budgets' usage every interval_s, however many passes the receipts wake.
+                now = self.clock()
+                if self._refreshed_at is None or now - self._refreshed_at >= self.interval_s:
+                    await self._refresh()
+                    self._refreshed_at = now
             except Exception:
                 log.exception("ledger: background pass failed; retrying")
 

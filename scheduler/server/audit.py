@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from scheduler.state import keys
 from scheduler.state.store import StateStore, StateUnavailable
-from scheduler.tasks import start_loop, stop_task
+from scheduler.tasks import WRITE_LINGER_S, start_loop, stop_task
 from scheduler.types import EnergyReceipt
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class AuditLog:
     store: StateStore
     max_pending: int = 10_000
     retry_s: float = 1.0
+    linger_s: float = WRITE_LINGER_S
     dropped: int = field(default=0, init=False)
     written: int = field(default=0, init=False)
     _pending: deque[dict[str, str]] = field(default_factory=deque, init=False, repr=False)
@@ -94,6 +95,8 @@ class AuditLog:
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
+            # The entries that arrive together are written in one pass (a group commit).
+            await asyncio.sleep(self.linger_s)
             self._wake.clear()
             try:
                 await self.flush()

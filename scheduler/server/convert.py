@@ -8,9 +8,10 @@ the dispatcher sends; the rest turn decisions, receipts and regions into message
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import os
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from scheduler.energy.output_budget import OutputBudget
 from scheduler.errors import FieldViolation, InvalidRequest
-from scheduler.framework.explain import objective_text
+from scheduler.framework.explain import objective_of
 from scheduler.server.dispatch import CHAT_COMPLETIONS, COMPLETIONS, RegionCall
 from scheduler.server.prefix import derive_prefix_key, shared_text
 from scheduler.tickets import MAX_TOKEN_BYTES
@@ -87,7 +88,11 @@ def with_max_tokens(incoming: Incoming, max_tokens: int) -> Incoming:
 
 
 def _estimate_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text.encode()) / BYTES_PER_TOKEN))
+    return _tokens_of_bytes(len(text.encode()))
+
+
+def _tokens_of_bytes(size: int) -> int:
+    return max(1, math.ceil(size / BYTES_PER_TOKEN))
 
 
 def show(value: str, limit: int = 40) -> str:
@@ -128,7 +133,7 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         if not msg.prompt:
             bad.append(FieldViolation("prompt", "must not be empty"))
         prompt_bytes = len(msg.prompt.encode())
-        body, path, text_tokens = {"prompt": msg.prompt}, COMPLETIONS, _estimate_tokens(msg.prompt)
+        body, path, text_tokens = {"prompt": msg.prompt}, COMPLETIONS, _tokens_of_bytes(prompt_bytes)
     elif input_kind == "chat":
         messages = list(msg.chat.messages)
         if not messages:
@@ -179,15 +184,17 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         # A shape without a workflow has no siblings or steps to relate to.
         bad.append(FieldViolation("workflow_shape", "needs a workflow_id"))
     compliance = msg.compliance
-    if _cap_strings(bad, "compliance.allowed_jurisdictions", compliance.allowed_jurisdictions, MAX_LIST_ENTRIES, 8):
+    if compliance.allowed_jurisdictions and _cap_strings(
+            bad, "compliance.allowed_jurisdictions", compliance.allowed_jurisdictions, MAX_LIST_ENTRIES, 8):
         wrong = [i for i, code in enumerate(compliance.allowed_jurisdictions) if not _JURISDICTION.match(code)]
         if wrong:
             more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
             bad.append(FieldViolation(f"compliance.allowed_jurisdictions[{wrong[0]}]",
                                       f"expected an upper-case code like 'EU', got "
                                       f"{show(compliance.allowed_jurisdictions[wrong[0]])}{more}"))
-    _cap_strings(bad, "compliance.required_certifications", compliance.required_certifications, MAX_LIST_ENTRIES,
-                 MAX_NAME_CHARS)
+    if compliance.required_certifications:
+        _cap_strings(bad, "compliance.required_certifications", compliance.required_certifications,
+                     MAX_LIST_ENTRIES, MAX_NAME_CHARS)
     for name in ("precision", "task_class"):
         if len(getattr(compliance, name)) > MAX_NAME_CHARS:
             bad.append(FieldViolation(f"compliance.{name}", f"at most {MAX_NAME_CHARS} characters"))
@@ -218,7 +225,7 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         raise InvalidRequest(bad)
 
     request = Request(
-        request_id=msg.request_id or uuid.uuid4().hex,
+        request_id=msg.request_id or os.urandom(16).hex(),
         model=msg.model,
         prompt_tokens=prompt_tokens,
         max_tokens=sampling.max_tokens,
@@ -251,56 +258,80 @@ def fallback_to_proto(fallback: Fallback) -> pb.Fallback:
     return message
 
 
+@functools.lru_cache(maxsize=256)
+def _objective_frame(policy: str, names: tuple[str, ...], units: tuple[str, ...], rates: tuple[float, ...],
+                     written: tuple[str, ...]) -> bytes:
+    """The fields of a Decision message that one policy's objective fixes (its rates, units and
+    text), serialised once per objective: every decision under it starts from these bytes."""
+    return pb.Decision(policy=policy, rates=dict(zip(names, rates, strict=True)),
+                       units=dict(zip(names, units, strict=True)),
+                       objective=objective_of(names, units, written)).SerializeToString()
+
+
+@functools.lru_cache(maxsize=4096)
+def _candidate_frame(region: str, pool: str, model: str, gpu: str, endpoint: str, precision: str) -> bytes:
+    """A ranked candidate's fixed fields, serialised once per candidate."""
+    return pb.RankedCandidate(region=region, pool=pool, model=model, gpu=gpu, endpoint=endpoint,
+                              precision=precision).SerializeToString()
+
+
 def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming,
                       config_version: str = "") -> pb.Decision:
     """The decision as the request asked for it (``incoming_.decision_detail``): in full, every
     ranked candidate and rejection up to ``MAX_LISTED``; as a summary, the chosen one.
     ``config_version``: that of the snapshot it was decided on (``FleetSnapshot.config_version``)."""
+    message = pb.Decision()
+    fill_decision(message, decision, decision_id, incoming_, config_version)
+    return message
+
+
+def fill_decision(message: pb.Decision, decision: Decision, decision_id: str, incoming_: Incoming,
+                  config_version: str = "") -> None:
+    """``decision_to_proto`` into an empty message (a response's field: no copy)."""
     full = incoming_.decision_detail != pb.DECISION_DETAIL_SUMMARY
     names, rates = decision.scorer_names, decision.rates
-    shown = len(decision.order) if full else min(1, len(decision.order))
-    shown = min(shown, MAX_LISTED)
-    # One conversion of the survivors' quantities and totals to Python floats, in rank order
-    # (per-element numpy indexing costs more than the whole message otherwise).
-    order = np.asarray(decision.order[:shown]).tolist()
-    totals = np.asarray(decision.totals, dtype=np.float64).tolist()
-    by_survivor = np.asarray(decision.quantities, dtype=np.float64).reshape(len(names), len(totals)).T.tolist()
-    fleet, index = decision.fleet, decision.survivor_index
-    ranked = []
-    for k, i in enumerate(order):
-        c = fleet[index[i]]
-        item = pb.RankedCandidate(region=c.region.name, pool=c.pool.name, model=c.deployment.name, gpu=c.pool.gpu,
-                                  endpoint=c.region.endpoint, total=totals[i], precision=c.deployment.precision)
-        # Item assignment: several times cheaper than passing dicts to the constructor.
-        quantities, costs = item.quantities, item.costs
-        for name, rate, value in zip(names, rates, by_survivor[i], strict=True):
-            quantities[name] = value
-            costs[name] = rate * value
-        if k == 0 and decision.energy is not None:
-            e = decision.energy
-            item.energy.CopyFrom(pb.EnergyEstimate(
-                energy_j=e.energy_j, energy_j_low=e.low_j, energy_j_high=e.high_j, prefill_j=e.prefill_j,
-                decode_j=e.decode_j, idle_j=e.idle_j, provenance=e.provenance,
-            ))
-        ranked.append(item)
-    message = pb.Decision(
-        decision_id=decision_id,
-        request_id=decision.request_id,
-        decided_at_unix_s=decision.decided_at,
-        policy=decision.policy,
-        ranked=ranked,
-        fallbacks=[fallback_to_proto(f) for f in decision.fallbacks],
-        rates=dict(zip(decision.scorer_names, decision.rates, strict=True)),
-        units=dict(zip(decision.scorer_names, decision.units, strict=True)),
-        objective=objective_text(decision),
-        energy_ranking=decision.energy_ranking,
-        prompt_tokens=incoming_.request.prompt_tokens,
-        prompt_tokens_estimated=incoming_.prompt_tokens_estimated,
-        ranked_total=len(decision.order),
-        rejected_total=decision.rejected_count,
-        canary_arm=decision.canary_arm,
-        config_version=config_version,
-    )
+    message.MergeFromString(_objective_frame(decision.policy, names, decision.units, rates, decision.rates_written))
+    n_ranked = len(decision.order)
+    shown = min(n_ranked if full else min(1, n_ranked), MAX_LISTED)
+    if shown:
+        # One conversion of the survivors' quantities and totals to Python floats, in rank order
+        # (per-element numpy indexing costs more than the whole message otherwise).
+        order = np.asarray(decision.order[:shown]).tolist()
+        totals = np.asarray(decision.totals, dtype=np.float64).tolist()
+        by_survivor = np.asarray(decision.quantities, dtype=np.float64).reshape(len(names), len(totals)).T.tolist()
+        fleet, index = decision.fleet, decision.survivor_index
+        ranked = message.ranked
+        for k, i in enumerate(order):
+            c = fleet[index[i]]
+            pool = c.pool
+            item = ranked.add()
+            item.MergeFromString(_candidate_frame(c.region.name, pool.name, c.deployment.name, pool.gpu,
+                                                  c.region.endpoint, c.deployment.precision))
+            item.total = totals[i]
+            # Item assignment: several times cheaper than passing dicts to the constructor.
+            quantities, costs = item.quantities, item.costs
+            for name, rate, value in zip(names, rates, by_survivor[i], strict=True):
+                quantities[name] = value
+                costs[name] = rate * value
+            if k == 0:
+                e = decision.energy
+                if e is not None:
+                    energy = item.energy
+                    energy.energy_j, energy.energy_j_low, energy.energy_j_high = e.energy_j, e.low_j, e.high_j
+                    energy.prefill_j, energy.decode_j, energy.idle_j = e.prefill_j, e.decode_j, e.idle_j
+                    energy.provenance = e.provenance
+    message.decision_id = decision_id
+    message.request_id = decision.request_id
+    message.decided_at_unix_s = decision.decided_at
+    if decision.fallbacks:
+        message.fallbacks.extend(fallback_to_proto(f) for f in decision.fallbacks)
+    message.energy_ranking = decision.energy_ranking
+    message.prompt_tokens = incoming_.request.prompt_tokens
+    message.prompt_tokens_estimated = incoming_.prompt_tokens_estimated
+    message.ranked_total = n_ranked
+    message.rejected_total = decision.rejected_count
+    message.canary_arm = decision.canary_arm
+    message.config_version = config_version
     if incoming_.output_budget is not None:
         message.output_budget.CopyFrom(output_budget_to_proto(incoming_.output_budget))
     if full:
@@ -311,7 +342,6 @@ def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming,
         timings = message.plugin_timings_ns
         for name, ns in decision.plugin_timings_ns.items():
             timings[name] = ns
-    return message
 
 
 def carbon_to_proto(used: CarbonUsed) -> pb.CarbonSignal:

@@ -45,7 +45,7 @@ from scheduler.http.server import (
     StreamingResponse,
     error_response,
 )
-from scheduler.server import convert, openai_front
+from scheduler.server import openai_front
 from scheduler.server.auth import Principal
 from scheduler.server.core import TRANSIENT_PLUGINS, ProxyRun, RouterCore
 from scheduler.server.deferred import Deferrals
@@ -248,13 +248,7 @@ class HttpApi:
                 return response
             msg = self._route_message(request.body, codec)
             routed = self.core.route(principal, msg, trace)
-            answer = router_pb2.RouteResponse(
-                decision=convert.decision_to_proto(routed.decision, routed.decision_id, routed.incoming,
-                                                   routed.snapshot.config_version),
-                targets=[router_pb2.DirectTarget(region=t.region, pool=t.pool, model=t.model, url=t.url,
-                                                 ticket=t.ticket, expires_at_unix_s=t.expires_at)
-                         for t in routed.targets],
-            )
+            answer = routed.to_proto()
             if codec == PROTO:
                 response = HttpResponse(200, answer.SerializeToString(), PROTO)
             else:

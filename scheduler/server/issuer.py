@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler import tickets
-from scheduler.tickets import MAX_TICKET_TTL_S, Mode, Ticket, TicketKeyRing, body_prompt_digest
+from scheduler.tickets import MAX_TICKET_TTL_S, ClaimsSigner, Mode, TicketKeyRing, body_prompt_digest
 from scheduler.types import Candidate, FleetSnapshot, Request
 
 
@@ -38,21 +37,24 @@ class TicketIssuer:
             raise ValueError("the request body has no prompt or messages a ticket can bind")
         ring = self.keys
         max_carbon_age = snapshot.policy.max_age.carbon
-        # The claims every candidate's ticket shares, once; each ticket adds where it runs.
-        template = vars(Ticket(
-            decision_id=decision_id, request_id=request.request_id, tenant=request.tenant, region="", pool="",
-            model="", max_tokens=request.max_tokens, prompt_tokens_max=request.prompt_tokens,
-            prompt_sha256=prompt[0], expires_at=self.clock() + self.ttl_s, mode=mode,
-            workload_class=request.workload_class,
-        ))
+        # The claims every candidate's ticket shares, serialised once; each ticket adds where it
+        # runs. Together they are ``Ticket``'s fields (tests/unit/server/test_issuer.py checks).
+        signer = ClaimsSigner("ticket", {
+            "decision_id": decision_id, "request_id": request.request_id, "tenant": request.tenant,
+            "max_tokens": request.max_tokens, "prompt_tokens_max": request.prompt_tokens, "prompt_sha256": prompt[0],
+            "expires_at": self.clock() + self.ttl_s, "mode": mode, "workload_class": request.workload_class})
+        carbon = snapshot.carbon if mode == "direct" else {}
 
         def sign(candidate: Candidate) -> str:
             region = candidate.region
-            claims = dict(template, region=region.name, pool=candidate.pool.name, model=candidate.deployment.name)
-            signal = snapshot.carbon.get(region.grid_zone) if mode == "direct" else None
+            signal = carbon.get(region.grid_zone)
             if signal is not None and snapshot.age(signal.observed_at) <= max_carbon_age:
-                claims.update(carbon_g_per_kwh=signal.value, carbon_zone=signal.key,
-                              carbon_observed_at=signal.observed_at, carbon_source=signal.source)
-            return tickets.sign(ring.of(region.name), "ticket", claims)
+                own = {"region": region.name, "pool": candidate.pool.name, "model": candidate.deployment.name,
+                       "carbon_g_per_kwh": signal.value, "carbon_zone": signal.key,
+                       "carbon_observed_at": signal.observed_at, "carbon_source": signal.source}
+            else:
+                own = {"region": region.name, "pool": candidate.pool.name, "model": candidate.deployment.name,
+                       "carbon_g_per_kwh": None, "carbon_zone": "", "carbon_observed_at": None, "carbon_source": ""}
+            return signer.sign(ring.of(region.name), own)
 
         return sign

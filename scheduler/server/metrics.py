@@ -40,20 +40,43 @@ _HELP = {
 }
 
 
+_CounterKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+# Methods x codes and policies x modes are few; the cap only bounds a misuse.
+MAX_CACHED_KEYS = 1024
+
+
 @dataclass
 class RouterMetrics:
-    _counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
+    _counters: dict[_CounterKey, float] = field(default_factory=dict)
+    # The counters every request and decision adds to, by what names them: their keys are made
+    # once (a request's method and code, a decision's policy and mode), not per request.
+    _request_keys: dict[tuple[str, str], _CounterKey] = field(default_factory=dict)
+    _decision_keys: dict[tuple[str, str], _CounterKey] = field(default_factory=dict)
 
     def inc(self, name: str, labels: Mapping[str, str] | None = None, amount: float = 1.0) -> None:
-        key = (name, tuple(sorted((labels or {}).items())))
+        self._add((name, tuple(sorted((labels or {}).items()))), amount)
+
+    def _add(self, key: _CounterKey, amount: float = 1.0) -> None:
         self._counters[key] = self._counters.get(key, 0.0) + amount
 
     def request(self, method: str, code: str) -> None:
-        self.inc("scheduler_router_requests_total", {"method": method.rsplit("/", 1)[-1], "code": code})
+        key = self._request_keys.get((method, code))
+        if key is None:
+            key = ("scheduler_router_requests_total", (("code", code), ("method", method.rsplit("/", 1)[-1])))
+            if len(self._request_keys) < MAX_CACHED_KEYS:
+                self._request_keys[(method, code)] = key
+        self._add(key)
 
     def decision(self, decision: Decision) -> None:
         mode = "unschedulable" if not decision.schedulable else "energy" if decision.energy_ranking else "fallback"
-        self.inc("scheduler_router_decisions_total", {"policy": decision.policy, "mode": mode})
+        key = self._decision_keys.get((decision.policy, mode))
+        if key is None:
+            key = ("scheduler_router_decisions_total", (("mode", mode), ("policy", decision.policy)))
+            if len(self._decision_keys) < MAX_CACHED_KEYS:
+                self._decision_keys[(decision.policy, mode)] = key
+        self._add(key)
         for fallback in decision.fallbacks:
             self.inc("scheduler_router_fallbacks_total", {"signal": fallback.signal})
 

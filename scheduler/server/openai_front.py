@@ -173,55 +173,8 @@ def _messages(value: Any, fields: _Fields) -> list[pb.ChatMessage]:
     return out
 
 
-def generate_request(body: Any, headers: Mapping[str, str], chat: bool) -> tuple[pb.GenerateRequest, OpenAiCall]:
-    """The request the router decides on; ``InvalidRequest`` names every bad field."""
-    if not isinstance(body, dict):
-        raise InvalidRequest([FieldViolation("body", "expected a JSON object")])
-    fields = _Fields()
-    unsupported = sorted(set(body) - (CHAT_FIELDS if chat else COMPLETION_FIELDS))
-    if unsupported:
-        fields.fail(unsupported[0], f"not supported by this router: {', '.join(unsupported)} "
-                                    "(it would change the answer and is not passed on)")
-    model = fields.string("model", body.get("model")) or ""
-    if not model:
-        fields.fail("model", "required")
-    msg = pb.GenerateRequest(model=model)
-    if chat:
-        msg.chat.messages.extend(_messages(body.get("messages"), fields))
-        limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_tokens = fields.integer("max_tokens", limit, least=1)
-        max_tokens = DEFAULT_CHAT_MAX_TOKENS if limit is None else max_tokens
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            fields.fail("prompt", "expected a string (one prompt; token-id prompts are not supported)")
-            prompt = ""
-        msg.prompt = prompt
-        limit = body.get("max_tokens")
-        max_tokens = fields.integer("max_tokens", limit, least=1)
-        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if limit is None else max_tokens
-    msg.sampling.max_tokens = max_tokens or 0
-    for name in ("temperature", "top_p"):
-        value = fields.number(name, body.get(name))
-        if value is not None:
-            setattr(msg.sampling, name, value)
-    seed = fields.integer("seed", body.get("seed"))
-    if seed is not None:
-        msg.sampling.seed = seed
-    stop = body.get("stop")
-    if stop is not None:
-        msg.sampling.stop.extend([stop] if isinstance(stop, str) else fields.strings("stop", stop))
-    if body.get("n", 1) != 1:
-        fields.fail("n", f"only n=1 is supported (one completion per request), got {_show(body.get('n'))}")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        fields.fail("stream", "expected true or false")
-    options = body.get("stream_options") or {}
-    include_usage = isinstance(options, dict) and options.get("include_usage") is True
-
-    hints = _hints(body, headers, fields)
+def _apply_hints(msg: pb.GenerateRequest, hints: Mapping[str, Any], fields: _Fields) -> float | None:
+    """The scheduling hints into ``msg``; the client's deadline in ms (None: none)."""
     msg.tenant = fields.string("x_scheduler.tenant", hints.get("tenant")) or ""
     msg.request_id = fields.string("x_scheduler.request_id", hints.get("request_id")) or ""
     workload = hints.get("workload_class", "interactive")
@@ -261,6 +214,60 @@ def generate_request(body: Any, headers: Mapping[str, str], chat: bool) -> tuple
     deadline_ms = fields.number("x_scheduler.deadline_ms", hints.get("deadline_ms"))
     if deadline_ms is not None and deadline_ms <= 0:
         fields.fail("x_scheduler.deadline_ms", f"must be positive, got {deadline_ms:g}")
+    return deadline_ms
+
+
+def generate_request(body: Any, headers: Mapping[str, str], chat: bool) -> tuple[pb.GenerateRequest, OpenAiCall]:
+    """The request the router decides on; ``InvalidRequest`` names every bad field."""
+    if not isinstance(body, dict):
+        raise InvalidRequest([FieldViolation("body", "expected a JSON object")])
+    fields = _Fields()
+    unsupported = sorted(set(body) - (CHAT_FIELDS if chat else COMPLETION_FIELDS))
+    if unsupported:
+        fields.fail(unsupported[0], f"not supported by this router: {', '.join(unsupported)} "
+                                    "(it would change the answer and is not passed on)")
+    model = fields.string("model", body.get("model")) or ""
+    if not model:
+        fields.fail("model", "required")
+    msg = pb.GenerateRequest(model=model, workload_class=WORKLOAD["interactive"])
+    if chat:
+        msg.chat.messages.extend(_messages(body.get("messages"), fields))
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = fields.integer("max_tokens", limit, least=1)
+        max_tokens = DEFAULT_CHAT_MAX_TOKENS if limit is None else max_tokens
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            fields.fail("prompt", "expected a string (one prompt; token-id prompts are not supported)")
+            prompt = ""
+        msg.prompt = prompt
+        limit = body.get("max_tokens")
+        max_tokens = fields.integer("max_tokens", limit, least=1)
+        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if limit is None else max_tokens
+    msg.sampling.max_tokens = max_tokens or 0
+    for name in ("temperature", "top_p"):
+        value = fields.number(name, body.get(name))
+        if value is not None:
+            setattr(msg.sampling, name, value)
+    seed = fields.integer("seed", body.get("seed"))
+    if seed is not None:
+        msg.sampling.seed = seed
+    stop = body.get("stop")
+    if stop is not None:
+        msg.sampling.stop.extend([stop] if isinstance(stop, str) else fields.strings("stop", stop))
+    if body.get("n", 1) != 1:
+        fields.fail("n", f"only n=1 is supported (one completion per request), got {_show(body.get('n'))}")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        fields.fail("stream", "expected true or false")
+    options = body.get("stream_options") or {}
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+
+    hints = _hints(body, headers, fields)
+    # Most requests carry no hints: none of their checks to run.
+    deadline_ms = _apply_hints(msg, hints, fields) if hints else None
     if fields.bad:
         raise InvalidRequest(fields.bad)
     return msg, OpenAiCall(chat, model, stream is True, include_usage,

@@ -42,5 +42,8 @@ def shared_text(body: Mapping[str, Any]) -> str:
 
 def derive_prefix_key(text: str, k_tokens: int, bytes_per_token: int) -> str:
     """The key of the first ``k_tokens`` tokens of ``text`` (module doc)."""
-    head = text.encode()[: k_tokens * bytes_per_token]
+    # A character is at least one byte: the first n characters hold the first n bytes, so a
+    # long prompt is not encoded whole for its head.
+    n = k_tokens * bytes_per_token
+    head = text[:n].encode()[:n]
     return AUTO_PREFIX + hashlib.sha256(head).hexdigest()[:24]

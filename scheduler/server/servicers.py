@@ -48,12 +48,7 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
 
     async def Route(self, request: messages_pb2.GenerateRequest, context: Context) -> router_pb2.RouteResponse:
         routed = self.core.route(current_principal(), request, current_trace())
-        return router_pb2.RouteResponse(
-            decision=convert.decision_to_proto(routed.decision, routed.decision_id, routed.incoming,
-                                               routed.snapshot.config_version),
-            targets=[router_pb2.DirectTarget(region=t.region, pool=t.pool, model=t.model, url=t.url, ticket=t.ticket,
-                                             expires_at_unix_s=t.expires_at) for t in routed.targets],
-        )
+        return routed.to_proto()
 
     async def Generate(
         self, request: messages_pb2.GenerateRequest, context: Context

@@ -68,11 +68,17 @@ def oversized_fields(data: bytes, limits: Mapping[int, tuple[str, int]],
     in ``nested`` is a message whose own fields are walked with the limits given there."""
     violations = []
     position = fields = 0
-    while position < len(data):
+    size = len(data)
+    while position < size:
         fields += 1
         if fields > MAX_TOP_LEVEL_FIELDS:
             return [FieldViolation("request", f"more than {MAX_TOP_LEVEL_FIELDS} top-level fields")]
-        key, position = _varint(data, position)
+        # A one-byte varint inline (every key and most lengths of a request): a call each costs more.
+        key = data[position]
+        if key < 0x80:
+            position += 1
+        else:
+            key, position = _varint(data, position)
         number, wire_type = key >> 3, key & 7
         if wire_type == 0:
             _, position = _varint(data, position)
@@ -81,7 +87,11 @@ def oversized_fields(data: bytes, limits: Mapping[int, tuple[str, int]],
         elif wire_type == 5:
             position += 4
         elif wire_type == 2:
-            length, position = _varint(data, position)
+            if position < size and data[position] < 0x80:
+                length = data[position]
+                position += 1
+            else:
+                length, position = _varint(data, position)
             name, limit = limits.get(number, (f"field {number}", 1024))
             if length > limit:
                 violations.append(FieldViolation(name, f"at most {limit:,} bytes, got {length:,}"))
@@ -91,7 +101,7 @@ def oversized_fields(data: bytes, limits: Mapping[int, tuple[str, int]],
             position += length
         else:
             raise ValueError(f"unsupported wire type {wire_type}")
-    if position > len(data):
+    if position > size:
         raise ValueError("truncated message")
     return violations
 

@@ -211,3 +211,49 @@ def test_the_tickets_command_rotates_extracts_and_prunes(tmp_path: Path, capsys:
     # Last step: only the active key stays.
     assert main(["tickets", "prune", str(rotated)]) == 0
     assert set(TicketKeyRing.parse(capsys.readouterr().out, "stdout").of("eu-north").keys) == {"k1"}
+
+
+def test_claims_signed_in_two_parts_verify_as_the_merged_claims() -> None:
+    shared = {"decision_id": "d1", "request_id": "r1", "expires_at": NOW + 30}
+    signer = tickets.ClaimsSigner("ticket", shared)
+    keys = RING.of("eu-north")
+    own = {"region": "eu-north", "pool": "h200-long", "carbon_g_per_kwh": None}
+    token = signer.sign(keys, own)
+    assert tickets.verify(keys, "ticket", token) == {**shared, **own}
+    # Another region's key does not verify it; a receipt's purpose does not either.
+    with pytest.raises(TicketRejected, match="unknown key id"):
+        tickets.verify(RING.of("us-east"), "ticket", token)
+    with pytest.raises(TicketRejected, match="bad receipt signature"):
+        tickets.verify(keys, "receipt", token)
+    # Either part may be empty; a claim in both is refused, not silently duplicated.
+    assert tickets.verify(keys, "ticket", signer.sign(keys, {})) == shared
+    assert tickets.verify(keys, "ticket", tickets.ClaimsSigner("ticket", {}).sign(keys, own)) == own
+    with pytest.raises(ValueError, match="both shared and own"):
+        signer.sign(keys, {"decision_id": "d2"})
+
+
+def test_the_issuer_signs_every_ticket_field_and_the_fresh_carbon_only() -> None:
+    from scheduler import testing
+    from scheduler.server.issuer import TicketIssuer
+
+    snap = testing.snapshot(testing.region("eu-north", "EU", zone="NO", carbon=30.0),
+                            testing.region("us-east", "US", zone="PJM", carbon=380.0, carbon_age_s=10 * 3600),
+                            now=NOW)
+    issuer = TicketIssuer(RING, clock=lambda: NOW)
+    request = testing.request(prompt_tokens=8, max_tokens=64, request_id="r1")
+    by_region = {c.region.name: c for c in snap.candidates}
+    tokens = {mode: {name: issuer.signer(decision_id="d1", request=request, body=BODY, snapshot=snap,
+                                         mode=mode)(c)  # type: ignore[arg-type]
+                     for name, c in by_region.items()} for mode in ("direct", "proxy")}
+    fields = {f.name for f in dataclasses.fields(Ticket)}
+    signed = {}
+    for mode, by_name in tokens.items():
+        signed[mode] = {name: Ticket.verify(RING.of(name), token) for name, token in by_name.items()}
+        for name, issued in signed[mode].items():
+            assert set(tickets.verify(RING.of(name), "ticket", by_name[name])) == fields
+            assert (issued.region, issued.mode, issued.decision_id, issued.expires_at) == (name, mode, "d1", NOW + 30)
+            tickets.check(issued, region=name, now=NOW, body=BODY, pool=issued.pool)
+    # Direct mode carries the carbon the decision saw while fresh; a stale signal, and proxy mode, none.
+    assert (signed["direct"]["eu-north"].carbon_g_per_kwh, signed["direct"]["eu-north"].carbon_zone) == (30.0, "NO")
+    assert signed["direct"]["us-east"].carbon_g_per_kwh is None
+    assert signed["proxy"]["eu-north"].carbon_g_per_kwh is None
