@@ -157,6 +157,7 @@ class _ServerConnection(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._closed = False
+        self._reading_paused = False
         self._start_message()
 
     def _start_message(self) -> None:
@@ -246,8 +247,11 @@ class _ServerConnection(asyncio.Protocol):
                                     parser.should_keep_alive()))
         if len(self._queue) > MAX_PIPELINED:
             raise _Refused(400, f"more than {MAX_PIPELINED} pipelined requests")
-        if self.transport is not None:
-            self.transport.pause_reading()  # until the answers are out
+        if len(self._queue) > 1 and self.transport is not None and not self._reading_paused:
+            # A pipelining client: read no more until the answers are out. A lone request keeps
+            # the socket read (a client that goes away is seen at once, and no two syscalls).
+            self.transport.pause_reading()
+            self._reading_paused = True
         if self._task is None:
             self._task = asyncio.ensure_future(self._serve())
 
@@ -312,8 +316,12 @@ class _ServerConnection(asyncio.Protocol):
         finally:
             self._task = None
         if not self._closed and self.transport is not None:
-            self._arm(self.limits.idle_timeout_s, request=False)
-            self.transport.resume_reading()
+            if not self._deadline_is_request or self._deadline is None:
+                # Idle from now, unless a next request has begun arriving (its own limit runs).
+                self._arm(self.limits.idle_timeout_s, request=False)
+            if self._reading_paused:
+                self._reading_paused = False
+                self.transport.resume_reading()
 
     async def _write(self, response: HttpResponse | StreamingResponse, close: bool) -> None:
         transport = self.transport
