@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -350,11 +350,18 @@ class ChunkWriter:
     answer_id: str
     created: int = 0
     _role_sent: bool = False
+    _text_chunk: tuple[bytes, bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.created = self.created or int(time.time())
         self._object = "chat.completion.chunk" if self.call.chat else "text_completion"
         self._prefix = ("chatcmpl-" if self.call.chat else "cmpl-") + self.answer_id
+        # A completion's text chunk without a finish reason (all but the last): the same bytes
+        # as ``_event`` makes, around the text, serialised once per stream (None: the marker
+        # is not unique, as when the model's name holds it: every chunk is serialised whole).
+        marker = orjson.dumps("\x00")
+        parts = self._event([{"index": 0, "text": "\x00", "logprobs": None, "finish_reason": None}]).split(marker)
+        self._text_chunk = (parts[0], parts[1]) if len(parts) == 2 else None
 
     def _event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body = {"id": self._prefix, "object": self._object, "created": self.created, "model": self.call.model,
@@ -369,6 +376,9 @@ class ChunkWriter:
                 content["role"] = "assistant"
                 self._role_sent = True
             return self._event([{"index": 0, "delta": content, "logprobs": None, "finish_reason": finish}])
+        if finish is None and self._text_chunk is not None:
+            head, tail = self._text_chunk
+            return head + orjson.dumps(delta.text) + tail
         return self._event([{"index": 0, "text": delta.text, "logprobs": None, "finish_reason": finish}])
 
     def usage(self, usage: Mapping[str, Any] | None, receipt: EnergyReceipt | None) -> bytes:

@@ -87,6 +87,18 @@ def test_hints_come_from_the_body_over_the_headers_and_defaults_follow_openai() 
     assert (fan.workflow_id, fan.workflow_shape, fan.shared_prefix_tokens) == ("fan-3", pb.WORKFLOW_SHAPE_FANOUT, 512)
 
 
+@pytest.mark.parametrize("model", ["llama-3.1-8b", 'a"b\\c', "has\x00nul", "\x00"])
+def test_a_completion_chunk_is_the_same_bytes_on_its_fast_path(model: str) -> None:
+    call = openai_front.OpenAiCall(chat=False, model=model, stream=True, include_usage=False, remaining_s=None)
+    writer = openai_front.ChunkWriter(call, "abc", created=1)
+    for text in ("Hel", "", 'q"uote\\', "\x00", "\u2028é\U0001F600", "x" * 5000):
+        whole = writer._event([{"index": 0, "text": text, "logprobs": None, "finish_reason": None}])
+        assert writer.delta(TextDelta(text)) == whole
+        assert orjson.loads(whole[6:])["choices"][0]["text"] == text
+    # The whole model name is the marker: every chunk is serialised whole.
+    assert (writer._text_chunk is None) == (model == "\x00")
+
+
 def test_stream_events_are_openai_chunks() -> None:
     call = openai_front.OpenAiCall(chat=True, model="m", stream=True, include_usage=True, remaining_s=None)
     writer = openai_front.ChunkWriter(call, "abc", created=1)
