@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from itertools import compress
 from operator import is_not
@@ -120,39 +120,56 @@ def _prediction_block(perf: list[CandidatePerf]) -> FloatArray:
     return block
 
 
-def _rows_of(index: IndexArray, n: int) -> IndexArray:
-    """The rows of ``Frame.prediction`` (fleet layout, ``n`` candidates) of the candidates at ``index``."""
-    rows: IndexArray = np.concatenate([index + k * n for k in range(len(PREDICTIONS))])
-    return rows
-
-
-def _perf(perf: tuple[CandidatePerf, ...], last: tuple[tuple[CandidatePerf, ...], dict[str, Any]] | None) -> dict[str, Any]:
-    """The fleet's perf columns; from ``last`` (an earlier perf tuple of the same candidates and
-    its columns) only the candidates whose ``CandidatePerf`` is another object are recomputed
-    (the snapshot builder keeps the object of every candidate whose pool state did not change)."""
-    n = len(perf)
-    if last is not None and len(last[0]) == n:
-        previous, columns = last
-        changed = list(compress(range(n), map(is_not, perf, previous)))
-        if len(changed) * 2 < n:
-            if not changed:
-                return columns
-            prediction = columns["prediction"].copy()
-            queue_wait_s = columns["queue_wait_s"].copy()
-            live = columns["live"].copy()
-            changed_perf = [perf[i] for i in changed]
-            coefficients = [_coefficients(p) for p in changed_perf]
-            # rows k x n + i, PREDICTIONS-major, as in ``Frame.prediction``
-            prediction[[k * n + i for k in range(len(PREDICTIONS)) for i in changed]] = [
-                c[k] for k in range(len(PREDICTIONS)) for c in coefficients]
-            queue_wait_s[changed] = [p.queue_wait_s for p in changed_perf]
-            live[changed] = [p.live for p in changed_perf]
-            return {"prediction": prediction, "queue_wait_s": queue_wait_s, "live": live}
+def _perf_columns(perf: list[CandidatePerf]) -> dict[str, Any]:
+    """The prediction block, queue waits and live flags of these candidates (``Frame`` layout)."""
     return {
-        "prediction": _prediction_block(list(perf)),
+        "prediction": _prediction_block(perf),
         "queue_wait_s": _col([p.queue_wait_s for p in perf]),
         "live": np.asarray([p.live for p in perf], dtype=bool),
     }
+
+
+def _updated(last: Frame, changed: list[int], perf: tuple[CandidatePerf, ...]) -> dict[str, Any]:
+    """``last``'s perf columns with the candidates at ``changed`` (positions in the frame)
+    computed again from ``perf`` (the fleet's)."""
+    m = len(last.index)
+    prediction = last.prediction.copy()  # the last frame keeps its own
+    queue_wait_s = last.queue_wait_s.copy()
+    live = last.live.copy()
+    changed_perf = [perf[i] for i in last.index[changed].tolist()]
+    # rows k x m + position, PREDICTIONS-major: through the (PREDICTIONS, candidates,
+    # REQUEST_FEATURES) view of the block, in one assignment
+    prediction.reshape(len(PREDICTIONS), m, len(REQUEST_FEATURES))[:, changed] = np.asarray(
+        [_coefficients(p) for p in changed_perf], dtype=np.float64).transpose(1, 0, 2)
+    queue_wait_s[changed] = [p.queue_wait_s for p in changed_perf]
+    live[changed] = [p.live for p in changed_perf]
+    return {"prediction": prediction, "queue_wait_s": queue_wait_s, "live": live}
+
+
+def perf_rows(snapshot: FleetSnapshot, key: object, row: Callable[[CandidatePerf], tuple[float, ...]],
+              width: int) -> FloatArray:
+    """``row(perf)`` (``width`` numbers) of every candidate (candidates x width), for plugins of
+    ``LIFETIME`` "perf": once per perf tuple, and from the last perf tuple of the same
+    candidates (kept under ``key``) only the rows of the candidates whose ``CandidatePerf`` is
+    another object are computed again, as ``frame`` does for the predictions. ``row`` must be
+    the same function for one ``key``."""
+    cache = snapshot.column_cache
+    perf = snapshot.perf
+    entry = cache.get(key)
+    if isinstance(entry, tuple) and entry[0] is perf:
+        same: FloatArray = entry[1]
+        return same
+    n = len(perf)
+    rows: FloatArray | None = None
+    if isinstance(entry, tuple) and entry[2] is snapshot.candidates and len(entry[0]) == n:
+        changed = list(compress(range(n), map(is_not, perf, entry[0])))
+        if len(changed) * 2 < n:
+            rows = entry[1].copy()  # the last perf tuple's columns stay as they were
+            rows[changed] = [row(perf[i]) for i in changed]
+    if rows is None:
+        rows = np.asarray([row(p) for p in perf], dtype=np.float64).reshape(n, width)
+    cache[key] = (perf, rows, snapshot.candidates)
+    return rows
 
 
 def _cached(cache: MutableMapping[object, object], key: object, anchor: object, compute: Any) -> Any:
@@ -204,42 +221,62 @@ def region_positions(snapshot: FleetSnapshot) -> IndexArray:
 
 
 def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
-    """The framework's columns restricted to ``index`` (the candidates of ``model``)."""
+    """The framework's columns restricted to ``index`` (the candidates of ``model``): once per
+    perf tuple, and from the model's frame of the last perf tuple of the same candidates, only
+    the candidates whose ``CandidatePerf`` is another object are computed again (the snapshot
+    builder keeps the object of every candidate whose pool state did not change)."""
     cache = snapshot.column_cache
     key = ("frame", model)
-    entry = cache.get(key)
-    if isinstance(entry, tuple) and entry[0] is snapshot.candidates and entry[1] is snapshot.perf:
-        result: Frame = entry[2]
-        return result
     candidates = snapshot.candidates
+    perf = snapshot.perf
+    entry = cache.get(key)
+    last: Frame | None = None
+    previous: tuple[CandidatePerf, ...] = ()
+    if isinstance(entry, tuple) and entry[0] is candidates:
+        if entry[1] is perf:
+            same: Frame = entry[2]
+            return same
+        if entry[2].index is index:
+            last, previous = entry[2], entry[1]
     n = len(candidates)
+    columns: dict[str, Any] | None = None
+    if last is not None:
+        # position in this model's frame of every fleet candidate (-1: another model's)
+        position: list[int] = _cached(cache, ("frame-positions", model), candidates, lambda: _positions(index, n))
+        changed = [p for p in map(position.__getitem__, compress(range(n), map(is_not, perf, previous))) if p >= 0]
+        if not changed:
+            # Only other models' candidates changed: this model's frame is the last one.
+            cache[key] = (candidates, perf, last)
+            return last
+        if len(changed) * 2 < len(index):
+            columns = _updated(last, changed, perf)
+    if columns is None:
+        columns = _perf_columns([perf[i] for i in index.tolist()])
     static = _cached(cache, ("frame-static",), candidates, lambda: _static(candidates))
-    # Per model: the static columns, the prediction columns and the RTT memo (while the candidates stay).
-    def restrict_static() -> tuple[dict[str, Any], IndexArray, dict[tuple[float, float], FloatArray]]:
-        return {name: column[index] for name, column in static.items()}, _rows_of(index, n), {}
+    # Per model: the static columns and the RTT memo (while the candidates stay).
+    def restrict_static() -> tuple[dict[str, Any], dict[tuple[float, float], FloatArray]]:
+        return {name: column[index] for name, column in static.items()}, {}
 
-    restricted = (_cached(cache, ("frame-static", model), candidates, restrict_static) if len(index)
-                  else restrict_static())
-    last = cache.get(("frame-perf",))
-    if isinstance(last, tuple) and last[0] is snapshot.perf:
-        perf = last[1]
-    else:
-        previous = last if isinstance(last, tuple) and len(last) == 3 and last[2] is candidates else None
-        perf = _perf(snapshot.perf, None if previous is None else (previous[0], previous[1]))
-        cache[("frame-perf",)] = (snapshot.perf, perf, candidates)
-    static_columns, prediction_rows, rtt_memo = restricted
-    result = build_frozen(Frame, {
-        "model": model,
-        "index": index,
-        **static_columns,
-        "prediction": perf["prediction"][prediction_rows],
-        "queue_wait_s": perf["queue_wait_s"][index],
-        "live": perf["live"][index],
-        "rtt_memo": rtt_memo,
-    })
+    static_columns, rtt_memo = (_cached(cache, ("frame-static", model), candidates, restrict_static) if len(index)
+                                else restrict_static())
+    result = build_frozen(Frame, {"model": model, "index": index, **static_columns, **columns, "rtt_memo": rtt_memo})
     if len(index):  # a model nobody serves (any name a client sends) is not worth a cache entry
-        cache[key] = (snapshot.candidates, snapshot.perf, result)
+        cache[key] = (candidates, perf, result)
     return result
+
+
+def _positions(index: IndexArray, n: int) -> list[int]:
+    """Per candidate of the fleet (``n``): its position in ``index``, or -1."""
+    position = [-1] * n
+    for p, i in enumerate(index.tolist()):
+        position[i] = p
+    return position
+
+
+def whole(index: IndexArray, n: int) -> bool:
+    """Whether ``index`` (ascending, distinct candidate indices: a model's, ``by_model``) is
+    every one of the ``n`` candidates, when restricting to it would copy the columns unchanged."""
+    return len(index) == n
 
 
 def _anchor(plugin: Prepares, snapshot: FleetSnapshot) -> object:
@@ -270,12 +307,15 @@ def prepared(plugin: Prepares, snapshot: FleetSnapshot, model: str, index: Index
     else:
         columns = plugin.prepare(snapshot)
         cache[full_key] = (plugin, anchor, columns)
-    if isinstance(entry, tuple) and entry[0] is plugin and entry[3] is columns and entry[4] is index:
+    n = len(snapshot.candidates)
+    if whole(index, n):
+        restricted = columns
+    elif isinstance(entry, tuple) and entry[0] is plugin and entry[3] is columns and entry[4] is index:
         # prepare gave the very columns it gave before (a plugin may keep them while its
         # inputs are unchanged): so is their restriction
         restricted = entry[2]
     else:
-        restricted = restrict(columns, index, len(snapshot.candidates))
+        restricted = restrict(columns, index, n)
     if len(index):  # as in ``frame``: no entry per unserved model name
         cache[key] = (plugin, anchor, restricted, columns, index)
     return restricted

@@ -8,21 +8,24 @@ keep c  iff  live[region] is not fresh, or lists no pools (the health filter jud
              and (the pool reports no model list, or c.model is in it)
              and need <= the pool's live context limit for c.model (its engine's max_model_len)
 Reads: snapshot.live (observed_at, pools, models), snapshot.now, policy.max_age.region_state,
-request.prompt_tokens, request.max_tokens. Judged once per candidate per snapshot (prepare).
+request.prompt_tokens, request.max_tokens. Judged per snapshot (prepare), again only for the
+regions whose published pool mapping changed.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from operator import is_
 from typing import ClassVar
 
 import numpy as np
 
 from scheduler.framework.columns import BoolArray, FloatArray, memo, region_members
 from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
-from scheduler.types import Candidate, FleetSnapshot, RegionLiveState
+from scheduler.types import Candidate, FleetSnapshot, PoolLiveState, RegionLiveState
 
 TYPE = "pool-served"
 
@@ -59,28 +62,31 @@ class PoolServedFilter(Plugin):
                 np.asarray([context for _, context in judged], dtype=np.float64),
                 tuple(verdict for verdict, _ in judged),
             )
-        by_region = [_judge_region(snapshot, snapshot.fresh_live(region.name), region.name, candidates)
-                     for region, candidates in zip(snapshot.regions, members, strict=True)]
-        if all(j is None for j in by_region):
-            # Every candidate served, no live context limit: the same columns for every such
-            # snapshot of the fleet.
-            n = len(snapshot.candidates)
-            every: Columns = memo(snapshot, ("pool-served-all",), snapshot.candidates, lambda: Columns(
-                np.ones(n, dtype=bool), np.full(n, math.inf), (None,) * n))
-            return every
-        served: list[bool] = []
-        contexts: list[float] = []
-        verdicts: list[Reason | None] = []
-        for region_judged, candidates in zip(by_region, members, strict=True):
-            if region_judged is None:
-                served += [True] * len(candidates)
-                contexts += [math.inf] * len(candidates)
-                verdicts += [None] * len(candidates)
-            else:
-                served += region_judged[0]
-                contexts += region_judged[1]
-                verdicts += region_judged[2]
-        return Columns(np.asarray(served, dtype=bool), np.asarray(contexts, dtype=np.float64), tuple(verdicts))
+        # Per region: the pool mapping of its fresh live state (None: none fresh). A region is
+        # judged again only when its mapping is another object than at the last build (a state
+        # republished unchanged keeps its mapping), and the columns are the last ones while
+        # no region's mapping changed.
+        now = snapshot.now
+        max_age = snapshot.policy.max_age.region_state
+        live = snapshot.live
+        maps: list[Mapping[str, PoolLiveState] | None] = []
+        for region in snapshot.regions:
+            state = live.get(region.name)
+            maps.append(None if state is None or now - state.observed_at > max_age else state.pools)
+        cache = snapshot.column_cache
+        entry = cache.get(("pool-served",))
+        if isinstance(entry, tuple) and entry[0] is snapshot.candidates:
+            if all(map(is_, entry[1], maps)):
+                kept: Columns = entry[3]
+                return kept
+            before_maps, before = entry[1], entry[2]
+        else:
+            before_maps, before = (None,) * len(maps), (None,) * len(maps)
+        by_region = tuple(judged if pools is was else _judge_region(pools, candidates)
+                          for pools, was, judged, candidates in zip(maps, before_maps, before, members, strict=True))
+        columns = _columns(snapshot, by_region, members)
+        cache[("pool-served",)] = (snapshot.candidates, tuple(maps), by_region, columns)
+        return columns
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         need = view.request.prompt_tokens + view.request.max_tokens
@@ -97,40 +103,58 @@ class PoolServedFilter(Plugin):
         return "{:,} tokens exceed the served context limit {:,}", (need, int(cols.live_context[position]))
 
 
-def _judge_region(
-    snapshot: FleetSnapshot, state: RegionLiveState | None, region: str, candidates: tuple[Candidate, ...],
-) -> tuple[list[bool], list[float], list[Reason | None]] | None:
-    """The verdicts on a region's candidates given its fresh live state (None: every one
-    served, with no live context limit), judged again only when the state's pool mapping is
-    another object than the last one judged (a state republished unchanged keeps its mapping)."""
-    if state is None or not state.pools:
+Judged = tuple[list[bool], list[float], list[Reason | None]]
+
+
+def _columns(snapshot: FleetSnapshot, by_region: tuple[Judged | None, ...],
+             members: tuple[tuple[Candidate, ...], ...]) -> Columns:
+    """The fleet's columns from each region's verdicts (None: every candidate served, no limit)."""
+    if all(j is None for j in by_region):
+        # Every candidate served, no live context limit: the same columns for every such
+        # snapshot of the fleet.
+        n = len(snapshot.candidates)
+        every: Columns = memo(snapshot, ("pool-served-all",), snapshot.candidates, lambda: Columns(
+            np.ones(n, dtype=bool), np.full(n, math.inf), (None,) * n))
+        return every
+    served: list[bool] = []
+    contexts: list[float] = []
+    verdicts: list[Reason | None] = []
+    for region_judged, candidates in zip(by_region, members, strict=True):
+        if region_judged is None:
+            served += [True] * len(candidates)
+            contexts += [math.inf] * len(candidates)
+            verdicts += [None] * len(candidates)
+        else:
+            served += region_judged[0]
+            contexts += region_judged[1]
+            verdicts += region_judged[2]
+    return Columns(np.asarray(served, dtype=bool), np.asarray(contexts, dtype=np.float64), tuple(verdicts))
+
+
+def _judge_region(pools: Mapping[str, PoolLiveState] | None, candidates: tuple[Candidate, ...]) -> Judged | None:
+    """The verdicts on a region's candidates given the pool mapping of its fresh live state
+    (None: every one served, with no live context limit)."""
+    if not pools:
         return None
-    cache = snapshot.column_cache
-    key = ("pool-served", region)
-    entry = cache.get(key)
-    if isinstance(entry, tuple) and entry[0] is state.pools and entry[1] is candidates:
-        kept: tuple[list[bool], list[float], list[Reason | None]] | None = entry[2]
-        return kept
-    verdicts = [_judge_in(state, c) for c in candidates]
-    judged: tuple[list[bool], list[float], list[Reason | None]] | None = (
-        [v is None for v, _ in verdicts], [context for _, context in verdicts], [v for v, _ in verdicts])
+    verdicts = [_judge_pools(pools, c) for c in candidates]
     if all(v is None and context == math.inf for v, context in verdicts):
-        judged = None
-    cache[key] = (state.pools, candidates, judged)
-    return judged
-
-
-def _judge(snapshot: FleetSnapshot, candidate: Candidate) -> tuple[Reason | None, float]:
-    return _judge_in(snapshot.fresh_live(candidate.region.name), candidate)
+        return None
+    return [v is None for v, _ in verdicts], [context for _, context in verdicts], [v for v, _ in verdicts]
 
 
 def _judge_in(state: RegionLiveState | None, candidate: Candidate) -> tuple[Reason | None, float]:
     """The verdict on ``candidate`` given its region's fresh live state (None: not fresh)."""
     if state is None or not state.pools:
         return None, math.inf
-    pool = state.pools.get(candidate.pool.name)
+    return _judge_pools(state.pools, candidate)
+
+
+def _judge_pools(pools: Mapping[str, PoolLiveState], candidate: Candidate) -> tuple[Reason | None, float]:
+    """The verdict on ``candidate`` given the (non-empty) pool mapping of its region's fresh
+    live state."""
+    pool = pools.get(candidate.pool.name)
     if pool is None:
-        served = ", ".join(sorted(state.pools)) or "none"
+        served = ", ".join(sorted(pools)) or "none"
         return ("not served: the region serves pools {}", (served,)), math.inf
     if pool.models is None:
         return None, math.inf

@@ -40,19 +40,21 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.framework.columns import FloatArray
+from scheduler.framework.columns import FloatArray, perf_rows
 from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
-from scheduler.types import FleetSnapshot
+from scheduler.types import CandidatePerf, FleetSnapshot
 
 TYPE = "affinity-scorer"
 
 
 @dataclass(frozen=True)
 class Columns:
-    # per candidate: prefill J per uncached token and per attention pair; "region/pool"
-    j_per_token: FloatArray
-    j_per_pair: FloatArray
+    # per candidate: "region/pool"
     place: npt.NDArray[np.str_]
+
+
+def _prefill_coefficients(perf: CandidatePerf) -> tuple[float, float]:
+    return perf.energy.prefill_j_per_token, perf.energy.prefill_j_per_pair
 
 
 def _pairs(uncached: float, prompt: float) -> float:
@@ -65,14 +67,13 @@ class AffinityScorer(Plugin):
     UNIT: ClassVar[str] = "J"
     QUANTITY: ClassVar[str] = "lost cache"
     ENERGY_LAYER: ClassVar[bool] = True
-    LIFETIME: ClassVar[Lifetime | None] = "perf"
+    # The prefill coefficients a lost cache is priced with depend on the pools' live batch;
+    # they are looked up (per perf tuple, ``perf_rows``) only for a request whose workflow has
+    # a home, so a snapshot's other requests never pay for them.
+    LIFETIME: ClassVar[Lifetime | None] = "static"
 
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        return Columns(
-            j_per_token=np.asarray([p.energy.prefill_j_per_token for p in snapshot.perf], dtype=np.float64),
-            j_per_pair=np.asarray([p.energy.prefill_j_per_pair for p in snapshot.perf], dtype=np.float64),
-            place=np.asarray([c.key for c in snapshot.candidates], dtype=np.str_),
-        )
+        return Columns(place=np.asarray([c.key for c in snapshot.candidates], dtype=np.str_))
 
     def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
         request, snapshot = view.request, view.snapshot
@@ -88,6 +89,8 @@ class AffinityScorer(Plugin):
                           if w.region == home.region and w.pool == home.pool), 0)
         credited = float(min(published, warm))
         tokens, pairs = warm - credited, _pairs(prompt - credited, prompt) - _pairs(prompt - warm, prompt)
-        lost: FloatArray = cols.j_per_token[positions] * tokens + cols.j_per_pair[positions] * pairs
+        # per survivor: prefill J per uncached token and per attention pair
+        coefficients = perf_rows(snapshot, ("affinity-prefill",), _prefill_coefficients, 2)[view.base[positions]]
+        lost: FloatArray = coefficients[:, 0] * tokens + coefficients[:, 1] * pairs
         lost[place == home.place] = 0.0
         return lost

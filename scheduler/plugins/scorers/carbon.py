@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from operator import is_
 from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, FloatArray, IndexArray, region_positions
+from scheduler.framework.columns import BoolArray, FloatArray, IndexArray, memo, region_positions
 from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
-from scheduler.signal_check import signal_problem
+from scheduler.signal_check import CLOCK_SKEW_S, signal_problem
 from scheduler.types import FleetSnapshot
 
 TYPE = "carbon-scorer"
@@ -51,32 +52,39 @@ class CarbonScorer(Plugin):
 
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
         max_age = snapshot.policy.max_age.carbon
+        now = snapshot.now
+        cache = snapshot.column_cache
+        zones = memo(snapshot, ("carbon-zones",), snapshot.regions,
+                     lambda: tuple(region.grid_zone for region in snapshot.regions))
+        signals = tuple(map(snapshot.carbon.get, zones))
+        # Every signal usable: the columns are those of the last snapshot with the same signal
+        # objects (the hourly values stay while the hour does), while the oldest of them is not
+        # stale and the newest not dated in the future, judged as signal_problem judges each
+        # (a float difference is monotonic in each operand: the oldest and the newest decide
+        # for all of them).
+        kept = cache.get(("carbon-usable", self))
+        if (isinstance(kept, tuple) and kept[0] is snapshot.candidates and kept[1] is snapshot.regions
+                and all(map(is_, kept[2], signals)) and now - kept[3] <= max_age
+                and -(now - kept[4]) <= CLOCK_SKEW_S):
+            same: Columns = kept[5]
+            return same
         factors: list[float] = []
         why: list[Abstain | None] = []
-        signals = tuple(snapshot.carbon.get(region.grid_zone) for region in snapshot.regions)
         for region, signal in zip(snapshot.regions, signals, strict=True):
             problem: Abstain | None = None
             if signal is None:
                 problem = Abstain("carbon", None, max_age, f"no carbon signal for zone {region.grid_zone}")
-            elif (found := signal_problem(signal, snapshot.now, max_age)) is not None:
+            elif (found := signal_problem(signal, now, max_age)) is not None:
                 problem = Abstain("carbon", found.age_s, max_age, f"zone {region.grid_zone}: {found.reason}")
             why.append(problem)
             factors.append(0.0 if problem is not None or signal is None else signal.value * region.pue / J_PER_KWH)
         region_of = region_positions(snapshot)
-        every_usable = all(w is None for w in why)
-        if every_usable:
-            # Every signal usable: the columns are those of the last snapshot with the same
-            # signal objects (the hourly values stay while the hour does).
-            cache = snapshot.column_cache
-            kept = cache.get(("carbon-usable", self))
-            if (isinstance(kept, tuple) and kept[0] is snapshot.candidates and kept[1] is snapshot.regions
-                    and all(a is b for a, b in zip(kept[2], signals, strict=True))):
-                same: Columns = kept[3]
-                return same
         usable = np.asarray([w is None for w in why], dtype=bool)[region_of]
         columns = Columns(np.asarray(factors, dtype=np.float64)[region_of], usable, region_of, tuple(why))
-        if every_usable:
-            snapshot.column_cache[("carbon-usable", self)] = (snapshot.candidates, snapshot.regions, signals, columns)
+        if all(w is None for w in why):
+            observed = [s.observed_at for s in signals if s is not None]
+            cache[("carbon-usable", self)] = (snapshot.candidates, snapshot.regions, signals,
+                                              min(observed, default=now), max(observed, default=now), columns)
         return columns
 
     def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
