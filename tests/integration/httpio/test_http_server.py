@@ -23,6 +23,8 @@ class App:
     def __init__(self) -> None:
         self.stream_ended: asyncio.Event = asyncio.Event()
         self.stream_cancelled = False
+        self.slow_started: asyncio.Event = asyncio.Event()
+        self.slow_cancelled: asyncio.Event = asyncio.Event()
 
     async def echo(self, request: HttpRequest) -> HttpResponse:
         body = {"method": request.method, "path": request.path, "query": request.query,
@@ -45,6 +47,15 @@ class App:
 
         return StreamingResponse(200, chunks())
 
+    async def slow(self, request: HttpRequest) -> HttpResponse:
+        self.slow_started.set()
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            self.slow_cancelled.set()
+            raise
+        return HttpResponse(200, b"{}")
+
     async def broken(self, request: HttpRequest) -> HttpResponse:
         raise RuntimeError("a bug")
 
@@ -60,6 +71,7 @@ class App:
 async def served() -> AsyncIterator[tuple[App, str, HttpServer]]:
     app = App()
     server = HttpServer({("POST", "/echo"): app.echo, ("GET", "/echo"): app.echo, ("GET", "/stream"): app.stream,
+                         ("GET", "/slow"): app.slow,
                          ("GET", "/broken"): app.broken, ("GET", "/broken-stream"): app.broken_stream},
                         limits=ServerLimits(max_header_bytes=4096, max_body_bytes=10_000, max_connections=8,
                                             request_timeout_s=0.5))
@@ -158,6 +170,52 @@ async def test_pipelined_requests_are_answered_in_order_and_100_continue_is_sent
         writer.write(b"hello")
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
         assert head.startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+
+
+async def test_a_client_that_leaves_during_an_unstreamed_answer_cancels_it_at_once(
+    served: tuple[App, str, HttpServer],
+) -> None:
+    app, url, server = served
+    host, port = url.removeprefix("http://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+    await asyncio.wait_for(app.slow_started.wait(), 2)
+    writer.close()
+    # Nothing was being written: only the socket's read end can tell the client went away.
+    await asyncio.wait_for(app.slow_cancelled.wait(), 2)
+    assert await _drained(server)
+
+
+async def _drained(server: HttpServer) -> bool:
+    for _ in range(100):
+        if server.connections == 0:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_requests_sent_while_a_stream_runs_are_answered_after_it_in_order(
+    served: tuple[App, str, HttpServer],
+) -> None:
+    _, url, _ = served
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"GET /stream?n=20 HTTP/1.1\r\nhost: x\r\n\r\n")
+        await asyncio.wait_for(reader.readuntil(b"data: 0"), 2)
+        # Three more, one write each, while the stream is still being answered.
+        for n in range(3):
+            writer.write(f"GET /echo?n={n} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            await asyncio.sleep(0.02)
+        data = b""
+        async with asyncio.timeout(5):
+            while data.count(b'"path": "/echo"') < 3:
+                data += await reader.read(65536)
+        assert b"data: 19" in data and b"0\r\n\r\n" in data
+        order = [data.index(f"n={n}".encode()) for n in range(3)]
+        assert data.index(b"data: 19") < order[0] < order[1] < order[2]
     finally:
         writer.close()
 
