@@ -9,7 +9,9 @@ the same completion over each path:
 
 * ``direct``: HTTP/SSE to a backend (alternating between them), the baseline;
 * ``vllm-router`` (or ``--against URL``): HTTP/SSE through the second router;
-* ``ours-proxy``: the SDK's gRPC ``Generate`` through our router;
+* ``ours-proxy``: the SDK's proxy mode given the router's HTTP address: ``Generate`` over the
+  HTTP front door (Connect streaming) through our router;
+* ``ours-grpc``: the SDK's proxy mode over gRPC (``Generate``) through our router;
 * ``ours-openai``: HTTP/SSE through our router's OpenAI-compatible front door (``--http-port``);
 * ``ours-direct``: the SDK's direct mode: ``Route`` over our router's HTTP front door (Connect
   protocol), then HTTP/SSE to the region.
@@ -58,6 +60,7 @@ PROMPT = "Summarise the energy cost of serving one language-model request in a s
 DIRECT = "direct"
 VLLM_ROUTER = "vllm-router"
 OURS_PROXY = "ours-proxy"
+OURS_GRPC = "ours-grpc"
 OURS_OPENAI = "ours-openai"
 OURS_DIRECT = "ours-direct"
 NOT_INSTALLED = "not installed: pip install '.[bench]'"
@@ -448,7 +451,7 @@ async def measure(settings: Settings, setup: Setup, on_idle: Callable[[dict[str,
                        "stream_options": {"include_usage": True}}).encode()
     widest = max(settings.concurrency)
     direct_urls = itertools.cycle([completions_url(b) for b in setup.backends])
-    proxy_counts, direct_counts = SdkCounts(), SdkCounts()
+    proxy_counts, grpc_counts, direct_counts = SdkCounts(), SdkCounts(), SdkCounts()
     runs: list[dict[str, Any]] = []
     idle: dict[str, float] = {}
 
@@ -464,7 +467,8 @@ async def measure(settings: Settings, setup: Setup, on_idle: Callable[[dict[str,
         return {name: (cpu_seconds(pid) - before[name]) * 1e3 / settings.idle_s for name, pid in pids.items()}
 
     http = HttpClient(max_connections=4 * widest, max_idle_per_origin=4 * widest, read_timeout_s=30.0)
-    async with AsyncSchedulerClient(setup.router_target, timeout_s=30.0, http_url=setup.router_http) as sdk:
+    async with AsyncSchedulerClient(setup.router_target, timeout_s=30.0, http_url=setup.router_http) as sdk, \
+            AsyncSchedulerClient(setup.router_target, timeout_s=30.0) as grpc_sdk:
         paths = [BenchPath(DIRECT, lambda: http_stream(http, next(direct_urls), body), None)]
         if setup.against_url is not None:
             against = completions_url(setup.against_url)
@@ -474,6 +478,8 @@ async def measure(settings: Settings, setup: Setup, on_idle: Callable[[dict[str,
         paths += [
             BenchPath(OURS_PROXY, lambda: sdk_stream(sdk, "proxy", settings.max_tokens, proxy_counts),
                       setup.router_pid, proxy_counts),
+            BenchPath(OURS_GRPC, lambda: sdk_stream(grpc_sdk, "proxy", settings.max_tokens, grpc_counts),
+                      setup.router_pid, grpc_counts),
             BenchPath(OURS_OPENAI, lambda: http_stream(http, ours_openai, body), setup.router_pid),
             BenchPath(OURS_DIRECT, lambda: sdk_stream(sdk, "direct", settings.max_tokens, direct_counts),
                       setup.router_pid, direct_counts),
@@ -493,7 +499,7 @@ async def measure(settings: Settings, setup: Setup, on_idle: Callable[[dict[str,
                     bar.set_description("idle CPU")
                     idle = await idle_cpu()
                     on_idle(idle)
-                for counts in (proxy_counts, direct_counts):
+                for counts in (proxy_counts, grpc_counts, direct_counts):
                     counts.receipts = counts.retries = 0
                 for number, count in enumerate(split(settings.requests, settings.rounds)):
                     rotation = number % len(paths)
@@ -544,7 +550,8 @@ def goals(runs: list[dict[str, Any]], against_name: str | None) -> dict[str, Any
     result: dict[str, Any] = {}
     for key, path, limit in (("direct_mode_router_cpu", OURS_DIRECT, GOAL_ROUTE_CPU_MS),
                              ("proxy_router_cpu", OURS_PROXY, GOAL_PROXY_CPU_MS),
-                             ("openai_router_cpu", OURS_OPENAI, GOAL_PROXY_CPU_MS)):
+                             ("openai_router_cpu", OURS_OPENAI, GOAL_PROXY_CPU_MS),
+                             ("grpc_router_cpu", OURS_GRPC, GOAL_PROXY_CPU_MS)):
         cpu = {str(r["concurrency"]): r["paths"][path]["router_cpu_ms_per_stream"] for r in runs if path in r["paths"]}
         measured = [v for v in cpu.values() if v is not None]
         result[key] = {"goal": f"our router's CPU per {'request' if path == OURS_DIRECT else 'stream'} in {path} "
@@ -558,14 +565,16 @@ def goals(runs: list[dict[str, Any]], against_name: str | None) -> dict[str, Any
         "goal": f"TTFT added by {OURS_DIRECT} at concurrency {GOAL_TTFT_CONCURRENCY} (p50) <= the second router's",
         "ms": None if added is None else {OURS_DIRECT: added[0], against_name: added[1]},
         "pass": None if added is None else added[0] <= added[1]}
-    for key, path in (("proxy_added_ttft", OURS_PROXY), ("openai_added_ttft", OURS_OPENAI)):
+    for key, path in (("proxy_added_ttft", OURS_PROXY), ("openai_added_ttft", OURS_OPENAI),
+                      ("grpc_added_ttft", OURS_GRPC)):
         figures = _path(runs, GOAL_TTFT_CONCURRENCY, path)
         value = None if figures is None or not figures["added_ttft_ms"] else figures["added_ttft_ms"]["p50"]
         result[key] = {"goal": f"TTFT added by {path} at concurrency {GOAL_TTFT_CONCURRENCY} (p50) "
                                f"<= {GOAL_PROXY_ADDED_TTFT_MS} ms",
                        "ms": value, "pass": None if value is None else value <= GOAL_PROXY_ADDED_TTFT_MS}
     theirs = _path(runs, GOAL_THROUGHPUT_CONCURRENCY, against_name)
-    for key, path in (("proxy_throughput", OURS_PROXY), ("openai_throughput", OURS_OPENAI)):
+    for key, path in (("proxy_throughput", OURS_PROXY), ("openai_throughput", OURS_OPENAI),
+                      ("grpc_throughput", OURS_GRPC)):
         ours = _path(runs, GOAL_THROUGHPUT_CONCURRENCY, path)
         share = None if ours is None or theirs is None or not theirs["streams_per_s"] or ours["streams_per_s"] is None \
             else ours["streams_per_s"] / theirs["streams_per_s"]

@@ -29,8 +29,8 @@ from scheduler.client.common import (
     should_retry,
     wait_state,
 )
-from scheduler.client.errors import SchedulerRpcError, UnavailableError, from_rpc_error
-from scheduler.http.client import HttpClient, HttpError
+from scheduler.client.errors import DeadlineExceededError, SchedulerRpcError, UnavailableError, from_rpc_error
+from scheduler.http.client import ConnectError, HttpClient, HttpError
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
 
 
@@ -62,17 +62,16 @@ class AsyncGeneration(_AsyncStream):
             remaining = self.begin_attempt()
             received_text = False
             try:
-                call = client._router.Generate(self.request, metadata=client._metadata, timeout=remaining)
-                async for event in call:
+                async for event in client._generate_events(self.request, remaining):
                     text = self.take(event)
                     if text is not None:
                         received_text = True
                         yield text
                 return
-            except grpc.aio.AioRpcError as exc:
+            except SchedulerRpcError as error:
                 try:
-                    delay = self.retry_delay(from_rpc_error(exc), received_text)
-                except SchedulerRpcError as error:
+                    delay = self.retry_delay(error, received_text)
+                except SchedulerRpcError:
                     raise error from None
                 await asyncio.sleep(delay)
 
@@ -165,6 +164,38 @@ class AsyncSchedulerClient:
         if self._lean is None:
             self._lean = HttpClient(ssl_context=connect.ssl_context(self._tls), user_agent="carbon-scheduler-sdk")
         return self._lean
+
+    async def _generate_events(self, request: messages_pb2.GenerateRequest,
+                               timeout_s: float | None) -> AsyncIterator[messages_pb2.GenerateResponse]:
+        """One Generate call's messages: over HTTP (Connect streaming) when the client has
+        ``http_url``, else over gRPC; a failure as the typed ``SchedulerRpcError``."""
+        if self.http_url is None:
+            call = self._router.Generate(request, metadata=self._metadata, timeout=timeout_s)
+            try:
+                async for event in call:
+                    yield event
+            except grpc.aio.AioRpcError as exc:
+                raise from_rpc_error(exc) from None
+            return
+        url, body, headers = connect.generate_call(self.http_url, request, self._api_key, timeout_s)
+        events = connect.GenerateEvents()
+        try:
+            # The router ends the stream at the deadline; the read limit only catches a router gone silent.
+            async with self._lean_http().stream("POST", url, body=body, headers=headers,
+                                                read_timeout_s=connect.read_timeout_s(timeout_s)) as reply:
+                if reply.status != 200:
+                    raise connect.connect_error(reply.status, await reply.read())
+                async for data in reply.chunks():
+                    for event in events.feed(data):
+                        yield event
+            events.finish()
+        except ConnectError as exc:  # a connect timeout included: the router is not reachable
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"router at {self.http_url}: {exc}") from None
+        except TimeoutError as exc:
+            raise DeadlineExceededError(grpc.StatusCode.DEADLINE_EXCEEDED, f"router at {self.http_url}: {exc}") \
+                from None
+        except HttpError as exc:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"router at {self.http_url}: {exc}") from None
 
     async def _route(self, request: messages_pb2.GenerateRequest, timeout_s: float | None) -> router_pb2.RouteResponse:
         """``Route`` over HTTP (Connect) when the client has ``http_url``, else over gRPC."""

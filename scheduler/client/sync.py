@@ -29,7 +29,7 @@ from scheduler.client.common import (
     should_retry,
     wait_state,
 )
-from scheduler.client.errors import SchedulerRpcError, UnavailableError, from_rpc_error
+from scheduler.client.errors import DeadlineExceededError, SchedulerRpcError, UnavailableError, from_rpc_error
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
 
 
@@ -57,22 +57,19 @@ class Generation(_Stream):
         while True:
             remaining = self.begin_attempt()
             received_text = False
-            call = client._router.Generate(self.request, metadata=client._metadata, timeout=remaining)
             try:
-                for event in call:
+                for event in client._generate_events(self.request, remaining):
                     text = self.take(event)
                     if text is not None:
                         received_text = True
                         yield text
                 return
-            except grpc.RpcError as exc:
+            except SchedulerRpcError as error:
                 try:
-                    delay = self.retry_delay(from_rpc_error(exc), received_text)
-                except SchedulerRpcError as error:
+                    delay = self.retry_delay(error, received_text)
+                except SchedulerRpcError:
                     raise error from None
                 time.sleep(delay)
-            finally:
-                call.cancel()
 
 
 
@@ -157,6 +154,38 @@ class SchedulerClient:
             context = connect.ssl_context(self._tls)
             self._http = httpx.Client(verify=context) if context is not None else httpx.Client()
         return self._http
+
+    def _generate_events(self, request: messages_pb2.GenerateRequest,
+                         timeout_s: float | None) -> Iterator[messages_pb2.GenerateResponse]:
+        """One Generate call's messages (see ``AsyncSchedulerClient._generate_events``)."""
+        if self.http_url is None:
+            call = self._router.Generate(request, metadata=self._metadata, timeout=timeout_s)
+            try:
+                yield from call
+            except grpc.RpcError as exc:
+                raise from_rpc_error(exc) from None
+            finally:
+                call.cancel()
+            return
+        import httpx
+
+        url, body, headers = connect.generate_call(self.http_url, request, self._api_key, timeout_s)
+        events = connect.GenerateEvents()
+        timeout = httpx.Timeout(connect.read_timeout_s(timeout_s), connect=2.0)
+        try:
+            with self._http_client().stream("POST", url, content=body, headers=headers, timeout=timeout) as reply:
+                if reply.status_code != 200:
+                    raise connect.connect_error(reply.status_code, reply.read())
+                for data in reply.iter_bytes():
+                    yield from events.feed(data)
+            events.finish()
+        except httpx.ConnectError as exc:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"router at {self.http_url}: {exc}") from None
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+            raise DeadlineExceededError(grpc.StatusCode.DEADLINE_EXCEEDED, f"router at {self.http_url}: {exc}") \
+                from None
+        except httpx.HTTPError as exc:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"router at {self.http_url}: {exc}") from None
 
     def _route(self, request: messages_pb2.GenerateRequest, timeout_s: float | None) -> router_pb2.RouteResponse:
         """``Route`` over HTTP (Connect) when the client has ``http_url``, else over gRPC."""

@@ -20,6 +20,7 @@ OpenAI error objects (and statuses OpenAI clients retry on: 429, 503) for the Op
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import math
@@ -35,6 +36,7 @@ from google.protobuf import json_format
 from google.rpc import code_pb2
 
 from scheduler import errors
+from scheduler.envelope import CONNECT_PROTO, END_STREAM, MESSAGE, EnvelopeError, EnvelopeReader, envelope
 from scheduler.http.server import (
     AnswerInstead,
     Handler,
@@ -45,7 +47,7 @@ from scheduler.http.server import (
     StreamingResponse,
     error_response,
 )
-from scheduler.server import openai_front
+from scheduler.server import convert, openai_front
 from scheduler.server.auth import Principal
 from scheduler.server.core import TRANSIENT_PLUGINS, ProxyRun, RouterCore
 from scheduler.server.deferred import Deferrals
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROUTE_PATH = "/scheduler.v1.GlobalRouter/Route"
+GENERATE_PATH = "/scheduler.v1.GlobalRouter/Generate"
 DEFERRED_COMPLETIONS_PATH = "/v1/deferred/completions"
 # GET DEFERRED_PREFIX + request id: a deferred request's status.
 DEFERRED_PREFIX = "/v1/deferred/"
@@ -84,17 +87,42 @@ def code_name(code: int) -> str:
     return str(code_pb2.Code.Name(code))
 
 
-def connect_error(exc: BaseException) -> tuple[HttpResponse, str]:
-    """A Connect error answer and the code's name, with the same details gRPC would carry."""
+def _connect_error_body(exc: BaseException) -> tuple[dict[str, Any], int]:
+    """A Connect error object (``{"code", "message", "details"}``, the details gRPC would carry)
+    and its google.rpc code."""
     status = rpc_status_for(exc)
     details = [{"type": any_.type_url.rsplit("/", 1)[-1], "value": base64.b64encode(any_.value).decode().rstrip("=")}
                for any_ in status.details]
-    body = {"code": code_name(status.code).lower(), "message": status.message, "details": details}
+    return {"code": code_name(status.code).lower(), "message": status.message, "details": details}, status.code
+
+
+def connect_error(exc: BaseException) -> tuple[HttpResponse, str]:
+    """A Connect error answer (a unary call's) and the code's name."""
+    body, code = _connect_error_body(exc)
     headers: tuple[tuple[str, str], ...] = ()
     retry_after = getattr(exc, "retry_after_s", None)
     if isinstance(retry_after, int | float):
         headers = (("retry-after", str(max(1, round(retry_after)))),)
-    return HttpResponse(_CONNECT_STATUS.get(status.code, 500), orjson.dumps(body), JSON, headers), code_name(status.code)
+    return HttpResponse(_CONNECT_STATUS.get(code, 500), orjson.dumps(body), JSON, headers), code_name(code)
+
+
+def connect_end(exc: BaseException | None) -> tuple[bytes, str]:
+    """A streaming call's end-of-stream envelope (its error, if any) and the code's name."""
+    if exc is None:
+        return envelope(b"{}", END_STREAM), "OK"
+    body, code = _connect_error_body(exc)
+    return envelope(orjson.dumps({"error": body}), END_STREAM), code_name(code)
+
+
+def connect_timeout_s(headers: Mapping[str, str]) -> float | None:
+    """The call's ``connect-timeout-ms`` in seconds (None: none); ``InvalidRequest`` if malformed."""
+    raw = headers.get("connect-timeout-ms")
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 10:
+        raise errors.InvalidRequest([errors.FieldViolation("connect-timeout-ms", f"expected up to 10 digits, got "
+                                                                                 f"{raw[:20]!r}")])
+    return int(raw) / 1000.0
 
 
 @dataclass(frozen=True)
@@ -225,6 +253,7 @@ class HttpApi:
     def routes(self) -> Routes:
         return Routes({
             ("POST", ROUTE_PATH): self.route,
+            ("POST", GENERATE_PATH): self.generate,
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/v1/chat/completions"): self.chat_completions,
             ("GET", "/v1/models"): self.models,
@@ -277,6 +306,91 @@ class HttpApi:
             raise errors.InvalidRequest([errors.FieldViolation("body", f"not a GenerateRequest: {exc}"[:300])]) \
                 from None
         return msg
+
+    # --- Generate (Connect server-streaming) -----------------------------------------------
+
+    async def generate(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
+        """The Generate RPC in the Connect protocol's streaming form: a ``GenerateRequest`` in
+        one envelope (``application/connect+proto``); the answer the gRPC stream's messages
+        (decision, text chunks, receipt), each in an envelope, then the end-of-stream envelope
+        with the error if the call failed. The same proxy run as gRPC's and the OpenAI API's:
+        the SDK's proxy mode uses it when given the router's HTTP address (a stream costs the
+        router about half of a gRPC stream)."""
+        trace = self.deps.tracing.begin_http(request.method, GENERATE_PATH, request.headers)
+        try:
+            principal = await self._admit(request, GENERATE_PATH)
+            codec = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if codec != CONNECT_PROTO:
+                self.deps.metrics.request(GENERATE_PATH, "INVALID_ARGUMENT")
+                trace.end("INVALID_ARGUMENT", "unsupported content-type", 415)
+                return error_response(415, f"content-type must be {CONNECT_PROTO}, got {codec or 'none'!r}")
+            msg = self._generate_message(request.body)
+            run = self.core.proxy(principal, msg, connect_timeout_s(request.headers), trace)
+        except Exception as exc:
+            end, code = connect_end(exc)
+            self.deps.metrics.request(GENERATE_PATH, code)
+            trace.end(code, str(exc), 200)
+            return HttpResponse(200, end, CONNECT_PROTO)
+        return StreamingResponse(200, self._connect_stream(principal, run), CONNECT_PROTO)
+
+    @staticmethod
+    def _generate_message(body: bytes) -> messages_pb2.GenerateRequest:
+        reader = EnvelopeReader(MAX_BODY_BYTES)
+        try:
+            envelopes = reader.feed(body)
+        except EnvelopeError as exc:
+            raise errors.InvalidRequest([errors.FieldViolation("body", str(exc))]) from None
+        if len(envelopes) != 1 or reader.pending or envelopes[0][0] != MESSAGE:
+            raise errors.InvalidRequest([errors.FieldViolation(
+                "body", "expected one uncompressed GenerateRequest envelope")])
+        parsed = GUARDED_DESERIALIZERS[GENERATE_PATH](envelopes[0][1])
+        if isinstance(parsed, RejectedRequest):
+            raise errors.InvalidRequest(parsed.violations)
+        assert isinstance(parsed, messages_pb2.GenerateRequest)
+        return parsed
+
+    async def _connect_stream(self, principal: Principal, run: ProxyRun) -> AsyncIterator[bytes]:
+        """As the gRPC servicer's Generate: the decision first, the text, the receipt (also after
+        an early end, while the stream can carry it), then the end of the stream."""
+        code, message = "OK", ""
+        slots = self.deps.slots
+        try:
+            slots.acquire(principal)
+        except errors.StreamLimited as exc:
+            end, code = connect_end(exc)
+            self.deps.metrics.request(GENERATE_PATH, code)
+            run.trace.end(code, str(exc), 200)
+            yield end
+            return
+        try:
+            failure: BaseException | None = None
+            try:
+                async with run:
+                    # The region request went out on entry; the decision message is built while it prefills.
+                    await asyncio.sleep(0)
+                    yield envelope(messages_pb2.GenerateResponse(decision=convert.decision_to_proto(
+                        run.decision, run.decision_id, run.incoming, run.snapshot.config_version)).SerializeToString())
+                    async for delta in run:
+                        yield envelope(messages_pb2.GenerateResponse(chunk=messages_pb2.TokenChunk(
+                            text=delta.text, finish_reason=delta.finish_reason)).SerializeToString())
+            except Exception as exc:  # the run booked what it must; the client gets the error in the end
+                failure = exc
+            else:
+                if run.receipt is not None:
+                    yield envelope(messages_pb2.GenerateResponse(
+                        receipt=convert.receipt_to_proto(run.receipt)).SerializeToString())
+                failure = run.failure
+            end, code = connect_end(failure)
+            message = "" if failure is None else str(failure)
+            yield end
+        except BaseException:
+            if code == "OK":
+                code = "CANCELLED"
+            raise
+        finally:
+            slots.release(principal)
+            self.deps.metrics.request(GENERATE_PATH, code)
+            run.trace.end(code, message, 200)
 
     # --- deferral (docs/deferral.md) --------------------------------------------------------
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 STREAMS = 4
 TINY = ["bench", "router", "--requests", str(STREAMS), "--rounds", "2", "--warmup", "1", "--concurrency", "1,2",
         "--idle-s", "0", "--no-progress"]
-ROUTERS = (bench.VLLM_ROUTER, bench.OURS_PROXY, bench.OURS_OPENAI, bench.OURS_DIRECT)
+ROUTERS = (bench.VLLM_ROUTER, bench.OURS_PROXY, bench.OURS_GRPC, bench.OURS_OPENAI, bench.OURS_DIRECT)
 
 
 def _run(tmp_path: Path, *extra: str) -> dict[str, Any]:
@@ -47,8 +47,9 @@ def _check_paths(report: dict[str, Any], expected: tuple[str, ...]) -> None:
                 assert figures["added_ttft_ms"] is not None, where
                 # /proc counts in 10 ms ticks: a few streams may read as 0, never as missing.
                 assert figures["router_cpu_ms_per_stream"] >= 0, where
-        # Our router answers proxy-mode streams with its receipt.
+        # Our router answers proxy-mode streams with its receipt, over HTTP and gRPC.
         assert run["paths"][bench.OURS_PROXY]["receipts"] == STREAMS
+        assert run["paths"][bench.OURS_GRPC]["receipts"] == STREAMS
 
 
 def test_every_path_with_vllm_router(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,7 +61,7 @@ def test_every_path_with_vllm_router(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert report["skipped"] == {}
     goals = report["goals"]
     for name in ("direct_mode_router_cpu", "direct_mode_added_ttft", "proxy_router_cpu", "openai_router_cpu",
-                 "proxy_added_ttft", "openai_added_ttft"):
+                 "grpc_router_cpu", "proxy_added_ttft", "openai_added_ttft", "grpc_added_ttft"):
         assert isinstance(goals[name]["pass"], bool), name
     assert set(goals["direct_mode_added_ttft"]["ms"]) == {bench.OURS_DIRECT, bench.VLLM_ROUTER}
     assert goals["proxy_throughput"]["pass"] is None  # no run at concurrency 32 here
@@ -73,7 +74,7 @@ def test_without_vllm_router_installed(tmp_path: Path, capsys: pytest.CaptureFix
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "vllm_router_installed", lambda: False)
     report = _run(tmp_path)
-    _check_paths(report, (bench.DIRECT, bench.OURS_PROXY, bench.OURS_OPENAI, bench.OURS_DIRECT))
+    _check_paths(report, (bench.DIRECT, bench.OURS_PROXY, bench.OURS_GRPC, bench.OURS_OPENAI, bench.OURS_DIRECT))
     assert report["skipped"] == {bench.VLLM_ROUTER: bench.NOT_INSTALLED}
     assert report["goals"]["direct_mode_added_ttft"]["pass"] is None
     printed = capsys.readouterr().out
