@@ -124,16 +124,20 @@ def build_request(
         raise ValueError(f"workflow_shape must be one of {sorted(WORKFLOW_SHAPES)}, got {workflow_shape!r}")
     request = pb.GenerateRequest(
         tenant=tenant, request_id=request_id or os.urandom(16).hex(), model=model,
-        sampling=pb.SamplingParams(max_tokens=max_tokens, stop=list(stop)),
-        workload_class=WORKLOAD_CLASSES[workload_class],
-        compliance=pb.Compliance(allowed_jurisdictions=list(jurisdictions),
-                                 required_certifications=list(certifications),
-                                 precision=precision, task_class=task_class),
-        prefix_key=prefix_key,
-        workflow_id=workflow_id,
+        workload_class=WORKLOAD_CLASSES[workload_class], prefix_key=prefix_key, workflow_id=workflow_id,
         workflow_shape=WORKFLOW_SHAPES.get(workflow_shape, pb.WORKFLOW_SHAPE_UNSPECIFIED),
         decision_detail=DECISION_DETAILS[decision_detail],
     )
+    # Sub-messages filled in place (a message given to a constructor is copied), and only
+    # with what was asked for.
+    request.sampling.max_tokens = max_tokens
+    if stop:
+        request.sampling.stop.extend(stop)
+    if jurisdictions or certifications or precision or task_class:
+        compliance = request.compliance
+        compliance.allowed_jurisdictions.extend(jurisdictions)
+        compliance.required_certifications.extend(certifications)
+        compliance.precision, compliance.task_class = precision, task_class
     if prompt is not None:
         request.prompt = prompt
     if messages is not None:
