@@ -20,7 +20,9 @@ With ``affinity`` (``SimAffinity``) every snapshot handed out also carries ``pre
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -156,6 +158,18 @@ class SimDataLayer:
         self.refresh_s = refresh_s
         # region -> its simulated pools (those serving the simulated model)
         self._pools = {name: tuple(pools.get(name, ())) for name in (r.name for r in builder.regions)}
+        # region -> the states its pools last published (a pool that never did: idle)
+        self._pool_states = {region: tuple(PoolLiveState() for _ in sims) for region, sims in self._pools.items()}
+        # The pools whose next publication may differ from their last, each with its region and
+        # position there: every pool until its first one, then a pool from the request sent to
+        # it until it is ``quiet`` again. A quiet pool would publish its last state: it is not
+        # asked (sparse arrivals leave most pools quiet at most publications).
+        self._active: dict[PoolSim, tuple[str, int]] = {
+            pool: (region, i) for region, sims in self._pools.items() for i, pool in enumerate(sims)}
+        self._place = {(region, pool.candidate.pool.name): (pool, i)
+                       for region, sims in self._pools.items() for i, pool in enumerate(sims)}
+        # the carbon mapping ``_exact_until`` last read, and its signals' stale-from times, sorted
+        self._carbon_limits: tuple[object, float, list[float]] | None = None
         self._idle = {
             r.name: {p.name: PoolLiveState() for p in r.pools} for r in builder.regions
         }
@@ -175,6 +189,12 @@ class SimDataLayer:
     def record_dispatch(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request, now: float) -> None:
         """The engine sent ``request`` to ``candidate``: as ``SnapshotRefresher.record_dispatch``."""
         self.pending.record(snapshot, candidate, request, now)
+        region = candidate.region.name
+        pool, position = self._place[(region, candidate.pool.name)]
+        if pool not in self._active:
+            # Its region published at every snapshot since the pool went quiet.
+            pool.published_quiet(self._last_publish[region])
+            self._active[pool] = (region, position)
         if self.affinity is not None:
             self.affinity.record_dispatch(candidate, request, now)
 
@@ -194,11 +214,20 @@ class SimDataLayer:
             return self._handed_out(snap, now)
         carbon = self.carbon.published(now)
         down = self.down
-        live = {region: tuple([pool.live(now) for pool in pools]) for region, pools in self._pools.items()
-                if region not in down}
-        for region in live:
-            self._last_publish[region] = now
-        self.pending.settle_regions(dict.fromkeys(live, now), now)
+        pool_states = self._pool_states
+        active = self._active
+        for pool, (region, position) in list(active.items()):
+            if region in down:
+                continue
+            states = list(pool_states[region])
+            states[position] = pool.live(now)
+            pool_states[region] = tuple(states)
+            if pool.quiet:
+                del active[pool]
+        live = {region: pool_states[region] for region in self._pools if region not in down}
+        published_at = dict.fromkeys(live, now)
+        self._last_publish.update(published_at)
+        self.pending.settle_regions(published_at, now)
         if self.affinity is not None:
             self.affinity.publish(now, live)
         inputs = (carbon, frozenset(self.down), live)
@@ -210,18 +239,18 @@ class SimDataLayer:
             last = published.get(region)
             if last is not None and self._last_publish.get(region, 0.0) > last.observed_at:
                 published[region] = dataclasses.replace(last, observed_at=self._last_publish[region])
-        for region, pool_states in live.items():
+        for region, region_pools in live.items():
             # The same mapping while the region's pool states are the same (the snapshot
             # builder then reuses its candidates' predictions).
             kept = self._states.get(region)
-            if kept is not None and kept[0] == pool_states:
-                states = kept[1]
+            if kept is not None and kept[0] == region_pools:
+                mapping = kept[1]
             else:
-                states = dict(self._idle[region])
-                for pool, state in zip(self._pools[region], pool_states, strict=True):
-                    states[pool.candidate.pool.name] = state
-                self._states[region] = (pool_states, states)
-            published[region] = RegionLiveState(region, True, now, states)
+                mapping = dict(self._idle[region])
+                for pool, state in zip(self._pools[region], region_pools, strict=True):
+                    mapping[pool.candidate.pool.name] = state
+                self._states[region] = (region_pools, mapping)
+            published[region] = RegionLiveState(region, True, now, mapping)
         snap = self.builder.build(now, carbon, published)
         self._snapshot, self._inputs = snap, inputs
         self._valid_until = self._exact_until(snap)
@@ -235,6 +264,15 @@ class SimDataLayer:
         fresh or as stale as at ``snap.now`` (stale means age > max age: a value is stale
         from just after observed_at + max age)."""
         max_age = snap.policy.max_age
-        limits = [s.observed_at + max_age.carbon for s in snap.carbon.values()]
-        limits += [self.published[r].observed_at + max_age.region_state for r in self.down if r in self.published]
-        return min((t for t in limits if t >= snap.now), default=float("inf"))
+        carbon = self._inputs[0]
+        kept = self._carbon_limits
+        if kept is None or kept[0] is not carbon or kept[1] != max_age.carbon:
+            # Once per carbon mapping the replay publishes (an hour's); a NaN limit is never
+            # reached (nor sortable).
+            stale_from = (s.observed_at + max_age.carbon for s in snap.carbon.values())
+            kept = (carbon, max_age.carbon, sorted(t for t in stale_from if not math.isnan(t)))
+            self._carbon_limits = kept
+        limits = kept[2]
+        first = bisect.bisect_left(limits, snap.now)
+        regions = [self.published[r].observed_at + max_age.region_state for r in self.down if r in self.published]
+        return min([*limits[first:first + 1], *(t for t in regions if t >= snap.now)], default=float("inf"))

@@ -134,6 +134,22 @@ class PoolSim:
             self.totals.changed = True
         return taken
 
+    @property
+    def quiet(self) -> bool:
+        """Whether every publication returns the state it last returned until a request is sent
+        to the pool: nothing sent since the last one, that state published, its rates at 0, and
+        no request on its replicas (so no step of theirs can change it)."""
+        totals = self.totals
+        live = self._live
+        return (not self._arrivals and not totals.changed and not totals.waiting and not totals.running
+                and self._window_start is not None and not live.arrival_rate and not live.prompt_tokens_rate)
+
+    def published_quiet(self, at: float) -> None:
+        """The pool's region published at ``at`` while the pool was ``quiet`` (a publication
+        that would return the same state, which the data layer skips): the rate window starts
+        there, as ``live(at)`` would have started it."""
+        self._window_start = at
+
     def live(self, now: float) -> PoolLiveState:
         """What the pool publishes at ``now`` (the same object while nothing changed); the
         rates cover the interval since the previous call."""
