@@ -82,8 +82,11 @@ class PoolServedFilter(Plugin):
             before_maps, before = entry[1], entry[2]
         else:
             before_maps, before = (None,) * len(maps), (None,) * len(maps)
-        by_region = tuple(judged if pools is was else _judge_region(pools, candidates)
-                          for pools, was, judged, candidates in zip(maps, before_maps, before, members, strict=True))
+        names = memo(snapshot, ("pool-served-names",), snapshot.candidates,
+                     lambda: tuple(tuple(dict.fromkeys(c.pool.name for c in group)) for group in members))
+        by_region = tuple(judged if pools is was else _judge_region(pools, candidates, pool_names)
+                          for pools, was, judged, candidates, pool_names
+                          in zip(maps, before_maps, before, members, names, strict=True))
         columns = _columns(snapshot, by_region, members)
         cache[("pool-served",)] = (snapshot.candidates, tuple(maps), by_region, columns)
         return columns
@@ -131,10 +134,15 @@ def _columns(snapshot: FleetSnapshot, by_region: tuple[Judged | None, ...],
     return Columns(np.asarray(served, dtype=bool), np.asarray(contexts, dtype=np.float64), tuple(verdicts))
 
 
-def _judge_region(pools: Mapping[str, PoolLiveState] | None, candidates: tuple[Candidate, ...]) -> Judged | None:
-    """The verdicts on a region's candidates given the pool mapping of its fresh live state
-    (None: every one served, with no live context limit)."""
+def _judge_region(pools: Mapping[str, PoolLiveState] | None, candidates: tuple[Candidate, ...],
+                  pool_names: tuple[str, ...]) -> Judged | None:
+    """The verdicts on a region's candidates (of the pools ``pool_names``) given the pool
+    mapping of its fresh live state (None: every one served, with no live context limit)."""
     if not pools:
+        return None
+    # The common case, pool by pool rather than candidate by candidate: every pool is up and
+    # reports no model list.
+    if all((state := pools.get(name)) is not None and state.models is None for name in pool_names):
         return None
     verdicts = [_judge_pools(pools, c) for c in candidates]
     if all(v is None and context == math.inf for v, context in verdicts):
