@@ -177,6 +177,10 @@ class SnapshotBuilder:
                 if changed is None:
                     changed = list(perf)
                 for c in self._by_region[r]:
+                    # A pool whose state is the very object it was keeps its candidates' entries
+                    # (the memo would give them again, keyed on that state).
+                    if pools is not None and was is not None and pools.get(c.pool.name) is was.get(c.pool.name):
+                        continue
                     changed[c.index] = self._memo_perf(c, pools)
             if changed is not None:
                 perf = tuple(changed)
