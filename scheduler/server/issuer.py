@@ -38,7 +38,7 @@ class TicketIssuer:
         ring = self.keys
         max_carbon_age = snapshot.policy.max_age.carbon
         # The claims every candidate's ticket shares, serialised once; each ticket adds where it
-        # runs. Together they are ``Ticket``'s fields (tests/unit/server/test_issuer.py checks).
+        # runs. Together they are ``Ticket``'s fields (tests/unit/test_tickets.py checks).
         signer = ClaimsSigner("ticket", {
             "decision_id": decision_id, "request_id": request.request_id, "tenant": request.tenant,
             "max_tokens": request.max_tokens, "prompt_tokens_max": request.prompt_tokens, "prompt_sha256": prompt[0],

@@ -60,3 +60,60 @@ def test_an_unexpected_store_failure_keeps_the_batch_queued() -> None:
         return pending_while_failing, service.pending, usage.requests
 
     assert asyncio.run(scenario()) == (3, 0, 3.0)
+
+
+def test_receipts_that_finish_together_are_written_in_one_pass_and_budgets_read_per_interval() -> None:
+    from scheduler.ledger.budget import TenantBudget
+    from scheduler.server.audit import AuditLog
+    from scheduler.types import EnergyReceipt
+
+    def receipt(decision_id: str) -> EnergyReceipt:
+        return EnergyReceipt(decision_id=decision_id, request_id=f"r-{decision_id}", tenant="acme",
+                             model="llama-3.1-8b", region="eu-north", pool="h200-long", pue=1.1,
+                             measurement_source="model", attribution_method="model-v1", energy_j=10.0,
+                             carbon_g=1.0, carbon_basis="signal")
+
+    async def scenario() -> tuple[int, int, float, int, int]:
+        store = MemoryStore()
+        ledger = Ledger(store, {"acme": TenantBudget(hard_energy_j=1e9)}, clock=lambda: NOW)
+        service = LedgerService(ledger, interval_s=60.0, linger_s=0.05)
+        audit = AuditLog(store, linger_s=0.05)
+        passes = {"flush": 0, "usage": 0, "audit": 0}
+        flush, usage, audit_flush = ledger.flush, ledger.usage, audit.flush
+
+        async def counted_flush() -> None:
+            passes["flush"] += 1
+            await flush()
+
+        async def counted_usage(*args: object) -> object:
+            passes["usage"] += 1
+            return await usage(*args)  # type: ignore[arg-type]
+
+        async def counted_audit() -> None:
+            passes["audit"] += 1
+            await audit_flush()
+
+        ledger.flush, ledger.usage, audit.flush = counted_flush, counted_usage, counted_audit  # type: ignore[method-assign]
+        await service.start()
+        await audit.start()
+        try:
+            for k in range(20):  # twenty streams end within a few milliseconds
+                service.sink(receipt(f"d{k}"))
+                audit.record(receipt(f"d{k}"))
+                await asyncio.sleep(0.001)
+            for _ in range(100):
+                if service.pending == 0 and audit.pending == 0:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await audit.stop()
+            await service.stop()
+        used, _ = await usage("acme")
+        return passes["flush"], passes["usage"], used.requests, audit.written, passes["audit"]
+
+    flushes, usage_reads, requests, audited, audit_passes = asyncio.run(scenario())
+    assert requests == 20 and audited == 20
+    # One pass for the burst (at start and stop the service writes too), not one per receipt.
+    assert flushes <= 4 and audit_passes <= 3, (flushes, audit_passes)
+    # Budgets re-read once per interval (60 s here): once at start, once in the first pass.
+    assert usage_reads <= 2, usage_reads
