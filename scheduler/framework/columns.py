@@ -132,17 +132,19 @@ def _perf_columns(perf: list[CandidatePerf]) -> dict[str, Any]:
 def _updated(last: Frame, changed: list[int], perf: tuple[CandidatePerf, ...]) -> dict[str, Any]:
     """``last``'s perf columns with the candidates at ``changed`` (positions in the frame)
     computed again from ``perf`` (the fleet's)."""
-    m = len(last.index)
     prediction = last.prediction.copy()  # the last frame keeps its own
     queue_wait_s = last.queue_wait_s.copy()
     live = last.live.copy()
-    changed_perf = [perf[i] for i in last.index[changed].tolist()]
-    # rows k x m + position, PREDICTIONS-major: through the (PREDICTIONS, candidates,
-    # REQUEST_FEATURES) view of the block, in one assignment
-    prediction.reshape(len(PREDICTIONS), m, len(REQUEST_FEATURES))[:, changed] = np.asarray(
-        [_coefficients(p) for p in changed_perf], dtype=np.float64).transpose(1, 0, 2)
-    queue_wait_s[changed] = [p.queue_wait_s for p in changed_perf]
-    live[changed] = [p.live for p in changed_perf]
+    # rows k x m + position, PREDICTIONS-major: the (PREDICTIONS, candidates, REQUEST_FEATURES)
+    # view of the block takes a candidate's coefficients in one assignment (a few candidates
+    # change at a time: item by item is cheaper than building index arrays)
+    block = prediction.reshape(len(PREDICTIONS), len(last.index), len(REQUEST_FEATURES))
+    index = last.index
+    for position in changed:
+        p = perf[index[position]]
+        block[:, position] = _coefficients(p)
+        queue_wait_s[position] = p.queue_wait_s
+        live[position] = p.live
     return {"prediction": prediction, "queue_wait_s": queue_wait_s, "live": live}
 
 
