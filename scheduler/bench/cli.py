@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scheduler.bench.load import PATHS
+
 
 def register_bench(bench_sub: Any) -> None:
     bench = bench_sub.add_parser(
@@ -42,13 +44,15 @@ def register_bench(bench_sub: Any) -> None:
     load = bench_sub.add_parser(
         "load", help="many concurrent streams through one router process: errors, TTFT, CPU and memory per stream",
         description="Starts two slow stub backends and our router, opens --streams streams at once through it "
-                    "(the SDK's gRPC proxy mode or the OpenAI front door) and holds them to their end; prints "
-                    "completed/errors, TTFT p50/p99, the router's CPU and its RSS per open stream.")
+                    "(the SDK's proxy mode over gRPC or over the HTTP front door, or the OpenAI front door) and "
+                    "holds them to their end; prints completed/errors, TTFT p50/p99, the router's CPU and its RSS "
+                    "per open stream.")
     load.add_argument("--streams", type=int, default=1000, help="concurrent streams (default 1000)")
     load.add_argument("--seconds", type=float, default=60.0, help="how long each stream lasts (default 60)")
     load.add_argument("--max-tokens", type=int, default=60, help="tokens per stream, spread over --seconds")
     load.add_argument("--ramp-s", type=float, default=10.0, help="seconds over which the streams are opened")
-    load.add_argument("--path", choices=("grpc", "openai"), default="grpc", help="gRPC (SDK) or the OpenAI front door")
+    load.add_argument("--path", choices=PATHS, default="grpc",
+                      help="the SDK over gRPC (grpc) or over the HTTP front door (http), or the OpenAI front door")
     load.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
     load.set_defaults(handler=_bench_load)
 

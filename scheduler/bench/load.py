@@ -26,7 +26,8 @@ from typing import Any
 from scheduler.bench import router as bench
 from scheduler.http.client import HttpClient
 
-PATHS = ("grpc", "openai")
+# The SDK's proxy mode over gRPC or over the HTTP front door (Connect), or the OpenAI front door.
+PATHS = ("grpc", "http", "openai")
 
 
 @dataclass
@@ -64,7 +65,7 @@ async def _one(settings: LoadSettings, tally: LoadTally, sdk: Any, http: HttpCli
     start = time.perf_counter()
     first = None
     try:
-        if settings.path == "grpc":
+        if settings.path in ("grpc", "http"):
             generation = sdk.generate(bench.PROMPT, model=bench.BENCH_MODEL, max_tokens=settings.max_tokens,
                                       timeout_s=settings.seconds * 3, workload_class="batch")
             async for text in generation:
@@ -104,7 +105,8 @@ async def _drive(settings: LoadSettings, setup: bench.Setup) -> dict[str, Any]:
     cpu_start = bench.cpu_seconds(pid)
     rss_peak = rss_idle
     started_at = time.monotonic()
-    async with AsyncSchedulerClient(setup.router_target, timeout_s=settings.seconds * 3) as sdk:
+    http_url = setup.router_http if settings.path == "http" else None
+    async with AsyncSchedulerClient(setup.router_target, timeout_s=settings.seconds * 3, http_url=http_url) as sdk:
         tasks = []
         for i in range(settings.streams):
             tasks.append(asyncio.ensure_future(_one(settings, tally, sdk, http, url, body)))

@@ -132,3 +132,14 @@ def test_goals() -> None:
     alone = bench.goals([_run_figures(1, 0.2, 0.7, None)], None)
     assert alone["direct_mode_added_ttft"]["pass"] is None
     assert any(line.startswith("SKIP  TTFT added by ours-direct") for line in bench.goal_lines(alone))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", ["grpc", "http", "openai"])
+def test_the_load_bench_holds_its_streams_on_every_path(tmp_path: Path, path: str) -> None:
+    out = tmp_path / "load.json"
+    assert main(["bench", "load", "--streams", "20", "--seconds", "1", "--max-tokens", "4", "--ramp-s", "0",
+                 "--path", path, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["path"], report["completed"], report["errors"]) == (path, 20, {})
+    assert report["open_peak"] > 1 and report["ttft_ms"]["p50"] > 0
