@@ -34,6 +34,9 @@ STREAM_MAXLEN = 100_000
 
 def number(value: object) -> float | None:
     """A JSON number as float; None for anything else (booleans included)."""
+    kind = type(value)
+    if kind is float or kind is int:  # what a JSON parser gives: decided without isinstance
+        return float(value)  # type: ignore[arg-type]
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 

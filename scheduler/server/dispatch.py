@@ -288,6 +288,21 @@ class RegionStream:
             + (f"; last failure {detail}" if detail else ""))
 
     def _event(self, payload: bytes) -> tuple[str, str]:
+        # The usual event, a completion chunk's text (no usage, no error), read in one step;
+        # anything else takes the general path, which judges it the same way.
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            event = None
+        if type(event) is dict and event.get("usage") is None and "error" not in event:
+            choices = event.get("choices")
+            if type(choices) is list and choices and type(choice := choices[0]) is dict and "delta" not in choice:
+                text, reason = choice.get("text"), choice.get("finish_reason")
+                if type(text) is str and (reason is None or type(reason) is str):
+                    return text, reason or ""
+        return self._general_event(payload)
+
+    def _general_event(self, payload: bytes) -> tuple[str, str]:
         try:
             event = parse_event(payload)
         except MalformedEvent as exc:
