@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ray import serve
+from ray.exceptions import ActorDiedError, RayTaskError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -67,6 +68,10 @@ log = logging.getLogger(__name__)
 RATE_WINDOW_S = 10.0
 # Signed receipts kept while the store is unreachable (oldest dropped beyond, and logged).
 RECEIPT_OUTBOX = 10_000
+# How a stats call ends when the pool's engine cannot serve: the replica's method raised (its
+# health check: the engine is dead), or the replica's process died. Anything else that is not
+# an answer (a timeout, a call cancelled or not yet routed) is an engine slow to answer.
+ENGINE_FAILED = (RayTaskError, ActorDiedError)
 
 
 @dataclass(frozen=True)
@@ -90,9 +95,13 @@ class GatewaySettings:
     state_ttl_s: float = 60.0
     meter_interval_s: float = 0.2
     engine_timeout_s: float = 2.0
-    # A pool whose engine misses its stats call keeps its last answer published this long
-    # (one slow call on a loaded host is not a dead engine); after that it is left out.
-    engine_grace_s: float = 5.0
+    # A pool whose engine gets no stats call answered in time keeps its last answer published
+    # this long (EngineAnswers): as long as Serve waits on a replica's health check before it
+    # calls the replica unhealthy (health_check_timeout_s, 30 s by default). The trade-off:
+    # shorter, a few slow calls on a loaded host take a serving pool out of the router's offer
+    # and requests only it can take are refused as unschedulable; longer, a hung engine is
+    # offered that much longer (its requests fail over to the next candidate).
+    engine_grace_s: float = 30.0
     tickets: Literal["required", "disabled"] = "required"
     # The region's ticket keys; None: read from the file $SCHEDULER_TICKET_KEYS_FILE names.
     ticket_keys: RegionKeys | None = None
@@ -100,8 +109,15 @@ class GatewaySettings:
 
 @dataclass
 class EngineAnswers:
-    """Each pool's last stats answer: a missed call (timeout, error) leaves the last answer
-    standing for ``grace_s``, then the pool has none (it is not published)."""
+    """Each pool's last stats answer, and whether the pool is published on it (None: left out).
+
+    Whether a pool is served is not its stats call's latency: a call that gets no answer in
+    time is a slow engine (a loaded host, a long prefill holding its replica), which still
+    serves, so its last answer stands for ``grace_s`` after it came; only an engine silent that
+    long counts as gone. A call that fails (``ENGINE_FAILED``: the engine or its replica says
+    it cannot serve) leaves the pool out at once, until it answers again. A pool that never
+    answered is not up yet.
+    """
 
     grace_s: float
     _last: dict[str, tuple[float, Mapping[str, Any]]] = field(default_factory=dict)
@@ -110,11 +126,13 @@ class EngineAnswers:
         if not isinstance(answer, BaseException):
             self._last[pool] = (now, answer)
             return answer
+        if isinstance(answer, ENGINE_FAILED):
+            self._last.pop(pool, None)
+            return None
         last = self._last.get(pool)
         if last is None or now - last[0] > self.grace_s:
             return None
-        log.info("engine of pool %s slow to answer (%s): its answer of %.1f s ago stands",
-                 pool, type(answer).__name__, now - last[0])
+        log.info("engine of pool %s slow to answer: its answer of %.1f s ago stands", pool, now - last[0])
         return last[1]
 
 
@@ -458,9 +476,10 @@ class RegionGateway:
 
     async def live_state(self) -> RegionLiveState:
         """What the region publishes: per pool whose engine answers, its load, the models it
-        serves with their context limits, and GPU power. A pool whose engine has not answered
-        for ``engine_grace_s`` is left out (the router then treats it as not served); inside
-        that grace its last answer stands. The region is healthy while a pool is published."""
+        serves with their context limits, and GPU power. A pool whose engine is slow to answer
+        is published on its last answer for ``engine_grace_s``; one whose engine failed its
+        call, was silent longer, or never answered is left out, and the router then treats it
+        as not served (``EngineAnswers``). The region is healthy while a pool is published."""
         settings = self._settings
         names = list(settings.pools)
         answers = await asyncio.gather(
@@ -474,20 +493,25 @@ class RegionGateway:
         for name, answer in zip(names, answers, strict=True):
             stats = self._engine_answers.standing(name, answer, now)
             if stats is None:
-                log.warning("region %s: engine of pool %s not answering (%s): not publishing it",
+                log.warning("region %s: engine of pool %s not answering (%r): not publishing it",
                             settings.region.name, name, answer)
                 continue
             generated_total += float(stats.get("generation_tokens_total", 0.0))
-            pools[name] = self._pool_state(name, stats)
+            pools[name] = self._pool_state(name, stats, fresh=not isinstance(answer, BaseException))
         if pools and self._meter.available:
             j_per_token = self._j_per_token(generated_total)
             pools = {name: replace(state, measured_j_per_token=j_per_token) for name, state in pools.items()}
         return RegionLiveState(region=settings.region.name, healthy=bool(pools), observed_at=time.time(), pools=pools)
 
-    def _pool_state(self, name: str, stats: Mapping[str, float]) -> PoolLiveState:
+    def _pool_state(self, name: str, stats: Mapping[str, float], fresh: bool) -> PoolLiveState:
+        """The pool's published state from its engine's answer (``fresh``: this call's, else
+        the last one standing) and the gateway's own counts."""
         in_flight = self._in_flight[name].count
         running = min(int(stats.get("running", 0)), in_flight)
-        arrival_rate, prompt_rate = self._arrival_rates(name, stats.get("prompt_tokens_total"))
+        # The rates move only with a fresh answer: the standing one's prompt-token total would
+        # count as no prompt tokens arriving; the next answer's window spans the gap.
+        arrival_rate, prompt_rate = (self._arrival_rates(name, stats.get("prompt_tokens_total")) if fresh
+                                     else self._rates.get(name, (0.0, 0.0)))
         engine_len = stats.get("max_model_len")
         models = self._models[name]
         if isinstance(engine_len, int | float) and engine_len > 0:

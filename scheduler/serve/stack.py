@@ -192,20 +192,23 @@ class LocalStack:
                  + ("" if options.tickets else "; WARNING: dispatch tickets are OFF (development only)"))
         await asyncio.to_thread(self._deploy_regions)
         self.router = await self._start_router(policy)
-        await self.wait_until_healthy()
+        await self.wait_until_live()
 
-    async def wait_until_healthy(self, timeout_s: float = 30.0) -> None:
-        """Until the router's snapshot holds a fresh, healthy state of every region (a region's
-        gateway reports unhealthy while its engine is still starting)."""
+    async def wait_until_live(self, timeout_s: float = 30.0) -> None:
+        """Until the router's snapshot holds a fresh state of every region listing every pool
+        the stack deployed there. A gateway lists a pool once its engine has answered, so the
+        first states after Serve reports the engines running may list only some pools (or
+        none: unhealthy), and the router offers only the pools listed ("not served")."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        waiting = [r.name for r in self.regions]
+        deployed = {r.name: set(local_pools(r)) for r in self.regions}
+        waiting = list(deployed)
         while waiting:
             snapshot = self.router.deps.refresher.current()
             waiting = [name for name in waiting
-                       if (state := snapshot.fresh_live(name)) is None or not state.healthy]
+                       if (state := snapshot.fresh_live(name)) is None or not deployed[name] <= state.pools.keys()]
             if waiting and loop.time() > deadline:
-                self.say(f"warning: no healthy live state yet from {', '.join(waiting)}")
+                self.say(f"warning: not every pool is live yet in {', '.join(waiting)}")
                 return
             await asyncio.sleep(0.2)
 
