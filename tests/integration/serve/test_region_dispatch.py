@@ -169,5 +169,11 @@ async def test_the_openai_front_door_and_direct_mode_over_http_reach_the_real_re
     async with AsyncSchedulerClient(stack.router_target, http_url=stack.router_http) as sdk:
         direct = sdk.generate("And this one over HTTP?", model=MODEL, max_tokens=4, mode="direct")
         assert await direct.text()
+        # The SDK's proxy mode over the front door (Connect streaming): the router relays the region.
+        proxied = sdk.generate("And this one through the router over HTTP?", model=MODEL, max_tokens=4)
+        assert await proxied.text()
     assert direct.receipt is not None and direct.receipt.region == REGION and direct.receipt.energy_j > 0
+    assert proxied.receipt is not None and proxied.decision is not None
+    assert (proxied.receipt.region, proxied.receipt.pool) == (REGION, proxied.decision.ranked[0].pool)
+    assert proxied.receipt.energy_j > 0 and proxied.receipt.completion_tokens > 0
     assert direct.receipt.precision == "bf16"  # as the region's config serves the model on that pool
