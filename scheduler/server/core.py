@@ -133,6 +133,10 @@ class ProxyRun:
     trace: RequestTrace = NO_TRACE
     # A request the deferral queue released: (when, "<reason>: <explanation>"); its receipt says so.
     released: tuple[float, str] | None = None
+    # Send the region request on entry, in a task, so the caller can build the decision message
+    # while the region prefills (gRPC, Connect); False: on the first iteration, in the caller's
+    # task (the OpenAI API sends no decision message: the task would only cost).
+    prefetch: bool = True
     receipt: EnergyReceipt | None = None
     failure: errors.SchedulerError | None = None
     _booked: bool = field(default=False, init=False)
@@ -145,7 +149,8 @@ class ProxyRun:
     async def __aenter__(self) -> ProxyRun:
         deps = self.deps
         deps.active_streams += 1
-        self.stream.start()
+        if self.prefetch:
+            self.stream.start()
         if self.snapshot.canary is not None and deps.canary is not None:
             # No first token by the TTFT budget: a miss for its arm at once, not when it ends.
             budget_s = ttft_budget_ms(self.incoming.request, self.snapshot) / 1000.0
@@ -314,10 +319,12 @@ class RouterCore:
         return Routed(decision_id, snapshot, incoming, decision, targets)
 
     def proxy(self, principal: Principal, msg: messages_pb2.GenerateRequest, remaining_s: float | None,
-              trace: RequestTrace = NO_TRACE, released: tuple[float, str] | None = None) -> ProxyRun:
-        """A stream to run (``async with``): decided and admitted here, dispatched on entry.
-        ``remaining_s``: the client's deadline from now (None: none); ``trace``: the request's;
-        ``released``: (when, why) the deferral queue released it (None: not deferred)."""
+              trace: RequestTrace = NO_TRACE, released: tuple[float, str] | None = None,
+              prefetch: bool = True) -> ProxyRun:
+        """A stream to run (``async with``): decided and admitted here, dispatched on entry
+        (``prefetch``) or on the first iteration. ``remaining_s``: the client's deadline from now
+        (None: none); ``trace``: the request's; ``released``: (when, why) the deferral queue
+        released it (None: not deferred)."""
         deps = self.deps
         started = deps.monotonic()
         snapshot, incoming, decision = self.decide(principal, msg, trace)
@@ -342,4 +349,4 @@ class RouterCore:
             hints["workflow_id"] = incoming.request.workflow_id
         stream = deps.dispatcher.stream(decision, incoming.call, client_deadline, hints, ticket_for, trace)
         return ProxyRun(deps, decision_id, snapshot, incoming, decision, stream, started, client_deadline, trace,
-                        released)
+                        released, prefetch)

@@ -133,8 +133,16 @@ class RegionStream:
             await self._deltas.aclose()
 
     async def __aiter__(self) -> AsyncIterator[TextDelta]:
-        self.start()
-        assert self._deltas is not None and self._first is not None
+        if self._deltas is None:
+            # Not started: nothing to overlap with the region's prefill, so no task for it.
+            self._deltas = self._failover()
+            try:
+                async for delta in self._deltas:
+                    yield delta
+            finally:
+                await self.aclose()
+            return
+        assert self._first is not None
         try:
             first = await self._first
             self._first = None

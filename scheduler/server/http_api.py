@@ -465,7 +465,7 @@ class HttpApi:
         try:
             principal = await self._admit(request, method)
             msg, call = openai_front.generate_request(_json_body(request), request.headers, chat)
-            run = self.core.proxy(principal, msg, call.remaining_s, trace)
+            run = self.core.proxy(principal, msg, call.remaining_s, trace, prefetch=False)
         except Exception as exc:
             response, code = openai_error(exc)
             self.deps.metrics.request(method, code)
