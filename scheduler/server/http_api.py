@@ -315,7 +315,7 @@ class HttpApi:
         (decision, text chunks, receipt), each in an envelope, then the end-of-stream envelope
         with the error if the call failed. The same proxy run as gRPC's and the OpenAI API's:
         the SDK's proxy mode uses it when given the router's HTTP address (a stream costs the
-        router about half of a gRPC stream)."""
+        router about two thirds of a gRPC stream's CPU: docs/benchmarks.md)."""
         trace = self.deps.tracing.begin_http(request.method, GENERATE_PATH, request.headers)
         try:
             principal = await self._admit(request, GENERATE_PATH)
