@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import math
 import ssl
@@ -123,6 +124,15 @@ def connect_timeout_s(headers: Mapping[str, str]) -> float | None:
         raise errors.InvalidRequest([errors.FieldViolation("connect-timeout-ms", f"expected up to 10 digits, got "
                                                                                  f"{raw[:20]!r}")])
     return int(raw) / 1000.0
+
+
+@dataclass
+class _Outcome:
+    """How a stream ended, as its metrics and trace record it."""
+
+    code: str = "OK"  # the gRPC code's name
+    message: str = ""
+    status: int = 200  # the HTTP status it was answered with
 
 
 @dataclass(frozen=True)
@@ -352,17 +362,15 @@ class HttpApi:
     async def _connect_stream(self, principal: Principal, run: ProxyRun) -> AsyncIterator[bytes]:
         """As the gRPC servicer's Generate: the decision first, the text, the receipt (also after
         an early end, while the stream can carry it), then the end of the stream."""
-        code, message = "OK", ""
-        slots = self.deps.slots
         try:
-            slots.acquire(principal)
+            self.deps.slots.acquire(principal)
         except errors.StreamLimited as exc:
             end, code = connect_end(exc)
             self.deps.metrics.request(GENERATE_PATH, code)
             run.trace.end(code, str(exc), 200)
             yield end
             return
-        try:
+        with self._stream_outcome(principal, run, GENERATE_PATH) as outcome:
             failure: BaseException | None = None
             try:
                 async with run:
@@ -380,17 +388,25 @@ class HttpApi:
                     yield envelope(messages_pb2.GenerateResponse(
                         receipt=convert.receipt_to_proto(run.receipt)).SerializeToString())
                 failure = run.failure
-            end, code = connect_end(failure)
-            message = "" if failure is None else str(failure)
+            end, outcome.code = connect_end(failure)
+            outcome.message = "" if failure is None else str(failure)
             yield end
+
+    @contextlib.contextmanager
+    def _stream_outcome(self, principal: Principal, run: ProxyRun, method: str) -> Iterator[_Outcome]:
+        """A stream's end, whatever ends it: its slot released, the request counted and its trace
+        ended with the outcome the body recorded (CANCELLED when it was cut short while OK)."""
+        outcome = _Outcome()
+        try:
+            yield outcome
         except BaseException:
-            if code == "OK":
-                code = "CANCELLED"
+            if outcome.code == "OK":
+                outcome.code = "CANCELLED"
             raise
         finally:
-            slots.release(principal)
-            self.deps.metrics.request(GENERATE_PATH, code)
-            run.trace.end(code, message, 200)
+            self.deps.slots.release(principal)
+            self.deps.metrics.request(method, outcome.code)
+            run.trace.end(outcome.code, outcome.message, outcome.status)
 
     # --- deferral (docs/deferral.md) --------------------------------------------------------
 
@@ -509,33 +525,31 @@ class HttpApi:
         """Streamed: OpenAI chunks, [DONE], then the receipt. A failure before the first text
         is answered with its own status (``AnswerInstead``); after it, as an error event."""
         writer = openai_front.ChunkWriter(call, run.decision_id)
-        code, message, status = "OK", "", 200
-        slots = self.deps.slots
         try:
-            slots.acquire(principal)
+            self.deps.slots.acquire(principal)
         except errors.StreamLimited as exc:
             response, code = openai_error(exc)
             self.deps.metrics.request(method, code)
             run.trace.end(code, str(exc), response.status)
             raise AnswerInstead(response) from None
         sent = False
-        try:
+        with self._stream_outcome(principal, run, method) as outcome:
             async with run:
                 try:
                     async for delta in run:
                         sent = True
                         yield writer.delta(delta)
                 except Exception as exc:
-                    response, code = openai_error(exc)
-                    message = str(exc)
+                    response, outcome.code = openai_error(exc)
+                    outcome.message = str(exc)
                     if not sent:
-                        status = response.status
+                        outcome.status = response.status
                         raise AnswerInstead(response) from None
                     yield writer.error(str(exc), "server_error", _openai_mapping(exc).code)
                     return
             if run.failure is not None:
-                _, code = openai_error(run.failure)
-                message = str(run.failure)
+                _, outcome.code = openai_error(run.failure)
+                outcome.message = str(run.failure)
                 yield writer.error(str(run.failure), "server_error", _openai_mapping(run.failure).code)
             else:
                 if call.include_usage:
@@ -543,14 +557,6 @@ class HttpApi:
                 yield writer.done()
             if run.receipt is not None:
                 yield writer.receipt(run.receipt)
-        except BaseException:
-            if code == "OK":
-                code = "CANCELLED"
-            raise
-        finally:
-            slots.release(principal)
-            self.deps.metrics.request(method, code)
-            run.trace.end(code, message, status)
 
 
 def _json(message: Any) -> bytes:

@@ -82,9 +82,14 @@ async def served() -> AsyncIterator[tuple[App, str, HttpServer]]:
         await server.stop(grace_s=0.5)
 
 
-async def raw(url: str, data: bytes, read_for_s: float = 0.5) -> bytes:
+async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw TCP connection to the server at ``url``."""
     host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    return await asyncio.open_connection(host, int(port))
+
+
+async def raw(url: str, data: bytes, read_for_s: float = 0.5) -> bytes:
+    reader, writer = await connect(url)
     try:
         writer.write(data)
         await writer.drain()
@@ -162,8 +167,7 @@ async def test_pipelined_requests_are_answered_in_order_and_100_continue_is_sent
     pipelined = await raw(url, b"GET /echo?n=1 HTTP/1.1\r\nhost: x\r\n\r\nGET /echo?n=2 HTTP/1.1\r\nhost: x\r\n\r\n")
     assert pipelined.count(b"HTTP/1.1 200") == 2 and pipelined.index(b"n=1") < pipelined.index(b"n=2")
 
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    reader, writer = await connect(url)
     try:
         writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 5\r\n\r\n")
         assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2) == b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -178,8 +182,7 @@ async def test_a_client_that_leaves_during_an_unstreamed_answer_cancels_it_at_on
     served: tuple[App, str, HttpServer],
 ) -> None:
     app, url, server = served
-    host, port = url.removeprefix("http://").split(":")
-    _, writer = await asyncio.open_connection(host, int(port))
+    _, writer = await connect(url)
     writer.write(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
     await asyncio.wait_for(app.slow_started.wait(), 2)
     writer.close()
@@ -200,8 +203,7 @@ async def test_requests_sent_while_a_stream_runs_are_answered_after_it_in_order(
     served: tuple[App, str, HttpServer],
 ) -> None:
     _, url, _ = served
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    reader, writer = await connect(url)
     try:
         writer.write(b"GET /stream?n=20 HTTP/1.1\r\nhost: x\r\n\r\n")
         await asyncio.wait_for(reader.readuntil(b"data: 0"), 2)
@@ -222,8 +224,7 @@ async def test_requests_sent_while_a_stream_runs_are_answered_after_it_in_order(
 
 async def test_connections_past_the_limit_get_503(served: tuple[App, str, HttpServer]) -> None:
     _, url, server = served
-    host, port = url.removeprefix("http://").split(":")
-    held = [await asyncio.open_connection(host, int(port)) for _ in range(8)]
+    held = [await connect(url) for _ in range(8)]
     try:
         await asyncio.sleep(0.05)
         assert server.connections == 8

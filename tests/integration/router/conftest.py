@@ -3,11 +3,13 @@ port 0) over a small fleet whose endpoints point at them, API keys and TLS certi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,16 +50,34 @@ def keys() -> Keys:
     return Keys(create_key("acme"), create_key("globex", rate_limit_rps=2.0), create_key("ops", admin=True))
 
 
-@pytest.fixture
-async def stub_fleet() -> AsyncIterator[Fleet]:
+@contextlib.asynccontextmanager
+async def stub_regions(**settings: Any) -> AsyncIterator[Fleet]:
+    """The test regions, each served by a stub region with ``settings`` (StubRegionSettings'
+    fields: a slow one, a failing one ...), stopped on exit."""
     shipped = {r.name: r for r in load_fleet().regions}
-    stubs = {name: await StubRegion(StubRegionSettings(name=name)).start() for name in TEST_REGIONS}
+    stubs = {name: await StubRegion(StubRegionSettings(name=name, **settings)).start() for name in TEST_REGIONS}
     try:
         configs = tuple(shipped[n].model_copy(update={"endpoint": stubs[n].endpoint}) for n in TEST_REGIONS)
         yield Fleet(stubs, configs)
     finally:
         for stub in stubs.values():
             await stub.stop()
+
+
+@pytest.fixture
+async def stub_fleet() -> AsyncIterator[Fleet]:
+    async with stub_regions() as fleet:
+        yield fleet
+
+
+# Seconds between two tokens of the slow fleet's regions: a stream lasts long enough to leave it.
+SLOW_TOKEN_S = 0.05
+
+
+@pytest.fixture
+async def slow_fleet() -> AsyncIterator[Fleet]:
+    async with stub_regions(token_interval_s=SLOW_TOKEN_S) as fleet:
+        yield fleet
 
 
 RouterFactory = Callable[..., Awaitable[RunningRouter]]

@@ -7,42 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
 from scheduler.client import AsyncSchedulerClient, SchedulerRpcError
 from scheduler.client.common import build_request
-from scheduler.config.loader import load_fleet
 from scheduler.ledger.budget import TenantBudget
 from scheduler.ledger.ledger import Ledger
 from scheduler.server.app import RunningRouter
-from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.state import keys
 from scheduler.state.memory_store import MemoryStore
 from scheduler.v1 import router_pb2_grpc
 
-from .conftest import TEST_REGIONS, Fleet, RouterFactory
+from .conftest import Fleet, RouterFactory
 
 pytestmark = pytest.mark.integration
 
-# Slow regions: one word every 50 ms, so a stream is long enough to end early on purpose.
-SLOW = 0.05
+# With the slow fleet (conftest.SLOW_TOKEN_S between two words), a stream long enough to end early on purpose.
 MAX_TOKENS = 200
 
-
-@pytest.fixture
-async def slow_fleet() -> AsyncIterator[Fleet]:
-    shipped = {r.name: r for r in load_fleet().regions}
-    stubs = {name: await StubRegion(StubRegionSettings(name=name, token_interval_s=SLOW)).start()
-             for name in TEST_REGIONS}
-    try:
-        configs = tuple(shipped[n].model_copy(update={"endpoint": stubs[n].endpoint}) for n in TEST_REGIONS)
-        yield Fleet(stubs, configs)
-    finally:
-        for stub in stubs.values():
-            await stub.stop()
 
 
 async def billed(router: RunningRouter, store: MemoryStore, wait_s: float = 3.0) -> tuple[list[dict[str, str]], float]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -19,14 +18,12 @@ from scheduler.client.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from scheduler.config.loader import load_fleet
 from scheduler.envelope import CONNECT_PROTO, END_STREAM, EnvelopeReader, envelope
 from scheduler.server.app import RunningRouter
-from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.state.memory_store import MemoryStore
 from scheduler.v1 import messages_pb2
 
-from .conftest import TEST_REGIONS, Fleet, Keys, RouterFactory
+from .conftest import Fleet, Keys, RouterFactory, stub_regions
 from .test_router_http import base_url, booked
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -109,34 +106,16 @@ async def test_errors_end_the_stream_as_connect_errors_and_the_sdk_raises_them_t
 
 
 async def test_a_fleet_failing_before_the_first_token_is_retried_then_unavailable(make_router: RouterFactory) -> None:
-    shipped = {r.name: r for r in load_fleet().regions}
-    stubs = {name: await StubRegion(StubRegionSettings(name=name, fail_status=500)).start() for name in TEST_REGIONS}
-    try:
-        configs = tuple(shipped[n].model_copy(update={"endpoint": stubs[n].endpoint}) for n in TEST_REGIONS)
-        router = await make_router(configs, http=True)
+    async with stub_regions(fail_status=500) as failing:
+        router = await make_router(failing.configs, http=True)
         retry = RetryPolicy(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.05)
         async with AsyncSchedulerClient(target(router), http_url=base_url(router), retry=retry) as client:
             generation = client.generate("Hello", model=MODEL, max_tokens=3)
             with pytest.raises(UnavailableError) as failed:
                 await generation.text()
-    finally:
-        for stub in stubs.values():
-            await stub.stop()
     assert "every candidate failed" in str(failed.value)
     assert generation.attempts == 2 and generation.decision is not None  # the decision came first
 
-
-@pytest.fixture
-async def slow_fleet() -> AsyncIterator[Fleet]:
-    shipped = {r.name: r for r in load_fleet().regions}
-    stubs = {name: await StubRegion(StubRegionSettings(name=name, token_interval_s=0.05)).start()
-             for name in TEST_REGIONS}
-    try:
-        configs = tuple(shipped[n].model_copy(update={"endpoint": stubs[n].endpoint}) for n in TEST_REGIONS)
-        yield Fleet(stubs, configs)
-    finally:
-        for stub in stubs.values():
-            await stub.stop()
 
 
 async def test_a_client_that_leaves_is_billed_once_partially_and_a_deadline_ends_the_stream(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import AsyncIterator
 
 import httpx
 import openai
@@ -16,16 +15,14 @@ import pytest
 from scheduler.client import AsyncSchedulerClient, SchedulerClient
 from scheduler.client.common import build_request
 from scheduler.client.errors import InvalidArgumentError
-from scheduler.config.loader import load_fleet
 from scheduler.ledger.ledger import Ledger
 from scheduler.server.app import RunningRouter
-from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.state import keys as store_keys
 from scheduler.state.memory_store import MemoryStore
 from scheduler.tickets import TicketKeyRing
 from scheduler.v1 import router_pb2
 
-from .conftest import TEST_REGIONS, Fleet, Keys, RouterFactory
+from .conftest import TEST_REGIONS, Fleet, Keys, RouterFactory, stub_regions
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -135,33 +132,15 @@ async def test_curl_streams_sse_then_done_then_the_receipt(stub_fleet: Fleet, ma
 
 
 async def test_a_stream_that_fails_before_its_first_token_gets_503(make_router: RouterFactory) -> None:
-    shipped = {r.name: r for r in load_fleet().regions}
-    stubs = {name: await StubRegion(StubRegionSettings(name=name, fail_status=500)).start() for name in TEST_REGIONS}
-    try:
-        configs = tuple(shipped[n].model_copy(update={"endpoint": stubs[n].endpoint}) for n in TEST_REGIONS)
-        router = await make_router(configs, http=True)
+    async with stub_regions(fail_status=500) as failing:
+        router = await make_router(failing.configs, http=True)
         async with httpx.AsyncClient() as http:
             answer = await http.post(f"{base_url(router)}/v1/completions",
                                      json={"model": MODEL, "prompt": "Hello", "max_tokens": 3, "stream": True})
-    finally:
-        for stub in stubs.values():
-            await stub.stop()
     assert answer.status_code == 503
     assert answer.json()["error"]["code"] == "regions_unavailable"
     assert "every candidate failed" in answer.json()["error"]["message"]
 
-
-@pytest.fixture
-async def slow_fleet() -> AsyncIterator[Fleet]:
-    shipped = {r.name: r for r in load_fleet().regions}
-    stubs = {name: await StubRegion(StubRegionSettings(name=name, token_interval_s=0.05)).start()
-             for name in TEST_REGIONS}
-    try:
-        configs = tuple(shipped[n].model_copy(update={"endpoint": stubs[n].endpoint}) for n in TEST_REGIONS)
-        yield Fleet(stubs, configs)
-    finally:
-        for stub in stubs.values():
-            await stub.stop()
 
 
 async def test_a_client_that_leaves_mid_stream_is_billed_once_partially(
