@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.tickets import MAX_TICKET_TTL_S, ClaimsSigner, Mode, TicketKeyRing, body_prompt_digest
-from scheduler.types import Candidate, FleetSnapshot, Request
+from scheduler.types import Candidate, FleetSnapshot, Request, Signal
+
+# Entries of the own-claims cache: candidates x carbon signals of a few snapshots.
+OWN_PARTS_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,9 @@ class TicketIssuer:
     keys: TicketKeyRing
     ttl_s: float = MAX_TICKET_TTL_S
     clock: Callable[[], float] = field(default=time.time)
+    # (candidate, carbon signal) -> its tickets' own claims, encoded (``ClaimsSigner.own_part``)
+    _own_parts: dict[tuple[int, int], tuple[Candidate, Signal | None, str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.ttl_s <= MAX_TICKET_TTL_S:
@@ -44,17 +50,29 @@ class TicketIssuer:
             "max_tokens": request.max_tokens, "prompt_tokens_max": request.prompt_tokens, "prompt_sha256": prompt[0],
             "expires_at": self.clock() + self.ttl_s, "mode": mode, "workload_class": request.workload_class})
         carbon = snapshot.carbon if mode == "direct" else {}
+        parts = self._own_parts
 
         def sign(candidate: Candidate) -> str:
             region = candidate.region
             signal = carbon.get(region.grid_zone)
-            if signal is not None and snapshot.age(signal.observed_at) <= max_carbon_age:
-                own = {"region": region.name, "pool": candidate.pool.name, "model": candidate.deployment.name,
-                       "carbon_g_per_kwh": signal.value, "carbon_zone": signal.key,
-                       "carbon_observed_at": signal.observed_at, "carbon_source": signal.source}
-            else:
-                own = {"region": region.name, "pool": candidate.pool.name, "model": candidate.deployment.name,
-                       "carbon_g_per_kwh": None, "carbon_zone": "", "carbon_observed_at": None, "carbon_source": ""}
-            return signer.sign(ring.of(region.name), own)
+            if signal is not None and snapshot.age(signal.observed_at) > max_carbon_age:
+                signal = None
+            # Where it runs and the carbon it saw: the same for every dispatch there until the
+            # signal is replaced (the entry keeps both, so their ids stay theirs).
+            key = (id(candidate), id(signal))
+            entry = parts.get(key)
+            if entry is None or entry[0] is not candidate or entry[1] is not signal:
+                if signal is not None:
+                    own = {"region": region.name, "pool": candidate.pool.name, "model": candidate.deployment.name,
+                           "carbon_g_per_kwh": signal.value, "carbon_zone": signal.key,
+                           "carbon_observed_at": signal.observed_at, "carbon_source": signal.source}
+                else:
+                    own = {"region": region.name, "pool": candidate.pool.name, "model": candidate.deployment.name,
+                           "carbon_g_per_kwh": None, "carbon_zone": "", "carbon_observed_at": None,
+                           "carbon_source": ""}
+                if len(parts) >= OWN_PARTS_LIMIT:
+                    parts.clear()
+                entry = parts[key] = (candidate, signal, signer.own_part(own))
+            return signer.sign_part(ring.of(region.name), entry[2])
 
         return sign

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from pathlib import Path
 
+import orjson
 import pytest
 
 from scheduler import tickets
@@ -17,6 +19,7 @@ from scheduler.tickets import (
     TicketRejected,
     body_prompt_digest,
 )
+from scheduler.types import FleetSnapshot
 
 NOW = 1_780_000_000.0
 RING = TicketKeyRing({name: RegionKeys.generate(name, kid=f"{name}-k1") for name in ("eu-north", "us-east")})
@@ -230,6 +233,46 @@ def test_claims_signed_in_two_parts_verify_as_the_merged_claims() -> None:
     assert tickets.verify(keys, "ticket", tickets.ClaimsSigner("ticket", {}).sign(keys, own)) == own
     with pytest.raises(ValueError, match="both shared and own"):
         signer.sign(keys, {"decision_id": "d2"})
+
+
+@pytest.mark.parametrize("pool", ["p", "pp", "ppp"])
+def test_a_ticket_encoded_in_two_parts_is_the_base64_of_its_whole_claims(pool: str) -> None:
+    # The own part is padded to whole 3-byte groups, so its base64 and the shared claims' join
+    # into the base64 of the whole; pools of three lengths give each remainder of the padding.
+    shared = {"decision_id": "d1", "expires_at": NOW + 30}
+    signer = tickets.ClaimsSigner("ticket", shared)
+    keys = RING.of("eu-north")
+    own = {"region": "eu-north", "pool": pool}
+    token = signer.sign(keys, own)
+    body = token.split(".")[2]
+    claims = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+    assert orjson.loads(claims) == {**shared, **own}
+    assert tickets.verify(keys, "ticket", token) == {**shared, **own}
+    # The part depends on the own claims alone: another dispatch's signer reuses it.
+    other = tickets.ClaimsSigner("ticket", {"decision_id": "d2", "expires_at": NOW + 31})
+    assert tickets.verify(keys, "ticket", other.sign_part(keys, signer.own_part(own)))["decision_id"] == "d2"
+
+
+def test_the_issuer_reuses_a_candidates_claims_until_its_carbon_signal_changes() -> None:
+    from scheduler import testing
+    from scheduler.server.issuer import TicketIssuer
+
+    snap = testing.snapshot(testing.region("eu-north", "EU", zone="NO", carbon=30.0), now=NOW)
+    # The same candidates, a new carbon signal.
+    newer = dataclasses.replace(snap, carbon={zone: dataclasses.replace(signal, value=45.0)
+                                              for zone, signal in snap.carbon.items()})
+    issuer = TicketIssuer(RING, clock=lambda: NOW)
+    request = testing.request(prompt_tokens=8, max_tokens=64, request_id="r1")
+    ring = RING.of("eu-north")
+
+    def carbon(snapshot: FleetSnapshot, decision_id: str) -> object:
+        token = issuer.signer(decision_id=decision_id, request=request, body=BODY, snapshot=snapshot,
+                              mode="direct")(snapshot.candidates[0])
+        ticket = Ticket.verify(ring, token)
+        assert ticket.decision_id == decision_id
+        return ticket.carbon_g_per_kwh
+
+    assert [carbon(snap, "d1"), carbon(snap, "d2"), carbon(newer, "d3"), carbon(snap, "d4")] == [30.0, 30.0, 45.0, 30.0]
 
 
 def test_the_issuer_signs_every_ticket_field_and_the_fresh_carbon_only() -> None:
