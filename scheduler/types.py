@@ -280,6 +280,13 @@ class FleetSnapshot:
     # Identifies the inputs of live-lifetime columns (now, carbon, live, policy, kill switch):
     # snapshots that differ only in pending dispatches share it, and so share those columns.
     live_key: object = field(default_factory=object, compare=False, repr=False)
+    # (the perf tuple of the builder's previous snapshot, the indices of the candidates whose
+    # ``CandidatePerf`` here is another object than there), as the snapshot builder found them:
+    # columns derived from that tuple are brought up to date at these indices alone
+    # (scheduler.framework.columns.perf_changes) instead of comparing every candidate. None:
+    # not known (the first build, a snapshot made otherwise).
+    perf_changes: tuple[tuple[CandidatePerf, ...], tuple[int, ...]] | None = field(
+        default=None, compare=False, repr=False)
     # Columns the framework and plugins derive from snapshots, shared with the other snapshots
     # of the same builder (a cache, not an input: every entry is checked against the snapshot
     # parts it was computed from).

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import is_not
 
 from scheduler.config.schema import PolicyConfig, PoolConfig, RegionConfig
 from scheduler.energy.hardware import GPU_CATALOGUE
@@ -17,7 +19,14 @@ from scheduler.energy.model import EnergyModel
 from scheduler.energy.models import MODEL_CATALOGUE
 from scheduler.energy.power_cap import PoolCap, PowerCap, capped, pool_cap, power_cap
 from scheduler.energy.profile_model import ProfileEnergyModel
-from scheduler.energy.step import GPU_MEMORY_UTILIZATION, RatedCosts, mean_context, predict
+from scheduler.energy.step import (
+    GPU_MEMORY_UTILIZATION,
+    EnergyCoefficients,
+    LatencyCoefficients,
+    RatedCosts,
+    mean_context,
+    predict,
+)
 from scheduler.types import (
     Candidate,
     CandidatePerf,
@@ -110,8 +119,8 @@ def enumerate_candidates(regions: Sequence[RegionConfig]) -> tuple[Candidate, ..
     return tuple(candidates)
 
 
-# Memoized per-candidate performance entries kept before the memo starts over.
-PERF_MEMO_LIMIT = 200_000
+# Operating points whose step-model coefficients a builder keeps before it starts over.
+OPERATING_POINTS_KEPT = 4096
 
 
 @dataclass
@@ -119,9 +128,14 @@ class SnapshotBuilder:
     """Builds snapshots of one fleet under one policy.
 
     A candidate's ``CandidatePerf`` depends only on the candidate and its pool's live state
-    when that state is fresh, so entries are memoized on (candidate, fresh pool state), and
-    when no fresh pool state changed since the last build the last ``perf`` tuple itself is
-    reused (then the framework's columns derived from it are too).
+    when that state is fresh, so an entry is computed again only when its pool's fresh state
+    is another object, not equal to the last build's, and when no candidate's entry changed
+    the last ``perf`` tuple itself is reused (then the framework's columns derived from it are
+    too). Each snapshot says which candidates' entries changed since the last build's
+    (``FleetSnapshot.perf_changes``), so that the columns derived from that tuple are updated
+    there alone. (No memo of entries by pool state: the states a pool publishes rarely recur,
+    its arrival rates move at every publication, and such a memo's entries, four objects
+    each, made the garbage collector's passes cost more than the few hits saved.)
     """
 
     regions: tuple[RegionConfig, ...]
@@ -141,10 +155,13 @@ class SnapshotBuilder:
         )
         # Per candidate: the power cap in effect (config: power_cap_w, eco), or None (TDP).
         self.caps: tuple[PowerCap | None, ...] = candidate_caps(self.regions, self.candidates, self.energy_model)
+        self._region_names = tuple(region.name for region in self.regions)
         # per region (``regions`` order): its candidates
         self._by_region: tuple[tuple[Candidate, ...], ...] = tuple(
             tuple(c for c in self.candidates if c.region.name == region.name) for region in self.regions)
-        self._perf_memo: dict[tuple[int, PoolLiveState | None], CandidatePerf] = {}
+        self._replicas = tuple(replicas_of(c) for c in self.candidates)
+        # (candidate index, batch, others' context) -> its coefficients (``_at_point``)
+        self._points: dict[tuple[int, float, float], tuple[EnergyCoefficients, LatencyCoefficients]] = {}
         # the fresh pool states per region of the last build, and its perf tuple
         self._last: tuple[list[Mapping[str, PoolLiveState] | None], tuple[CandidatePerf, ...]] | None = None
 
@@ -155,35 +172,43 @@ class SnapshotBuilder:
         live: Mapping[str, RegionLiveState] | None = None,
         energy_routing_enabled: bool = True,
     ) -> FleetSnapshot:
-        """The snapshot at ``now``. A candidate's ``CandidatePerf`` is recomputed (or taken from
-        the memo) only when its region's fresh pool states differ from the last build's; the
-        perf tuple itself is the last one while no region's do."""
+        """The snapshot at ``now``. A candidate's ``CandidatePerf`` is recomputed only when its
+        pool's fresh state differs from the last build's; the perf tuple itself is the last one
+        while no candidate's entry is another object."""
         live = live or {}
         max_age = self.policy.max_age.region_state
-        fresh: list[Mapping[str, PoolLiveState] | None] = []
-        for region in self.regions:
-            state = live.get(region.name)
-            fresh.append(None if state is None or now - state.observed_at > max_age else state.pools)
+        get = live.get
+        fresh: list[Mapping[str, PoolLiveState] | None] = [
+            None if (state := get(name)) is None or now - state.observed_at > max_age else state.pools
+            for name in self._region_names]
         last = self._last
+        changes: tuple[tuple[CandidatePerf, ...], tuple[int, ...]] | None = None
         if last is None:
             perf = self._in_fleet_order(fresh)
         else:
-            before, perf = last
+            before, previous = last
             changed: list[CandidatePerf] | None = None
-            for r, pools in enumerate(fresh):
-                was = before[r]
-                if pools is was or (pools is not None and was is not None and pools == was):
+            # the candidates whose entry is another object than in ``previous``
+            changed_at: list[int] = []
+            for r in compress(range(len(fresh)), map(is_not, fresh, before)):
+                pools, was = fresh[r], before[r]
+                if pools is not None and was is not None and pools == was:
                     continue
-                if changed is None:
-                    changed = list(perf)
                 for c in self._by_region[r]:
-                    # A pool whose state is the very object it was keeps its candidates' entries
-                    # (the memo would give them again, keyed on that state).
-                    if pools is not None and was is not None and pools.get(c.pool.name) is was.get(c.pool.name):
+                    # A pool whose state is the very object it was, or an equal one, keeps its
+                    # candidates' entries.
+                    pool_state = None if pools is None else pools.get(c.pool.name)
+                    if pools is not None and was is not None and (
+                            pool_state is (had := was.get(c.pool.name)) or pool_state == had):
                         continue
-                    changed[c.index] = self._memo_perf(c, pools)
-            if changed is not None:
-                perf = tuple(changed)
+                    entry = self.perf_of(c, pool_state)
+                    if entry is not previous[c.index]:
+                        if changed is None:
+                            changed = list(previous)
+                        changed[c.index] = entry
+                        changed_at.append(c.index)
+            perf = previous if changed is None else tuple(changed)
+            changes = (previous, tuple(changed_at))
         self._last = (fresh, perf)
         snapshot: FleetSnapshot = build_frozen(FleetSnapshot, {
             "now": now,
@@ -200,6 +225,7 @@ class SnapshotBuilder:
             "live_since": None,
             "pending_wait_s": None,
             "live_key": object(),
+            "perf_changes": changes,
             "column_cache": self.column_cache,
             "config_version": self.config_version,
             # The router's refresher adds the policy's canary (scheduler.canary.runtime).
@@ -212,18 +238,8 @@ class SnapshotBuilder:
 
     def _in_fleet_order(self, fresh: list[Mapping[str, PoolLiveState] | None]) -> tuple[CandidatePerf, ...]:
         region_of = {region.name: r for r, region in enumerate(self.regions)}
-        return tuple(self._memo_perf(c, fresh[region_of[c.region.name]]) for c in self.candidates)
-
-    def _memo_perf(self, c: Candidate, pools: Mapping[str, PoolLiveState] | None) -> CandidatePerf:
-        pool_state = None if pools is None else pools.get(c.pool.name)
-        key = (c.index, pool_state)
-        perf = self._perf_memo.get(key)
-        if perf is None:
-            if len(self._perf_memo) >= PERF_MEMO_LIMIT:
-                self._perf_memo.clear()
-            perf = self.perf_of(c, pool_state)
-            self._perf_memo[key] = perf
-        return perf
+        return tuple(self.perf_of(c, None if (pools := fresh[region_of[c.region.name]]) is None
+                                  else pools.get(c.pool.name)) for c in self.candidates)
 
     def perf_of(self, c: Candidate, pool_state: PoolLiveState | None) -> CandidatePerf:
         """The candidate's predictors with its pool in ``pool_state`` (None: unknown or stale;
@@ -251,20 +267,16 @@ class SnapshotBuilder:
         are the capped ones (``scheduler.energy.power_cap.capped``): slower, fewer joules.
         """
         assumptions = self.perf
-        rated = self.rated[c.index]
-        cap = self.caps[c.index]
-        costs = rated.costs
-        replicas = replicas_of(c)
+        costs = self.rated[c.index].costs
+        replicas = self._replicas[c.index]
         if pool_state is None:
-            nominal = capped(rated, cap, assumptions.nominal_batch, assumptions.nominal_context)
-            energy, latency = predict(nominal, assumptions.nominal_batch, assumptions.nominal_context)
+            energy, latency = self._at_point(c.index, assumptions.nominal_batch, assumptions.nominal_context)
             return CandidatePerf(energy, latency, assumptions.nominal_batch, 0.0, live=False)
         running = pool_state.running / replicas
         waiting = pool_state.queue_depth / replicas
         batch = min(running + 1.0, float(costs.max_num_seqs))
         others = mean_context(pool_state.kv_cache_usage, costs.kv_capacity_tokens, running)
-        # A power cap binds at this operating point or not (scheduler.energy.power_cap).
-        energy, latency = predict(capped(rated, cap, batch, others), batch, others)
+        energy, latency = self._at_point(c.index, batch, others)
         arrivals = max(0.0, pool_state.arrival_rate) / replicas
         prompt = (pool_state.prompt_tokens_rate / pool_state.arrival_rate if pool_state.arrival_rate > 0
                   else assumptions.queued_prompt_tokens)
@@ -278,3 +290,19 @@ class SnapshotBuilder:
             tpot = latency.tpot_s + others * latency.tpot_s_per_context_token
             wait += assumptions.output_tokens / 2.0 * tpot / max(running, 1.0)
         return CandidatePerf(energy, latency, batch, wait, live=True)
+
+    def _at_point(self, index: int, batch: float, others: float) -> tuple[EnergyCoefficients, LatencyCoefficients]:
+        """The step model's coefficients of candidate ``index`` at an operating point (decode
+        batch, others' mean context), under its power cap where the cap binds there
+        (``scheduler.energy.power_cap``). Memoized: a pool's state changes at nearly every
+        publication (its arrival rates move), its operating point rarely (a pool between
+        requests runs nothing: batch 1, no context), and the step model is most of the cost
+        of an entry."""
+        point = (index, batch, others)
+        found = self._points.get(point)
+        if found is None:
+            if len(self._points) >= OPERATING_POINTS_KEPT:
+                self._points.clear()
+            rated = self.rated[index]
+            found = self._points[point] = predict(capped(rated, self.caps[index], batch, others), batch, others)
+        return found

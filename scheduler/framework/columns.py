@@ -9,19 +9,21 @@ The framework's columns (``Frame``) are the candidate index by model, each candi
 region, location and tie-break key, and a memo of RTT rows per client location (static: once
 per candidate tuple) and the prediction matrix from each candidate's ``CandidatePerf`` (once
 per perf tuple, which the snapshot builder reuses while no pool's live state changes; a new
-perf tuple recomputes only the rows of the candidates whose ``CandidatePerf`` changed). A plugin's columns come from its
-``prepare`` and live as long as its ``LIFETIME`` says (``live``: as long as the snapshot's
-``live_key``, which the snapshots that differ only in pending dispatches share). All of them are kept in the
-snapshot's ``column_cache`` (shared by the snapshots of one builder), each entry with the
-snapshot part it was computed from, and restricted once per model to that model's
-candidates: every request for a model starts from them.
+perf tuple recomputes only the rows of the candidates whose ``CandidatePerf`` changed, which
+the builder records in the snapshot, ``perf_changes``: no scan of the fleet for them). A
+plugin's columns come from its ``prepare`` and live as long as its ``LIFETIME`` says
+(``live``: as long as the snapshot's ``live_key``, which the snapshots that differ only in
+pending dispatches share). All of them are kept in the snapshot's ``column_cache`` (shared by
+the snapshots of one builder), each entry with the snapshot part it was computed from, and
+restricted once per model to that model's candidates: every request for a model starts from
+them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import is_not
@@ -135,17 +137,31 @@ def _updated(last: Frame, changed: list[int], perf: tuple[CandidatePerf, ...]) -
     prediction = last.prediction.copy()  # the last frame keeps its own
     queue_wait_s = last.queue_wait_s.copy()
     live = last.live.copy()
-    # rows k x m + position, PREDICTIONS-major: the (PREDICTIONS, candidates, REQUEST_FEATURES)
-    # view of the block takes a candidate's coefficients in one assignment (a few candidates
-    # change at a time: item by item is cheaper than building index arrays)
-    block = prediction.reshape(len(PREDICTIONS), len(last.index), len(REQUEST_FEATURES))
+    # rows k x m + position, PREDICTIONS-major; a few candidates change at a time: row by row
+    # (a flat tuple each) is cheaper than one assignment of nested tuples or index arrays
+    m = len(last.index)
     index = last.index
     for position in changed:
         p = perf[index[position]]
-        block[:, position] = _coefficients(p)
+        energy, ttft, tpot = _coefficients(p)
+        prediction[position] = energy
+        prediction[m + position] = ttft
+        prediction[2 * m + position] = tpot
         queue_wait_s[position] = p.queue_wait_s
         live[position] = p.live
     return {"prediction": prediction, "queue_wait_s": queue_wait_s, "live": live}
+
+
+def perf_changes(snapshot: FleetSnapshot, previous: tuple[CandidatePerf, ...]) -> Sequence[int]:
+    """The indices of the candidates whose ``CandidatePerf`` in ``snapshot.perf`` is another
+    object than in ``previous`` (a perf tuple of the same candidates): as the snapshot builder
+    recorded them when ``previous`` is its last build's tuple (``FleetSnapshot.perf_changes``),
+    else by comparing every candidate."""
+    changes = snapshot.perf_changes
+    if changes is not None and changes[0] is previous:
+        return changes[1]
+    perf = snapshot.perf
+    return list(compress(range(len(perf)), map(is_not, perf, previous)))
 
 
 def perf_rows(snapshot: FleetSnapshot, key: object, row: Callable[[CandidatePerf], tuple[float, ...]],
@@ -164,10 +180,10 @@ def perf_rows(snapshot: FleetSnapshot, key: object, row: Callable[[CandidatePerf
     n = len(perf)
     rows: FloatArray | None = None
     if isinstance(entry, tuple) and entry[2] is snapshot.candidates and len(entry[0]) == n:
-        changed = list(compress(range(n), map(is_not, perf, entry[0])))
+        changed = perf_changes(snapshot, entry[0])
         if len(changed) * 2 < n:
             rows = entry[1].copy()  # the last perf tuple's columns stay as they were
-            rows[changed] = [row(perf[i]) for i in changed]
+            rows[list(changed)] = [row(perf[i]) for i in changed]  # a list: a tuple would index dimensions
     if rows is None:
         rows = np.asarray([row(p) for p in perf], dtype=np.float64).reshape(n, width)
     cache[key] = (perf, rows, snapshot.candidates)
@@ -245,7 +261,7 @@ def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
     if last is not None:
         # position in this model's frame of every fleet candidate (-1: another model's)
         position: list[int] = _cached(cache, ("frame-positions", model), candidates, lambda: _positions(index, n))
-        changed = [p for p in map(position.__getitem__, compress(range(n), map(is_not, perf, previous))) if p >= 0]
+        changed = [p for p in map(position.__getitem__, perf_changes(snapshot, previous)) if p >= 0]
         if not changed:
             # Only other models' candidates changed: this model's frame is the last one.
             cache[key] = (candidates, perf, last)

@@ -46,3 +46,51 @@ def test_incremental_builds_equal_builds_from_scratch(default_policy) -> None:  
         snapshot = builder.build(now, live=dict(live))
         fresh = SnapshotBuilder(regions, default_policy).build(now, live=dict(live))
         assert snapshot.perf == fresh.perf
+
+
+def test_perf_changes_name_exactly_the_candidates_whose_entry_is_another_object(default_policy) -> None:  # type: ignore[no-untyped-def]
+    # What the builder records is what a scan of the two perf tuples finds: the columns derived
+    # from the last tuple are updated at those indices alone (scheduler.framework.columns).
+    rng = random.Random(5)
+    regions = tuple(region(f"r{i}", pools=[pool("h100", "H100-80GB"), pool("l4", "L4", count=4)]) for i in range(5))
+    builder = SnapshotBuilder(regions, default_policy)
+    live: dict[str, RegionLiveState] = {}
+    now = NOW
+    previous = builder.build(now).perf
+    for _ in range(80):
+        now += rng.choice((0.5, 1.0, 7.0))
+        for r in regions:
+            roll = rng.random()
+            if roll < 0.1:
+                live.pop(r.name, None)
+            elif roll < 0.5 or r.name not in live:
+                pools = dict(live[r.name].pools) if r.name in live and rng.random() < 0.5 else {}
+                # one pool changes, or an equal copy of a state is published, or all of them anew
+                for p in r.pools:
+                    if not pools or rng.random() < 0.5:
+                        pools[p.name] = PoolLiveState(running=rng.choice((0, 3)), arrival_rate=rng.choice((0.0, 1.5)))
+                live[r.name] = RegionLiveState(r.name, True, now, pools)
+        snapshot = builder.build(now, live=dict(live))
+        assert snapshot.perf_changes is not None and snapshot.perf_changes[0] is previous
+        scanned = [i for i, (a, b) in enumerate(zip(previous, snapshot.perf, strict=True)) if a is not b]
+        assert list(snapshot.perf_changes[1]) == scanned
+        assert (snapshot.perf is previous) == (not scanned)
+        previous = snapshot.perf
+
+
+def test_entries_from_memoized_operating_points_equal_fresh_ones_under_binding_caps(default_policy) -> None:  # type: ignore[no-untyped-def]
+    # The builder keeps the step model's coefficients per (candidate, batch, context): an entry
+    # made from them is the one a builder that never computed that point makes, on a pool whose
+    # power cap binds (350 W on an H100) and on one whose cap does not (the L4's TDP).
+    rng = random.Random(7)
+    capped_pool = {**pool("h100", "H100-80GB"), "power_cap_w": 350.0}
+    regions = (region("a", pools=[capped_pool, pool("l4", "L4", count=4)]),)
+    builder = SnapshotBuilder(regions, default_policy)
+    assert any(cap is not None for cap in builder.caps)
+    for _ in range(300):
+        state = PoolLiveState(running=rng.choice((0, 1, 8, 60, 300)), queue_depth=rng.choice((0, 4)),
+                              kv_cache_usage=rng.choice((0.0, 0.2, 0.96)), arrival_rate=rng.random() * 3,
+                              prompt_tokens_rate=rng.random() * 3000)
+        for c in builder.candidates:
+            kept = builder.perf_of(c, rng.choice((state, None)))
+            assert kept == SnapshotBuilder(regions, default_policy).perf_of(c, None if not kept.live else state)
