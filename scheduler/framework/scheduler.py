@@ -66,14 +66,14 @@ def store_fallbacks(snapshot: FleetSnapshot) -> tuple[Fallback, ...]:
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _costs(rates: FloatArray, quantities: FloatArray) -> FloatArray:
+def _costs(rates: FloatArray, by_survivor: FloatArray) -> FloatArray:
     """Each survivor's cost, sum over scorers of rate x quantity [USD]: one dot product per
-    survivor (a contiguous row of its quantities), computed alike for every survivor. A
-    vector-matrix product across the survivors (rates @ quantities) rounds some of them in
-    other SIMD lanes than others, so two identical candidates could differ by an ulp, and
-    which of them wins an exact tie would depend on their positions in the list rather than
-    on the tie-break key."""
-    costs: FloatArray = np.ascontiguousarray(quantities.T).dot(rates)
+    survivor (``by_survivor``: C-contiguous, a row of quantities per survivor), computed alike
+    for every survivor. A vector-matrix product across the survivors (rates @ quantities)
+    rounds some of them in other SIMD lanes than others, so two identical candidates could
+    differ by an ulp, and which of them wins an exact tie would depend on their positions in
+    the list rather than on the tie-break key."""
+    costs: FloatArray = by_survivor.dot(rates)
     return costs
 
 
@@ -148,9 +148,11 @@ class _Compiled:
     # (plugin, may leave nothing): the hard filters, then the policy's matchers
     narrowing: tuple[tuple[Filter, bool], ...]
     # Every plugin whose columns a decision may read, in this order: the narrowing plugins,
-    # the primary objective's scorers, the fallback objective's; and their LIFETIMEs.
+    # the primary objective's scorers, the fallback objective's; and the positions in it of
+    # those whose columns live one snapshot (LIFETIME "live") and one perf tuple ("perf").
     prepares: tuple[Filter | Scorer, ...]
-    lifetimes: tuple[str | None, ...]
+    live_at: tuple[int, ...]
+    perf_at: tuple[int, ...]
 
 
 @dataclass
@@ -203,7 +205,9 @@ class Scheduler:
             narrowing = (*((f, True) for f in self.filters), *((m, False) for m in plan.matchers))
             prepares: tuple[Filter | Scorer, ...] = (
                 *(p for p, _ in narrowing), *(t.scorer for t in plan.primary), *(t.scorer for t in plan.fallback))
-            compiled = _Compiled(policy, plan, narrowing, prepares, tuple(p.LIFETIME for p in prepares))
+            compiled = _Compiled(policy, plan, narrowing, prepares,
+                                 tuple(i for i, p in enumerate(prepares) if p.LIFETIME == "live"),
+                                 tuple(i for i, p in enumerate(prepares) if p.LIFETIME == "perf"))
             self._compiled[id(policy)] = compiled
         return compiled
 
@@ -219,11 +223,11 @@ class Scheduler:
                 return columns
             if entry[3] is snapshot.candidates:
                 # Another build of the same fleet: only the columns whose inputs may differ.
-                same_perf = entry[4] is snapshot.perf
-                columns = tuple(
-                    kept if lifetime is None or lifetime == "static" or (lifetime == "perf" and same_perf)
-                    else prepared(plugin, snapshot, model, base)
-                    for plugin, lifetime, kept in zip(compiled.prepares, compiled.lifetimes, entry[2], strict=True))
+                fresh = list(entry[2])
+                plugins = compiled.prepares
+                for i in compiled.live_at if entry[4] is snapshot.perf else compiled.live_at + compiled.perf_at:
+                    fresh[i] = prepared(plugins[i], snapshot, model, base)
+                columns = tuple(fresh)
                 cache[key] = (compiled, snapshot.live_key, columns, snapshot.candidates, snapshot.perf)
                 return columns
         columns = tuple(prepared(plugin, snapshot, model, base) for plugin in compiled.prepares)
@@ -339,7 +343,9 @@ class Scheduler:
         None when an energy-layer scorer of the primary objective abstained (the fallback
         objective ranks instead). A scorer that gives a non-finite quantity abstains."""
         answered: list[Term] = []
-        rows: list[FloatArray] = []
+        # the quantities survivor by survivor, as ``_costs`` takes them (written in place: no
+        # stacking and transposing of the scorers' rows)
+        by_survivor = np.empty((count, len(terms)))
         mask = 0
         for bit, (term, cols) in enumerate(zip(terms, columns, strict=False)):
             scorer = term.scorer
@@ -354,16 +360,17 @@ class Scheduler:
                 if primary and scorer.ENERGY_LAYER:
                     return None
                 continue
+            by_survivor[:, len(answered)] = result
             answered.append(term)
-            rows.append(result)
             mask |= 1 << bit
         labels = self._labels(terms, mask, answered, klass)
-        quantities = np.array(rows, dtype=np.float64).reshape(len(rows), count)
-        totals = _costs(labels.rates, quantities) if rows else np.zeros(count)
+        if len(answered) < len(terms):
+            by_survivor = np.ascontiguousarray(by_survivor[:, :len(answered)])
+        totals = _costs(labels.rates, by_survivor) if answered else np.zeros(count)
         if not math.isfinite(np.add.reduce(totals)):
             # Rare: drop the scorers that gave a non-finite quantity (recorded as fallbacks).
-            row_finite: BoolArray = np.all(np.isfinite(quantities), axis=1)
-            finite = [bool(ok) for ok in row_finite]
+            scorer_finite: BoolArray = np.all(np.isfinite(by_survivor), axis=0)
+            finite = [bool(ok) for ok in scorer_finite]
             for term, ok in zip(answered, finite, strict=True):
                 scorer = term.scorer
                 if not ok:
@@ -374,9 +381,10 @@ class Scheduler:
             kept = [term for term, ok in zip(answered, finite, strict=True) if ok]
             kept_mask = sum(1 << terms.index(term) for term in kept)
             labels = self._labels(terms, kept_mask, kept, klass)
-            quantities = quantities[np.asarray(finite, dtype=bool)]
-            totals = _costs(labels.rates, quantities) if kept else np.zeros(count)
-        return _Ranking(labels.names, labels.units, labels.rate_values, labels.written, quantities, totals)
+            by_survivor = np.ascontiguousarray(by_survivor[:, np.asarray(finite, dtype=bool)])
+            totals = _costs(labels.rates, by_survivor) if kept else np.zeros(count)
+        # (scorers x survivors, as a Decision holds them)
+        return _Ranking(labels.names, labels.units, labels.rate_values, labels.written, by_survivor.T, totals)
 
     def _labels(self, terms: tuple[Term, ...], mask: int, answered: list[Term], klass: int) -> _Labels:
         """Names, units and rates of the answered terms (memoized: the same few per objective)."""

@@ -15,10 +15,11 @@ regions whose published pool mapping changed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from operator import is_
+from itertools import compress
+from operator import is_not
 from typing import ClassVar
 
 import numpy as np
@@ -65,7 +66,7 @@ class PoolServedFilter(Plugin):
         # Per region: the pool mapping of its fresh live state (None: none fresh). A region is
         # judged again only when its mapping is another object than at the last build (a state
         # republished unchanged keeps its mapping), and the columns are the last ones while
-        # no region's mapping changed.
+        # every region judged again is judged as before (usually: every pool served, no limit).
         now = snapshot.now
         max_age = snapshot.policy.max_age.region_state
         live = snapshot.live
@@ -75,20 +76,21 @@ class PoolServedFilter(Plugin):
             maps.append(None if state is None or now - state.observed_at > max_age else state.pools)
         cache = snapshot.column_cache
         entry = cache.get(("pool-served",))
+        last: Columns | None = None
         if isinstance(entry, tuple) and entry[0] is snapshot.candidates:
-            if all(map(is_, entry[1], maps)):
-                kept: Columns = entry[3]
-                return kept
-            before_maps, before = entry[1], entry[2]
+            changed: Iterable[int] = compress(range(len(maps)), map(is_not, maps, entry[1]))
+            by_region, last = list(entry[2]), entry[3]
         else:
-            before_maps, before = (None,) * len(maps), (None,) * len(maps)
+            changed, by_region = range(len(maps)), [None] * len(maps)
         names = memo(snapshot, ("pool-served-names",), snapshot.candidates,
                      lambda: tuple(tuple(dict.fromkeys(c.pool.name for c in group)) for group in members))
-        by_region = tuple(judged if pools is was else _judge_region(pools, candidates, pool_names)
-                          for pools, was, judged, candidates, pool_names
-                          in zip(maps, before_maps, before, members, names, strict=True))
-        columns = _columns(snapshot, by_region, members)
-        cache[("pool-served",)] = (snapshot.candidates, tuple(maps), by_region, columns)
+        for r in changed:
+            region_judged = _judge_region(maps[r], members[r], names[r])
+            if region_judged is not by_region[r]:
+                by_region[r] = region_judged
+                last = None
+        columns = _columns(snapshot, by_region, members) if last is None else last
+        cache[("pool-served",)] = (snapshot.candidates, maps, by_region, columns)
         return columns
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
@@ -109,10 +111,10 @@ class PoolServedFilter(Plugin):
 Judged = tuple[list[bool], list[float], list[Reason | None]]
 
 
-def _columns(snapshot: FleetSnapshot, by_region: tuple[Judged | None, ...],
+def _columns(snapshot: FleetSnapshot, by_region: list[Judged | None],
              members: tuple[tuple[Candidate, ...], ...]) -> Columns:
     """The fleet's columns from each region's verdicts (None: every candidate served, no limit)."""
-    if all(j is None for j in by_region):
+    if by_region.count(None) == len(by_region):
         # Every candidate served, no live context limit: the same columns for every such
         # snapshot of the fleet.
         n = len(snapshot.candidates)

@@ -54,9 +54,10 @@ class RegionHealthFilter(Plugin):
     LIFETIME: ClassVar[Lifetime | None] = "live"
 
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        verdicts = tuple(region_verdicts(snapshot))
+        judged = region_verdicts(snapshot)
+        verdicts = tuple(judged)
         region = region_positions(snapshot)
-        if all(v is None for v in verdicts):
+        if judged.count(None) == len(judged):
             # The same columns for every snapshot of the fleet in which all regions are healthy.
             every: Columns = memo(snapshot, ("region-health-all",), snapshot.candidates, lambda: Columns(
                 np.ones(len(snapshot.candidates), dtype=bool), region, verdicts, True))
@@ -83,15 +84,9 @@ def region_verdicts(snapshot: FleetSnapshot) -> list[Verdict]:
         store is not None and store.reachable and store.recovered_at is not None and now - store.recovered_at <= max_age
     ):
         return [region_verdict(snapshot, r.name) for r in snapshot.regions]
-    live = snapshot.live
-    verdicts: list[Verdict] = []
-    for r in snapshot.regions:
-        state = live.get(r.name)
-        if state is not None and state.healthy and now - state.observed_at <= max_age:
-            verdicts.append(None)
-        else:
-            verdicts.append(_by_state(snapshot, r.name))
-    return verdicts
+    get = snapshot.live.get
+    return [None if (state := get(r.name)) is not None and state.healthy and now - state.observed_at <= max_age
+            else _by_state(snapshot, r.name) for r in snapshot.regions]
 
 
 def region_verdict(snapshot: FleetSnapshot, region: str) -> Verdict:

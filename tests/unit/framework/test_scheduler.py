@@ -3,13 +3,24 @@ fallbacks with ages, the kill switch, purity."""
 
 from __future__ import annotations
 
+import json
 import random
+from dataclasses import dataclass
+from typing import ClassVar
 
+import numpy as np
 import pytest
 
+from scheduler.config.loader import validate
+from scheduler.config.schema import PolicyConfig
+from scheduler.framework.columns import FloatArray
+from scheduler.framework.plugin import Abstain, NoColumns, Positions, RequestView
+from scheduler.framework.registry import Registry
 from scheduler.framework.scheduler import KILL_SWITCH, Scheduler
-from scheduler.plugins import default_scheduler_registry
-from scheduler.types import GeoPoint, Request
+from scheduler.plugins import default_scheduler_registry, register_all
+from scheduler.testing import region as one_region
+from scheduler.testing import request, shipped_policy, snapshot
+from scheduler.types import Decision, GeoPoint, Request
 from tests.literals import carbon, pool, region
 
 
@@ -162,3 +173,44 @@ def test_unserved_model_names_do_not_grow_the_caches(scheduler, make_snapshot) -
     assert len(snapshot.column_cache) <= size + 200  # one bounded memo entry per name at most
     assert not any(isinstance(k, tuple) and k[0] in ("frame", "plugin", "plan-columns") and "no-such" in str(k)
                    for k in snapshot.column_cache)
+
+
+
+@dataclass(frozen=True)
+class NotFiniteScorer(NoColumns):
+    """The TTFT in ms, but NaN on the last survivor."""
+
+    TYPE: ClassVar[str] = "not-finite-scorer"
+    UNIT: ClassVar[str] = "ms"
+    QUANTITY: ClassVar[str] = "nothing"
+    ENERGY_LAYER: ClassVar[bool] = False
+
+    def score(self, view: RequestView, cols: None, positions: Positions) -> FloatArray | Abstain:
+        ms: FloatArray = view.ttft_s[positions] * 1000.0
+        ms[-1] = float("nan")
+        return ms
+
+
+def decide_with_not_finite_scorer(listed: bool) -> Decision:
+    registry = register_all(Registry())
+    registry.scorer(NotFiniteScorer.TYPE, NotFiniteScorer)
+    raw = json.loads(shipped_policy("default").model_dump_json())
+    if listed:
+        raw["scorers"].append({"type": NotFiniteScorer.TYPE,
+                               "rate": {"interactive": "1 USD/h", "batch": "1 USD/h", "deferrable": 0}})
+    policy = validate(PolicyConfig, raw, "<not-finite example>")
+    snap = snapshot(one_region("near", lat=40.7, lon=-74.0, carbon=300),
+                    one_region("far", lat=35.7, lon=139.7, carbon=300), policy=policy)
+    return Scheduler.from_registry(registry).schedule(request(client=(40.7, -74.0)), snap)
+
+
+def test_a_scorer_that_gives_a_non_finite_quantity_is_dropped_and_recorded() -> None:
+    # The objective's quantities are written survivor by survivor (Scheduler._evaluate): a
+    # scorer whose quantity is not finite on some survivor leaves the objective, the costs are
+    # those of the objective without it, and the decision holds the quantities scorer by scorer.
+    with_it, without = decide_with_not_finite_scorer(True), decide_with_not_finite_scorer(False)
+    assert [(f.signal, f.scorer) for f in with_it.fallbacks] == [("nothing", NotFiniteScorer.TYPE)]
+    assert with_it.scorer_names == without.scorer_names
+    assert np.array_equal(with_it.totals, without.totals)
+    assert np.asarray(with_it.quantities).shape == (len(without.scorer_names), len(without.totals))
+    assert np.array_equal(with_it.quantities, without.quantities)
