@@ -158,21 +158,21 @@ class SimDataLayer:
         self.refresh_s = refresh_s
         # region -> its simulated pools (those serving the simulated model)
         self._pools = {name: tuple(pools.get(name, ())) for name in (r.name for r in builder.regions)}
-        # region -> the states its pools last published (a pool that never did: idle)
-        self._pool_states = {region: tuple(PoolLiveState() for _ in sims) for region, sims in self._pools.items()}
+        # region -> the state each of its pools last published, by pool name (every pool of its
+        # config: one that is not simulated, or never published, is idle). A new mapping when a
+        # pool publishes another state, the same object while none does (the snapshot builder
+        # and the pool-served filter then reuse what they derived from it).
+        self._published_pools: dict[str, Mapping[str, PoolLiveState]] = {
+            r.name: {p.name: PoolLiveState() for p in r.pools} for r in builder.regions}
         # The pools whose next publication may differ from their last, each with its region and
-        # position there: every pool until its first one, then a pool from the request sent to
-        # it until it is ``quiet`` again. A quiet pool would publish its last state: it is not
-        # asked (sparse arrivals leave most pools quiet at most publications).
-        self._active: dict[PoolSim, tuple[str, int]] = {
-            pool: (region, i) for region, sims in self._pools.items() for i, pool in enumerate(sims)}
-        self._place = {(region, pool.candidate.pool.name): (pool, i)
-                       for region, sims in self._pools.items() for i, pool in enumerate(sims)}
+        # name: every pool until its first one, then a pool from the request sent to it until it
+        # is ``quiet`` again. A quiet pool would publish its last state: it is not asked (sparse
+        # arrivals leave most pools quiet at most publications).
+        self._active: dict[PoolSim, tuple[str, str]] = {
+            pool: (region, pool.candidate.pool.name) for region, sims in self._pools.items() for pool in sims}
+        self._place = {(region, pool.candidate.pool.name): pool for region, sims in self._pools.items() for pool in sims}
         # the carbon mapping ``_exact_until`` last read, and its signals' stale-from times, sorted
         self._carbon_limits: tuple[object, float, list[float]] | None = None
-        self._idle = {
-            r.name: {p.name: PoolLiveState() for p in r.pools} for r in builder.regions
-        }
         self.down: set[str] = set()
         self.published: dict[str, RegionLiveState] = {}
         self._snapshot: FleetSnapshot | None = None
@@ -182,19 +182,17 @@ class SimDataLayer:
         # region -> the last time it published (its state may be unchanged since the build)
         self._last_publish: dict[str, float] = {}
         self.pending = PendingDispatches()
-        # region -> the pool states it last published and the mapping made of them
-        self._states: dict[str, tuple[tuple[PoolLiveState, ...], Mapping[str, PoolLiveState]]] = {}
         self.affinity = SimAffinity(builder.policy) if affinity else None
 
     def record_dispatch(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request, now: float) -> None:
         """The engine sent ``request`` to ``candidate``: as ``SnapshotRefresher.record_dispatch``."""
         self.pending.record(snapshot, candidate, request, now)
         region = candidate.region.name
-        pool, position = self._place[(region, candidate.pool.name)]
+        pool = self._place[(region, candidate.pool.name)]
         if pool not in self._active:
             # Its region published at every snapshot since the pool went quiet.
             pool.published_quiet(self._last_publish[region])
-            self._active[pool] = (region, position)
+            self._active[pool] = (region, candidate.pool.name)
         if self.affinity is not None:
             self.affinity.record_dispatch(candidate, request, now)
 
@@ -214,17 +212,20 @@ class SimDataLayer:
             return self._handed_out(snap, now)
         carbon = self.carbon.published(now)
         down = self.down
-        pool_states = self._pool_states
+        published_pools = self._published_pools
         active = self._active
-        for pool, (region, position) in list(active.items()):
+        for pool, (region, name) in list(active.items()):
             if region in down:
                 continue
-            states = list(pool_states[region])
-            states[position] = pool.live(now)
-            pool_states[region] = tuple(states)
+            state = pool.live(now)
+            pools = published_pools[region]
+            was = pools[name]
+            if state is not was and state != was:
+                pools = published_pools[region] = {**pools, name: state}  # the snapshots hold the last one
             if pool.quiet:
                 del active[pool]
-        live = {region: pool_states[region] for region in self._pools if region not in down}
+        # (``_published_pools`` is in region order)
+        live = dict(published_pools) if not down else {r: p for r, p in published_pools.items() if r not in down}
         published_at = dict.fromkeys(live, now)
         self._last_publish.update(published_at)
         self.pending.settle_regions(published_at, now)
@@ -239,18 +240,7 @@ class SimDataLayer:
             last = published.get(region)
             if last is not None and self._last_publish.get(region, 0.0) > last.observed_at:
                 published[region] = dataclasses.replace(last, observed_at=self._last_publish[region])
-        for region, region_pools in live.items():
-            # The same mapping while the region's pool states are the same (the snapshot
-            # builder then reuses its candidates' predictions).
-            kept = self._states.get(region)
-            if kept is not None and kept[0] == region_pools:
-                mapping = kept[1]
-            else:
-                mapping = dict(self._idle[region])
-                for pool, state in zip(self._pools[region], region_pools, strict=True):
-                    mapping[pool.candidate.pool.name] = state
-                self._states[region] = (region_pools, mapping)
-            published[region] = RegionLiveState(region, True, now, mapping)
+        published.update({region: RegionLiveState(region, True, now, pools) for region, pools in live.items()})
         snap = self.builder.build(now, carbon, published)
         self._snapshot, self._inputs = snap, inputs
         self._valid_until = self._exact_until(snap)
@@ -274,5 +264,9 @@ class SimDataLayer:
             self._carbon_limits = kept
         limits = kept[2]
         first = bisect.bisect_left(limits, snap.now)
-        regions = [self.published[r].observed_at + max_age.region_state for r in self.down if r in self.published]
-        return min([*limits[first:first + 1], *(t for t in regions if t >= snap.now)], default=float("inf"))
+        until = limits[first] if first < len(limits) else math.inf
+        for r in self.down:
+            last = self.published.get(r)
+            if last is not None and snap.now <= (t := last.observed_at + max_age.region_state) < until:
+                until = t
+        return until
