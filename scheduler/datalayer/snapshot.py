@@ -156,9 +156,11 @@ class SnapshotBuilder:
         # Per candidate: the power cap in effect (config: power_cap_w, eco), or None (TDP).
         self.caps: tuple[PowerCap | None, ...] = candidate_caps(self.regions, self.candidates, self.energy_model)
         self._region_names = tuple(region.name for region in self.regions)
-        # per region (``regions`` order): its candidates
-        self._by_region: tuple[tuple[Candidate, ...], ...] = tuple(
-            tuple(c for c in self.candidates if c.region.name == region.name) for region in self.regions)
+        # per region (``regions`` order): its pools, each with its candidates
+        self._by_region: tuple[tuple[tuple[str, tuple[Candidate, ...]], ...], ...] = tuple(
+            tuple((pool.name, tuple(c for c in self.candidates if c.region.name == region.name
+                                    and c.pool.name == pool.name)) for pool in region.pools)
+            for region in self.regions)
         self._replicas = tuple(replicas_of(c) for c in self.candidates)
         # (candidate index, batch, others' context) -> its coefficients (``_at_point``)
         self._points: dict[tuple[int, float, float], tuple[EnergyCoefficients, LatencyCoefficients]] = {}
@@ -192,21 +194,20 @@ class SnapshotBuilder:
             changed_at: list[int] = []
             for r in compress(range(len(fresh)), map(is_not, fresh, before)):
                 pools, was = fresh[r], before[r]
-                if pools is not None and was is not None and pools == was:
-                    continue
-                for c in self._by_region[r]:
-                    # A pool whose state is the very object it was, or an equal one, keeps its
-                    # candidates' entries.
-                    pool_state = None if pools is None else pools.get(c.pool.name)
+                for name, members in self._by_region[r]:
+                    # A pool whose state is the very object it was, or an equal one (a state
+                    # republished unchanged), keeps its candidates' entries.
+                    pool_state = None if pools is None else pools.get(name)
                     if pools is not None and was is not None and (
-                            pool_state is (had := was.get(c.pool.name)) or pool_state == had):
+                            pool_state is (had := was.get(name)) or pool_state == had):
                         continue
-                    entry = self.perf_of(c, pool_state)
-                    if entry is not previous[c.index]:
-                        if changed is None:
-                            changed = list(previous)
-                        changed[c.index] = entry
-                        changed_at.append(c.index)
+                    for c in members:
+                        entry = self.perf_of(c, pool_state)
+                        if entry is not previous[c.index]:
+                            if changed is None:
+                                changed = list(previous)
+                            changed[c.index] = entry
+                            changed_at.append(c.index)
             perf = previous if changed is None else tuple(changed)
             changes = (previous, tuple(changed_at))
         self._last = (fresh, perf)
