@@ -7,9 +7,16 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.types import FleetSnapshot, PoolLiveState, RegionLiveState
 from tests.literals import NOW, carbon, pool, region
+
+
+def _regions(n: int) -> tuple[RegionConfig, ...]:
+    """``n`` regions of two pools each (an H100 pool and four L4s): the fleets the randomized
+    builds below run on."""
+    return tuple(region(f"r{i}", pools=[pool("h100", "H100-80GB"), pool("l4", "L4", count=4)]) for i in range(n))
 
 
 def test_a_snapshot_has_every_field_the_constructor_sets(default_policy) -> None:  # type: ignore[no-untyped-def]
@@ -23,7 +30,7 @@ def test_a_snapshot_has_every_field_the_constructor_sets(default_policy) -> None
 
 def test_incremental_builds_equal_builds_from_scratch(default_policy) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(2)
-    regions = tuple(region(f"r{i}", pools=[pool("h100", "H100-80GB"), pool("l4", "L4", count=4)]) for i in range(6))
+    regions = _regions(6)
     builder = SnapshotBuilder(regions, default_policy)
     live: dict[str, RegionLiveState] = {}
     now = NOW
@@ -52,7 +59,7 @@ def test_perf_changes_name_exactly_the_candidates_whose_entry_is_another_object(
     # What the builder records is what a scan of the two perf tuples finds: the columns derived
     # from the last tuple are updated at those indices alone (scheduler.framework.columns).
     rng = random.Random(5)
-    regions = tuple(region(f"r{i}", pools=[pool("h100", "H100-80GB"), pool("l4", "L4", count=4)]) for i in range(5))
+    regions = _regions(5)
     builder = SnapshotBuilder(regions, default_policy)
     live: dict[str, RegionLiveState] = {}
     now = NOW
