@@ -145,6 +145,11 @@ class SnapshotBuilder:
     # The version of the config files the regions and policy came from (every snapshot, and
     # so every decision and receipt, carries it; scheduler.server.config_reload). "": none.
     config_version: str = ""
+    # The models whose candidates' ``CandidatePerf`` follow their pools' live state (None:
+    # every model). The others keep the nominal entry of a pool whose state is unknown
+    # (``live`` False): for the simulator, whose requests all ask for one model, so that a
+    # pool's new state does not cost the predictions of the other models it serves.
+    models: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         self.candidates = enumerate_candidates(self.regions)
@@ -156,10 +161,12 @@ class SnapshotBuilder:
         # Per candidate: the power cap in effect (config: power_cap_w, eco), or None (TDP).
         self.caps: tuple[PowerCap | None, ...] = candidate_caps(self.regions, self.candidates, self.energy_model)
         self._region_names = tuple(region.name for region in self.regions)
-        # per region (``regions`` order): its pools, each with its candidates
+        # per region (``regions`` order): its pools that serve one of ``models``, each with its
+        # candidates of them
         self._by_region: tuple[tuple[tuple[str, tuple[Candidate, ...]], ...], ...] = tuple(
-            tuple((pool.name, tuple(c for c in self.candidates if c.region.name == region.name
-                                    and c.pool.name == pool.name)) for pool in region.pools)
+            tuple((pool.name, members) for pool in region.pools
+                  if (members := tuple(c for c in self.candidates if c.region.name == region.name
+                                       and c.pool.name == pool.name and self._followed(c))))
             for region in self.regions)
         self._replicas = tuple(replicas_of(c) for c in self.candidates)
         # (candidate index, batch, others' context) -> its coefficients (``_at_point``)
@@ -237,9 +244,13 @@ class SnapshotBuilder:
         })
         return snapshot
 
+    def _followed(self, candidate: Candidate) -> bool:
+        """Whether ``candidate``'s entry follows its pool's live state (``models``)."""
+        return self.models is None or candidate.deployment.name in self.models
+
     def _in_fleet_order(self, fresh: list[Mapping[str, PoolLiveState] | None]) -> tuple[CandidatePerf, ...]:
         region_of = {region.name: r for r, region in enumerate(self.regions)}
-        return tuple(self.perf_of(c, None if (pools := fresh[region_of[c.region.name]]) is None
+        return tuple(self.perf_of(c, None if not self._followed(c) or (pools := fresh[region_of[c.region.name]]) is None
                                   else pools.get(c.pool.name)) for c in self.candidates)
 
     def perf_of(self, c: Candidate, pool_state: PoolLiveState | None) -> CandidatePerf:

@@ -144,7 +144,9 @@ class Simulation:
         started_wall = time.perf_counter()
         w = self.workload
         n = len(w)
-        builder = SnapshotBuilder(self.regions, self.policy)
+        # Every request asks for the workload's model: the predictions of the others, which
+        # nothing reads, are not kept up to date (``SnapshotBuilder.models``).
+        builder = SnapshotBuilder(self.regions, self.policy, models=frozenset((w.model,)))
         predictions = Predictions()
         scheduler = self.scheduler or Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(self.seed))
         affinity = self.scenario.affinity

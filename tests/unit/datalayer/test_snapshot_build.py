@@ -101,3 +101,28 @@ def test_entries_from_memoized_operating_points_equal_fresh_ones_under_binding_c
         for c in builder.candidates:
             kept = builder.perf_of(c, rng.choice((state, None)))
             assert kept == SnapshotBuilder(regions, default_policy).perf_of(c, None if not kept.live else state)
+
+
+def test_a_builder_for_some_models_follows_their_candidates_alone(default_policy) -> None:  # type: ignore[no-untyped-def]
+    # The simulator's builder (``models``: the workload's one model): that model's candidates
+    # get the entries of a builder for every model, build after build; the others keep the
+    # nominal entry of a pool whose state is unknown.
+    rng = random.Random(3)
+    two_models = [{"name": "llama-3.1-8b", "precision": "bf16", "max_context": 131072},
+                  {"name": "llama-3.2-3b", "precision": "bf16", "max_context": 131072}]
+    regions = tuple(region(f"r{i}", pools=[pool("h100", "H100-80GB", models=two_models), pool("l4", "L4", count=4)])
+                    for i in range(3))
+    some = SnapshotBuilder(regions, default_policy, models=frozenset({"llama-3.1-8b"}))
+    every = SnapshotBuilder(regions, default_policy)
+    now = NOW
+    for _ in range(40):
+        now += rng.choice((0.5, 1.0, 7.0))
+        live = {r.name: RegionLiveState(r.name, True, now, {p.name: PoolLiveState(
+            running=rng.choice((0, 3, 30)), arrival_rate=rng.choice((0.0, 1.5))) for p in r.pools}) for r in regions}
+        followed, full = some.build(now, live=live), every.build(now, live=live)
+        for c in some.candidates:
+            if c.deployment.name == "llama-3.1-8b":
+                assert followed.perf[c.index] == full.perf[c.index]
+            else:
+                assert followed.perf[c.index] == some.perf_of(c, None)
+                assert not followed.perf[c.index].live
