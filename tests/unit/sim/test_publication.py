@@ -9,10 +9,10 @@ import random
 
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.sim.carbon_feed import CarbonReplay
-from scheduler.sim.datalayer import SimDataLayer
+from scheduler.sim.datalayer import SimDataLayer, _healthy_states
 from scheduler.sim.pools import PoolSim
 from scheduler.sim.replica import Replica, Seq
-from scheduler.types import Request
+from scheduler.types import PoolLiveState, RegionLiveState, Request
 from tests.unit.sim import kit
 from tests.unit.sim.test_pools import COSTS, candidate
 
@@ -71,3 +71,11 @@ def test_the_data_layer_publishes_what_every_pool_would_though_it_asks_only_thos
                 if then is not None:
                     tie += 1
                     heapq.heappush(heap, (then, tie, replica))
+
+
+def test_published_states_are_the_ones_the_constructor_makes() -> None:
+    # The data layer sets RegionLiveState's slots directly (cheaper than its __init__).
+    pools = {"a": PoolLiveState(running=3)}
+    made = _healthy_states({"r1": pools, "r2": {}}, 12.5)
+    assert made == {"r1": RegionLiveState("r1", True, 12.5, pools), "r2": RegionLiveState("r2", True, 12.5, {})}
+    assert made["r1"].pools is pools
