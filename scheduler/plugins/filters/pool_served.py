@@ -54,8 +54,9 @@ class PoolServedFilter(Plugin):
     LIFETIME: ClassVar[Lifetime | None] = "live"
 
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        members = region_members(snapshot)
-        if members is None:
+        layout: tuple[tuple[tuple[Candidate, ...], ...], tuple[tuple[str, ...], ...]] | None = memo(
+            snapshot, ("pool-served-layout",), snapshot.candidates, lambda: _layout(snapshot))
+        if layout is None:
             fresh = {r.name: snapshot.fresh_live(r.name) for r in snapshot.regions}
             judged = [_judge_in(fresh[c.region.name], c) for c in snapshot.candidates]
             return Columns(
@@ -67,26 +68,27 @@ class PoolServedFilter(Plugin):
         # judged again only when its mapping is another object than at the last build (a state
         # republished unchanged keeps its mapping), and the columns are the last ones while
         # every region judged again is judged as before (usually: every pool served, no limit).
+        members, names = layout
         now = snapshot.now
         max_age = snapshot.policy.max_age.region_state
-        live = snapshot.live
-        maps: list[Mapping[str, PoolLiveState] | None] = []
-        for region in snapshot.regions:
-            state = live.get(region.name)
-            maps.append(None if state is None or now - state.observed_at > max_age else state.pools)
+        get = snapshot.live.get
+        maps: list[Mapping[str, PoolLiveState] | None] = [
+            None if (state := get(region.name)) is None or now - state.observed_at > max_age else state.pools
+            for region in snapshot.regions]
         cache = snapshot.column_cache
         entry = cache.get(("pool-served",))
         last: Columns | None = None
+        by_region: list[Judged | None]
         if isinstance(entry, tuple) and entry[0] is snapshot.candidates:
             changed: Iterable[int] = compress(range(len(maps)), map(is_not, maps, entry[1]))
-            by_region, last = list(entry[2]), entry[3]
+            by_region, last = entry[2], entry[3]
         else:
             changed, by_region = range(len(maps)), [None] * len(maps)
-        names = memo(snapshot, ("pool-served-names",), snapshot.candidates,
-                     lambda: tuple(tuple(dict.fromkeys(c.pool.name for c in group)) for group in members))
         for r in changed:
             region_judged = _judge_region(maps[r], members[r], names[r])
             if region_judged is not by_region[r]:
+                if last is not None:
+                    by_region = list(by_region)  # the last entry's stays as it was
                 by_region[r] = region_judged
                 last = None
         columns = _columns(snapshot, by_region, members) if last is None else last
@@ -109,6 +111,15 @@ class PoolServedFilter(Plugin):
 
 
 Judged = tuple[list[bool], list[float], list[Reason | None]]
+
+
+def _layout(snapshot: FleetSnapshot) -> tuple[tuple[tuple[Candidate, ...], ...], tuple[tuple[str, ...], ...]] | None:
+    """Per region: its candidates and its pools' names, when the candidate tuple is those
+    regions' candidates one after the other (``region_members``), else None."""
+    members = region_members(snapshot)
+    if members is None:
+        return None
+    return members, tuple(tuple(dict.fromkeys(c.pool.name for c in group)) for group in members)
 
 
 def _columns(snapshot: FleetSnapshot, by_region: list[Judged | None],

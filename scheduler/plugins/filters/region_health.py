@@ -56,12 +56,12 @@ class RegionHealthFilter(Plugin):
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
         judged = region_verdicts(snapshot)
         verdicts = tuple(judged)
-        region = region_positions(snapshot)
         if judged.count(None) == len(judged):
             # The same columns for every snapshot of the fleet in which all regions are healthy.
             every: Columns = memo(snapshot, ("region-health-all",), snapshot.candidates, lambda: Columns(
-                np.ones(len(snapshot.candidates), dtype=bool), region, verdicts, True))
+                np.ones(len(snapshot.candidates), dtype=bool), region_positions(snapshot), verdicts, True))
             return every
+        region = region_positions(snapshot)
         healthy = np.asarray([v is None for v in verdicts], dtype=bool)[region]
         return Columns(healthy, region, verdicts, False)
 

@@ -42,9 +42,8 @@ class SloReachableFilter(NoColumns):
     TYPE: ClassVar[str] = TYPE
 
     def keep(self, view: RequestView, cols: None) -> BoolArray | None:
-        keep: BoolArray = (view.ttft_s <= ttft_budget_s(view.request, view.snapshot)) & (
-            view.tpot_s <= tpot_budget_s(view.request, view.snapshot)
-        )
+        keep: BoolArray = view.ttft_s <= ttft_budget_s(view.request, view.snapshot)
+        keep &= view.tpot_s <= tpot_budget_s(view.request, view.snapshot)
         return keep
 
     def reason(self, view: RequestView, cols: None, position: int) -> Reason:

@@ -54,9 +54,6 @@ class CarbonScorer(Plugin):
         max_age = snapshot.policy.max_age.carbon
         now = snapshot.now
         cache = snapshot.column_cache
-        zones = memo(snapshot, ("carbon-zones",), snapshot.regions,
-                     lambda: tuple(region.grid_zone for region in snapshot.regions))
-        signals = tuple(map(snapshot.carbon.get, zones))
         # Every signal usable: the columns are those of the last snapshot with the same signal
         # objects (the hourly values stay while the hour does), while the oldest of them is not
         # stale and the newest not dated in the future, judged as signal_problem judges each
@@ -64,10 +61,13 @@ class CarbonScorer(Plugin):
         # for all of them).
         kept = cache.get(("carbon-usable", self))
         if (isinstance(kept, tuple) and kept[0] is snapshot.candidates and kept[1] is snapshot.regions
-                and all(map(is_, kept[2], signals)) and now - kept[3] <= max_age
-                and -(now - kept[4]) <= CLOCK_SKEW_S):
-            same: Columns = kept[5]
+                and all(map(is_, kept[2], map(snapshot.carbon.get, kept[3]))) and now - kept[4] <= max_age
+                and -(now - kept[5]) <= CLOCK_SKEW_S):
+            same: Columns = kept[6]
             return same
+        zones = memo(snapshot, ("carbon-zones",), snapshot.regions,
+                     lambda: tuple(region.grid_zone for region in snapshot.regions))
+        signals = tuple(map(snapshot.carbon.get, zones))
         factors: list[float] = []
         why: list[Abstain | None] = []
         for region, signal in zip(snapshot.regions, signals, strict=True):
@@ -83,7 +83,7 @@ class CarbonScorer(Plugin):
         columns = Columns(np.asarray(factors, dtype=np.float64)[region_of], usable, region_of, tuple(why))
         if all(w is None for w in why):
             observed = [s.observed_at for s in signals if s is not None]
-            cache[("carbon-usable", self)] = (snapshot.candidates, snapshot.regions, signals,
+            cache[("carbon-usable", self)] = (snapshot.candidates, snapshot.regions, signals, zones,
                                               min(observed, default=now), max(observed, default=now), columns)
         return columns
 
