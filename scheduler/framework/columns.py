@@ -248,28 +248,25 @@ def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
     candidates = snapshot.candidates
     perf = snapshot.perf
     entry = cache.get(key)
-    last: Frame | None = None
-    previous: tuple[CandidatePerf, ...] = ()
-    if isinstance(entry, tuple) and entry[0] is candidates:
-        if entry[1] is perf:
-            same: Frame = entry[2]
-            return same
-        if entry[2].index is index:
-            last, previous = entry[2], entry[1]
     n = len(candidates)
-    columns: dict[str, Any] | None = None
-    if last is not None:
-        # position in this model's frame of every fleet candidate (-1: another model's)
-        position: list[int] = _cached(cache, ("frame-positions", model), candidates, lambda: _positions(index, n))
-        changed = [p for p in map(position.__getitem__, perf_changes(snapshot, previous)) if p >= 0]
-        if not changed:
-            # Only other models' candidates changed: this model's frame is the last one.
-            cache[key] = (candidates, perf, last)
+    if isinstance(entry, tuple) and entry[0] is candidates:
+        last: Frame = entry[2]
+        if entry[1] is perf:
             return last
-        if len(changed) * 2 < len(index):
-            columns = _updated(last, changed, perf)
-    if columns is None:
-        columns = _perf_columns([perf[i] for i in index.tolist()])
+        if last.index is index:
+            # position in this model's frame of every fleet candidate (-1: another model's)
+            position: list[int] = entry[3]
+            changed = [p for p in map(position.__getitem__, perf_changes(snapshot, entry[1])) if p >= 0]
+            if not changed:
+                # Only other models' candidates changed: this model's frame is the last one.
+                cache[key] = (candidates, perf, last, position)
+                return last
+            if len(changed) * 2 < len(index):
+                # The last frame's static columns and RTT memo, its perf columns updated.
+                updated: Frame = build_frozen(Frame, {**vars(last), **_updated(last, changed, perf)})
+                cache[key] = (candidates, perf, updated, position)
+                return updated
+    columns = _perf_columns([perf[i] for i in index.tolist()])
     static = _cached(cache, ("frame-static",), candidates, lambda: _static(candidates))
     # Per model: the static columns and the RTT memo (while the candidates stay).
     def restrict_static() -> tuple[dict[str, Any], dict[tuple[float, float], FloatArray]]:
@@ -279,7 +276,7 @@ def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
                                 else restrict_static())
     result = build_frozen(Frame, {"model": model, "index": index, **static_columns, **columns, "rtt_memo": rtt_memo})
     if len(index):  # a model nobody serves (any name a client sends) is not worth a cache entry
-        cache[key] = (candidates, perf, result)
+        cache[key] = (candidates, perf, result, _positions(index, n))
     return result
 
 
@@ -297,7 +294,8 @@ def whole(index: IndexArray, n: int) -> bool:
     return len(index) == n
 
 
-def _anchor(plugin: Prepares, snapshot: FleetSnapshot) -> object:
+def anchor(plugin: Prepares, snapshot: FleetSnapshot) -> object:
+    """The snapshot part the plugin's columns are computed from (its ``LIFETIME``)."""
     lifetime = plugin.LIFETIME
     if lifetime == "static":
         return snapshot.candidates
@@ -312,19 +310,13 @@ def prepared(plugin: Prepares, snapshot: FleetSnapshot, model: str, index: Index
     if plugin.LIFETIME is None:
         return None
     cache = snapshot.column_cache
-    anchor = _anchor(plugin, snapshot)
+    at = anchor(plugin, snapshot)
     key = ("plugin", id(plugin), model)
     entry = cache.get(key)
     # The plugin object is kept in the entry, so its id cannot be reused while it is there.
-    if isinstance(entry, tuple) and entry[0] is plugin and entry[1] is anchor:
+    if isinstance(entry, tuple) and entry[0] is plugin and entry[1] is at:
         return entry[2]
-    full_key = ("plugin", id(plugin))
-    full = cache.get(full_key)
-    if isinstance(full, tuple) and full[0] is plugin and full[1] is anchor:
-        columns = full[2]
-    else:
-        columns = plugin.prepare(snapshot)
-        cache[full_key] = (plugin, anchor, columns)
+    columns = fleet_columns(plugin, snapshot, at)
     n = len(snapshot.candidates)
     if whole(index, n):
         restricted = columns
@@ -335,8 +327,22 @@ def prepared(plugin: Prepares, snapshot: FleetSnapshot, model: str, index: Index
     else:
         restricted = restrict(columns, index, n)
     if len(index):  # as in ``frame``: no entry per unserved model name
-        cache[key] = (plugin, anchor, restricted, columns, index)
+        cache[key] = (plugin, at, restricted, columns, index)
     return restricted
+
+
+def fleet_columns(plugin: Prepares, snapshot: FleetSnapshot, at: object) -> Any:
+    """The plugin's columns for the whole fleet, prepared once per ``at`` (the snapshot part
+    they are computed from, ``anchor``) and shared by every model's requests."""
+    cache = snapshot.column_cache
+    full_key = ("plugin", id(plugin))
+    full = cache.get(full_key)
+    # The plugin object is kept in the entry, so its id cannot be reused while it is there.
+    if isinstance(full, tuple) and full[0] is plugin and full[1] is at:
+        return full[2]
+    columns = plugin.prepare(snapshot)
+    cache[full_key] = (plugin, at, columns)
+    return columns
 
 
 def restrict(columns: Any, index: IndexArray, n: int) -> Any:

@@ -39,7 +39,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from scheduler.config.schema import WORKLOAD_CLASS_NAMES, PolicyConfig
-from scheduler.framework.columns import BoolArray, FloatArray, HashArray, IndexArray, prepared
+from scheduler.framework.columns import (
+    BoolArray,
+    FloatArray,
+    HashArray,
+    IndexArray,
+    anchor,
+    fleet_columns,
+    prepared,
+    restrict,
+    whole,
+)
 from scheduler.framework.plugin import Abstain, CandidateSource, Filter, Picker, Positions, RequestView, Scorer
 from scheduler.framework.predict import request_view
 from scheduler.framework.registry import Plan, Registry, Term
@@ -221,18 +231,28 @@ class Scheduler:
             if entry[1] is snapshot.live_key:
                 columns: tuple[Any, ...] = entry[2]
                 return columns
-            if entry[3] is snapshot.candidates:
-                # Another build of the same fleet: only the columns whose inputs may differ.
-                fresh = list(entry[2])
+            if entry[3] is snapshot.candidates and entry[5] is base:
+                # Another build of the same fleet: only the columns whose inputs may differ,
+                # restricted to the model's candidates again only when the fleet's are new
+                # (a plugin may keep its columns while its inputs are unchanged).
+                fresh, fleet = list(entry[2]), list(entry[6])
                 plugins = compiled.prepares
+                n = len(snapshot.candidates)
                 for i in compiled.live_at if entry[4] is snapshot.perf else compiled.live_at + compiled.perf_at:
-                    fresh[i] = prepared(plugins[i], snapshot, model, base)
+                    plugin = plugins[i]
+                    full = fleet_columns(plugin, snapshot, anchor(plugin, snapshot))
+                    if full is not fleet[i]:
+                        fleet[i] = full
+                        fresh[i] = full if whole(base, n) else restrict(full, base, n)
                 columns = tuple(fresh)
-                cache[key] = (compiled, snapshot.live_key, columns, snapshot.candidates, snapshot.perf)
+                cache[key] = (compiled, snapshot.live_key, columns, snapshot.candidates, snapshot.perf, base,
+                              tuple(fleet))
                 return columns
         columns = tuple(prepared(plugin, snapshot, model, base) for plugin in compiled.prepares)
         if len(base):  # no entry per unserved model name (any name a client sends)
-            cache[key] = (compiled, snapshot.live_key, columns, snapshot.candidates, snapshot.perf)
+            cache[key] = (compiled, snapshot.live_key, columns, snapshot.candidates, snapshot.perf, base,
+                          tuple(None if plugin.LIFETIME is None else fleet_columns(plugin, snapshot, anchor(plugin, snapshot))
+                                for plugin in compiled.prepares))
         return columns
 
     def schedule(self, request: Request, snapshot: FleetSnapshot) -> Decision:
