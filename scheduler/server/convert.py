@@ -54,6 +54,7 @@ BYTES_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _JURISDICTION = re.compile(r"^[A-Z]{2,8}$")
+_NONE: frozenset[str] = frozenset()
 _WORKLOAD: dict[int, WorkloadClass] = {
     pb.WORKLOAD_CLASS_UNSPECIFIED: "interactive",
     pb.WORKLOAD_CLASS_INTERACTIVE: "interactive",
@@ -117,23 +118,27 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
     """Validate and convert; ``InvalidRequest`` lists every bad field. ``tenant`` is the caller's."""
     bad: list[FieldViolation] = []
     served = snapshot.candidates_by_model
-    if not msg.model:
+    model = msg.model
+    if not model:
         bad.append(FieldViolation("model", "required"))
-    elif msg.model not in served:
-        bad.append(FieldViolation("model", f"unknown model {show(msg.model)} (served: {', '.join(sorted(served))})"))
-    for name, limit in (("request_id", MAX_ID_CHARS), ("tenant", MAX_ID_CHARS), ("prefix_key", MAX_ID_CHARS * 2),
-                        ("workflow_id", MAX_ID_CHARS)):
-        if len(getattr(msg, name)) > limit:
-            bad.append(FieldViolation(name, f"at most {limit} characters, got {len(getattr(msg, name)):,}"))
+    elif model not in served:
+        bad.append(FieldViolation("model", f"unknown model {show(model)} (served: {', '.join(sorted(served))})"))
+    # Each field read once: every read of a proto field is a lookup by name (and a new str).
+    request_id, prefix_key, workflow_id = msg.request_id, msg.prefix_key, msg.workflow_id
+    for name, value, limit in (("request_id", request_id, MAX_ID_CHARS), ("tenant", msg.tenant, MAX_ID_CHARS),
+                               ("prefix_key", prefix_key, MAX_ID_CHARS * 2), ("workflow_id", workflow_id, MAX_ID_CHARS)):
+        if len(value) > limit:
+            bad.append(FieldViolation(name, f"at most {limit} characters, got {len(value):,}"))
 
     body: dict[str, Any]
     input_kind = msg.WhichOneof("input")
     prompt_bytes = 0
     if input_kind == "prompt":
-        if not msg.prompt:
+        prompt = msg.prompt
+        if not prompt:
             bad.append(FieldViolation("prompt", "must not be empty"))
-        prompt_bytes = len(msg.prompt.encode())
-        body, path, text_tokens = {"prompt": msg.prompt}, COMPLETIONS, _tokens_of_bytes(prompt_bytes)
+        prompt_bytes = len(prompt.encode())
+        body, path, text_tokens = {"prompt": prompt}, COMPLETIONS, _tokens_of_bytes(prompt_bytes)
     elif input_kind == "chat":
         messages = list(msg.chat.messages)
         if not messages:
@@ -157,9 +162,10 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         bad.append(FieldViolation(input_kind or "input", f"at most {MAX_PROMPT_BYTES:,} bytes, got {prompt_bytes:,}"))
 
     sampling = msg.sampling
-    if not 0 < sampling.max_tokens <= MAX_TOKENS_LIMIT:
-        bad.append(FieldViolation("sampling.max_tokens", f"must be in 1..{MAX_TOKENS_LIMIT}, got {sampling.max_tokens}"))
-    body["max_tokens"] = sampling.max_tokens
+    max_tokens = sampling.max_tokens
+    if not 0 < max_tokens <= MAX_TOKENS_LIMIT:
+        bad.append(FieldViolation("sampling.max_tokens", f"must be in 1..{MAX_TOKENS_LIMIT}, got {max_tokens}"))
+    body["max_tokens"] = max_tokens
     if sampling.HasField("temperature"):
         if not 0.0 <= sampling.temperature <= 2.0:
             bad.append(FieldViolation("sampling.temperature", f"must be in [0, 2], got {sampling.temperature:g}"))
@@ -173,30 +179,34 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
     if sampling.HasField("seed"):
         body["seed"] = sampling.seed
 
-    for name in ("ttft_ms", "tpot_ms"):
-        if msg.slo.HasField(name) and not getattr(msg.slo, name) > 0:  # type: ignore[arg-type]
-            bad.append(FieldViolation(f"slo.{name}", f"must be positive, got {getattr(msg.slo, name):g}"))
-    if msg.workload_class not in _WORKLOAD:
-        bad.append(FieldViolation("workload_class", f"unknown value {msg.workload_class}"))
-    if msg.workflow_shape not in _WORKFLOW_SHAPE:
-        bad.append(FieldViolation("workflow_shape", f"unknown value {msg.workflow_shape}"))
-    elif msg.workflow_shape and not msg.workflow_id:
+    slo = msg.slo
+    ttft_slo_ms = slo.ttft_ms if slo.HasField("ttft_ms") else None
+    tpot_slo_ms = slo.tpot_ms if slo.HasField("tpot_ms") else None
+    for name, target in (("ttft_ms", ttft_slo_ms), ("tpot_ms", tpot_slo_ms)):
+        if target is not None and not target > 0:
+            bad.append(FieldViolation(f"slo.{name}", f"must be positive, got {target:g}"))
+    workload_class, workflow_shape = msg.workload_class, msg.workflow_shape
+    if workload_class not in _WORKLOAD:
+        bad.append(FieldViolation("workload_class", f"unknown value {workload_class}"))
+    if workflow_shape not in _WORKFLOW_SHAPE:
+        bad.append(FieldViolation("workflow_shape", f"unknown value {workflow_shape}"))
+    elif workflow_shape and not workflow_id:
         # A shape without a workflow has no siblings or steps to relate to.
         bad.append(FieldViolation("workflow_shape", "needs a workflow_id"))
     compliance = msg.compliance
-    if compliance.allowed_jurisdictions and _cap_strings(
-            bad, "compliance.allowed_jurisdictions", compliance.allowed_jurisdictions, MAX_LIST_ENTRIES, 8):
-        wrong = [i for i, code in enumerate(compliance.allowed_jurisdictions) if not _JURISDICTION.match(code)]
+    jurisdictions, certifications = compliance.allowed_jurisdictions, compliance.required_certifications
+    if jurisdictions and _cap_strings(bad, "compliance.allowed_jurisdictions", jurisdictions, MAX_LIST_ENTRIES, 8):
+        wrong = [i for i, code in enumerate(jurisdictions) if not _JURISDICTION.match(code)]
         if wrong:
             more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
             bad.append(FieldViolation(f"compliance.allowed_jurisdictions[{wrong[0]}]",
                                       f"expected an upper-case code like 'EU', got "
-                                      f"{show(compliance.allowed_jurisdictions[wrong[0]])}{more}"))
-    if compliance.required_certifications:
-        _cap_strings(bad, "compliance.required_certifications", compliance.required_certifications,
-                     MAX_LIST_ENTRIES, MAX_NAME_CHARS)
-    for name in ("precision", "task_class"):
-        if len(getattr(compliance, name)) > MAX_NAME_CHARS:
+                                      f"{show(jurisdictions[wrong[0]])}{more}"))
+    if certifications:
+        _cap_strings(bad, "compliance.required_certifications", certifications, MAX_LIST_ENTRIES, MAX_NAME_CHARS)
+    precision, task_class = compliance.precision, compliance.task_class
+    for name, value in (("precision", precision), ("task_class", task_class)):
+        if len(value) > MAX_NAME_CHARS:
             bad.append(FieldViolation(f"compliance.{name}", f"at most {MAX_NAME_CHARS} characters"))
     location = None
     if msg.HasField("client_location"):
@@ -211,8 +221,7 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         bad.append(FieldViolation("prompt_tokens", "must be positive when given"))
     # No tokenizer here, but no token is longer than MAX_TOKEN_BYTES: a declared count below
     # ceil(bytes / MAX_TOKEN_BYTES) is impossible (and would dodge the context and energy checks).
-    least = math.ceil(prompt_bytes / MAX_TOKEN_BYTES)
-    if not estimated and 0 < prompt_tokens < least:
+    if not estimated and 0 < prompt_tokens < (least := math.ceil(prompt_bytes / MAX_TOKEN_BYTES)):
         bad.append(FieldViolation("prompt_tokens", f"{prompt_tokens:,} is fewer than a {prompt_bytes:,}-byte prompt "
                                                    f"can hold (at least {least:,})"))
     cached = msg.cached_tokens if msg.HasField("cached_tokens") else 0
@@ -225,25 +234,25 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         raise InvalidRequest(bad)
 
     request = Request(
-        request_id=msg.request_id or os.urandom(16).hex(),
-        model=msg.model,
+        request_id=request_id or os.urandom(16).hex(),
+        model=model,
         prompt_tokens=prompt_tokens,
-        max_tokens=sampling.max_tokens,
+        max_tokens=max_tokens,
         tenant=tenant,
-        workload_class=_WORKLOAD[msg.workload_class],
-        ttft_slo_ms=msg.slo.ttft_ms if msg.slo.HasField("ttft_ms") else None,
-        tpot_slo_ms=msg.slo.tpot_ms if msg.slo.HasField("tpot_ms") else None,
-        allowed_jurisdictions=frozenset(msg.compliance.allowed_jurisdictions),
-        required_certifications=frozenset(msg.compliance.required_certifications),
-        precision=msg.compliance.precision or None,
-        task_class=msg.compliance.task_class or None,
+        workload_class=_WORKLOAD[workload_class],
+        ttft_slo_ms=ttft_slo_ms,
+        tpot_slo_ms=tpot_slo_ms,
+        allowed_jurisdictions=frozenset(jurisdictions) if jurisdictions else _NONE,
+        required_certifications=frozenset(certifications) if certifications else _NONE,
+        precision=precision or None,
+        task_class=task_class or None,
         client_location=location,
         # Without a key, one hashed from the system prompt's (or prompt's) first K tokens.
-        prefix_key=msg.prefix_key or derive_prefix_key(shared_text(body), snapshot.policy.prefix_key_tokens,
-                                                       BYTES_PER_TOKEN),
+        prefix_key=prefix_key or derive_prefix_key(shared_text(body), snapshot.policy.prefix_key_tokens,
+                                                   BYTES_PER_TOKEN),
         cached_tokens=cached,
-        workflow_id=msg.workflow_id or None,
-        workflow_shape=_WORKFLOW_SHAPE.get(msg.workflow_shape),
+        workflow_id=workflow_id or None,
+        workflow_shape=_WORKFLOW_SHAPE.get(workflow_shape),
         shared_prefix_tokens=shared,
     )
     detail = pb.DECISION_DETAIL_SUMMARY if msg.decision_detail == pb.DECISION_DETAIL_SUMMARY else pb.DECISION_DETAIL_FULL

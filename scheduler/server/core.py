@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from scheduler import errors
 from scheduler.canary.assign import snapshot_for
@@ -83,9 +83,10 @@ def new_id() -> str:
     return os.urandom(16).hex()
 
 
-@dataclass(frozen=True)
-class Target:
-    """A ranked candidate the client may stream from itself (direct mode), with its ticket."""
+class Target(NamedTuple):
+    """A ranked candidate the client may stream from itself (direct mode), with its ticket (a
+    tuple: a Route makes up to ``direct_targets`` of them, and a frozen dataclass's fields
+    cost a ``__setattr__`` each)."""
 
     region: str
     pool: str
