@@ -54,7 +54,7 @@ BYTES_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _JURISDICTION = re.compile(r"^[A-Z]{2,8}$")
-_NONE: frozenset[str] = frozenset()
+_EMPTY: frozenset[str] = frozenset()
 _WORKLOAD: dict[int, WorkloadClass] = {
     pb.WORKLOAD_CLASS_UNSPECIFIED: "interactive",
     pb.WORKLOAD_CLASS_INTERACTIVE: "interactive",
@@ -242,8 +242,8 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         workload_class=_WORKLOAD[workload_class],
         ttft_slo_ms=ttft_slo_ms,
         tpot_slo_ms=tpot_slo_ms,
-        allowed_jurisdictions=frozenset(jurisdictions) if jurisdictions else _NONE,
-        required_certifications=frozenset(certifications) if certifications else _NONE,
+        allowed_jurisdictions=frozenset(jurisdictions) if jurisdictions else _EMPTY,
+        required_certifications=frozenset(certifications) if certifications else _EMPTY,
         precision=precision or None,
         task_class=task_class or None,
         client_location=location,
