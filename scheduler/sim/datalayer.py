@@ -33,14 +33,13 @@ from scheduler.datalayer.refresher import MAX_WARM_KEYS, MAX_WORKFLOWS
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.pools import PoolSim
+from scheduler.sim.slots import slot_setters
 from scheduler.state.prefix_warm import MAX_KEYS_PER_POOL
 from scheduler.types import Candidate, FleetSnapshot, PoolLiveState, RegionLiveState, Request, WarmPrefix
 
-# Setters of RegionLiveState's slots: a publication's states (one per region that is up, at
-# nearly every snapshot) are made by setting them directly, at half the cost of the frozen
-# dataclass's ``__init__`` (an ``object.__setattr__`` call per field).
-_SET_REGION, _SET_HEALTHY, _SET_OBSERVED_AT, _SET_POOLS = (
-    vars(RegionLiveState)[name].__set__ for name in ("region", "healthy", "observed_at", "pools"))
+# A publication's region states (one per region that is up, at nearly every snapshot) are made
+# by setting their slots (``scheduler.sim.slots``).
+_SET_REGION, _SET_HEALTHY, _SET_OBSERVED_AT, _SET_POOLS = slot_setters(RegionLiveState)
 
 
 def _healthy_states(live: Mapping[str, Mapping[str, PoolLiveState]], now: float) -> dict[str, RegionLiveState]:

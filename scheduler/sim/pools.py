@@ -43,6 +43,7 @@ from collections.abc import Callable
 from scheduler.datalayer.snapshot import replicas_of
 from scheduler.energy.step import StepCosts
 from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, Replica, Seq, Totals
+from scheduler.sim.slots import slot_setters
 from scheduler.types import Candidate, Decision, PoolLiveState, Request
 
 # Time constant of the published arrival rates' moving average.
@@ -172,19 +173,43 @@ class PoolSim:
         if totals.changed or (arrival_rate, prompt_rate) != (live.arrival_rate, live.prompt_tokens_rate):
             totals.changed = False
             capacity = len(self.replicas) * self.costs.kv_capacity_tokens
-            self._live = PoolLiveState(
-                queue_depth=totals.waiting,
-                running=totals.running,
-                kv_cache_usage=round(totals.kv_held / capacity, 3) if capacity else 1.0,
-                prefix_cache_hit_rate=round(totals.hits / totals.lookups, 2) if totals.lookups else 0.0,
-                arrival_rate=arrival_rate,
-                prompt_tokens_rate=prompt_rate,
+            self._live = _pool_state(
+                totals.waiting,
+                totals.running,
+                round(totals.kv_held / capacity, 3) if capacity else 1.0,
+                round(totals.hits / totals.lookups, 2) if totals.lookups else 0.0,
+                arrival_rate,
+                prompt_rate,
             )
         return self._live
 
     @property
     def busy_s(self) -> float:
         return sum(r.busy_s for r in self.replicas)
+
+
+# A pool's published states are made by setting their slots (``scheduler.sim.slots``).
+(_SET_QUEUE_DEPTH, _SET_RUNNING, _SET_KV_CACHE_USAGE, _SET_PREFIX_CACHE_HIT_RATE, _SET_GPU_POWER_W,
+ _SET_MEASURED_J_PER_TOKEN, _SET_ARRIVAL_RATE, _SET_PROMPT_TOKENS_RATE, _SET_MODELS, _SET_REPLICAS) = slot_setters(
+    PoolLiveState)
+
+
+def _pool_state(queue_depth: int, running: int, kv_cache_usage: float, prefix_cache_hit_rate: float,
+                arrival_rate: float, prompt_tokens_rate: float) -> PoolLiveState:
+    """``PoolLiveState`` with these fields, the others at their defaults (a simulated pool
+    reports no power, model list or replica count)."""
+    state = object.__new__(PoolLiveState)
+    _SET_QUEUE_DEPTH(state, queue_depth)
+    _SET_RUNNING(state, running)
+    _SET_KV_CACHE_USAGE(state, kv_cache_usage)
+    _SET_PREFIX_CACHE_HIT_RATE(state, prefix_cache_hit_rate)
+    _SET_GPU_POWER_W(state, None)
+    _SET_MEASURED_J_PER_TOKEN(state, None)
+    _SET_ARRIVAL_RATE(state, arrival_rate)
+    _SET_PROMPT_TOKENS_RATE(state, prompt_tokens_rate)
+    _SET_MODELS(state, None)
+    _SET_REPLICAS(state, None)
+    return state
 
 
 def _has_room(replica: Replica, seq: Seq) -> bool:

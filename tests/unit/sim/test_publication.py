@@ -10,7 +10,7 @@ import random
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.datalayer import SimDataLayer, _healthy_states
-from scheduler.sim.pools import PoolSim
+from scheduler.sim.pools import PoolSim, _pool_state
 from scheduler.sim.replica import Replica, Seq
 from scheduler.types import PoolLiveState, RegionLiveState, Request
 from tests.unit.sim import kit
@@ -74,8 +74,13 @@ def test_the_data_layer_publishes_what_every_pool_would_though_it_asks_only_thos
 
 
 def test_published_states_are_the_ones_the_constructor_makes() -> None:
-    # The data layer sets RegionLiveState's slots directly (cheaper than its __init__).
+    # The data layer and the pools set the states' slots directly (cheaper than their __init__).
     pools = {"a": PoolLiveState(running=3)}
     made = _healthy_states({"r1": pools, "r2": {}}, 12.5)
     assert made == {"r1": RegionLiveState("r1", True, 12.5, pools), "r2": RegionLiveState("r2", True, 12.5, {})}
     assert made["r1"].pools is pools
+    state = _pool_state(4, 7, 0.25, 0.5, 1.5, 300.0)
+    assert state == PoolLiveState(queue_depth=4, running=7, kv_cache_usage=0.25, prefix_cache_hit_rate=0.5,
+                                  arrival_rate=1.5, prompt_tokens_rate=300.0)
+    assert hash(state) == hash(PoolLiveState(queue_depth=4, running=7, kv_cache_usage=0.25, prefix_cache_hit_rate=0.5,
+                                             arrival_rate=1.5, prompt_tokens_rate=300.0))
