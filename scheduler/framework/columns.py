@@ -131,22 +131,28 @@ def _perf_columns(perf: list[CandidatePerf]) -> dict[str, Any]:
     }
 
 
-def _updated(last: Frame, changed: list[int], perf: tuple[CandidatePerf, ...]) -> dict[str, Any]:
-    """``last``'s perf columns with the candidates at ``changed`` (positions in the frame)
-    computed again from ``perf`` (the fleet's)."""
+def _updated(last: Frame, changed: list[int], perf: tuple[CandidatePerf, ...],
+             previous: tuple[CandidatePerf, ...]) -> dict[str, Any]:
+    """``last``'s perf columns (computed from ``previous``) with the candidates at ``changed``
+    (positions in the frame) computed again from ``perf`` (the fleet's)."""
     prediction = last.prediction.copy()  # the last frame keeps its own
     queue_wait_s = last.queue_wait_s.copy()
     live = last.live.copy()
     # rows k x m + position, PREDICTIONS-major; a few candidates change at a time: row by row
     # (a flat tuple each) is cheaper than one assignment of nested tuples or index arrays
     m = len(last.index)
-    index = last.index
-    for position in changed:
-        p = perf[index[position]]
-        energy, ttft, tpot = _coefficients(p)
-        prediction[position] = energy
-        prediction[m + position] = ttft
-        prediction[2 * m + position] = tpot
+    for position, i in zip(changed, last.index[changed].tolist(), strict=True):
+        p, was = perf[i], previous[i]
+        if p.energy is was.energy and p.latency is was.latency:
+            # The same step-model coefficients (the snapshot builder keeps them per operating
+            # point: a pool whose rates alone moved): of the rows, only the TTFT's constant,
+            # queue wait + prefill_s, is another.
+            prediction[m + position, 0] = p.queue_wait_s + p.latency.prefill_s
+        else:
+            energy, ttft, tpot = _coefficients(p)
+            prediction[position] = energy
+            prediction[m + position] = ttft
+            prediction[2 * m + position] = tpot
         queue_wait_s[position] = p.queue_wait_s
         live[position] = p.live
     return {"prediction": prediction, "queue_wait_s": queue_wait_s, "live": live}
@@ -263,7 +269,7 @@ def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
                 return last
             if len(changed) * 2 < len(index):
                 # The last frame's static columns and RTT memo, its perf columns updated.
-                updated: Frame = build_frozen(Frame, {**vars(last), **_updated(last, changed, perf)})
+                updated: Frame = build_frozen(Frame, {**vars(last), **_updated(last, changed, perf, entry[1])})
                 cache[key] = (candidates, perf, updated, position)
                 return updated
     columns = _perf_columns([perf[i] for i in index.tolist()])

@@ -363,9 +363,7 @@ class Scheduler:
         None when an energy-layer scorer of the primary objective abstained (the fallback
         objective ranks instead). A scorer that gives a non-finite quantity abstains."""
         answered: list[Term] = []
-        # the quantities survivor by survivor, as ``_costs`` takes them (written in place: no
-        # stacking and transposing of the scorers' rows)
-        by_survivor = np.empty((count, len(terms)))
+        quantities: list[FloatArray] = []
         mask = 0
         for bit, (term, cols) in enumerate(zip(terms, columns, strict=False)):
             scorer = term.scorer
@@ -380,14 +378,18 @@ class Scheduler:
                 if primary and scorer.ENERGY_LAYER:
                     return None
                 continue
-            by_survivor[:, len(answered)] = result
+            quantities.append(result)
             answered.append(term)
             mask |= 1 << bit
         labels = self._labels(terms, mask, answered, klass)
-        if len(answered) < len(terms):
-            by_survivor = np.ascontiguousarray(by_survivor[:, :len(answered)])
+        # the quantities survivor by survivor, as ``_costs`` takes them (stacking the scorers'
+        # rows and copying their transpose costs less than writing them column by column)
+        by_survivor = np.array(quantities, dtype=np.float64).T.copy() if answered else np.empty((count, 0))
         totals = _costs(labels.rates, by_survivor) if answered else np.zeros(count)
-        if not math.isfinite(np.add.reduce(totals)):
+        # (a Python sum: cheaper than numpy's on a few dozen survivors; any non-finite one
+        # makes it non-finite, and a finite sum that overflowed only takes the path below,
+        # which then keeps every scorer)
+        if not math.isfinite(sum(totals.tolist())):
             # Rare: drop the scorers that gave a non-finite quantity (recorded as fallbacks).
             scorer_finite: BoolArray = np.all(np.isfinite(by_survivor), axis=0)
             finite = [bool(ok) for ok in scorer_finite]

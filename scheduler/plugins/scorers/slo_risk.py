@@ -60,6 +60,9 @@ class SloRiskScorer(NoColumns):
     def score(self, view: RequestView, cols: None, positions: Positions) -> FloatArray | Abstain:
         budget = ttft_budget_s(view.request, view.snapshot)
         ttft = np.maximum(view.ttft_s[positions], 1e-6)
+        share = view.queue_wait_s[positions] / ttft
+        if self.queue_cv != 1.0:  # (x 1, the default, is the identity: one array operation less)
+            share *= self.queue_cv
         # sqrt(ttft_log_sigma^2 + (queue_cv x queue share)^2)
-        sigma = np.hypot(self.ttft_log_sigma, self.queue_cv * (view.queue_wait_s[positions] / ttft))
+        sigma = np.hypot(self.ttft_log_sigma, share)
         return normal_sf(np.log(budget / ttft) / sigma)
