@@ -8,9 +8,11 @@ and returns an ``HttpResponse`` (sent with content-length) or a ``StreamingRespo
 (chunked transfer encoding, each chunk written as it is produced, with back-pressure: a slow
 reader pauses the producer; a stream that raises ``AnswerInstead`` before its first chunk is
 answered with that response instead, so a failure before anything was sent gets its status).
-Requests on one connection are answered in order (pipelined ones wait their turn). A client
-that goes away cancels its handler's task, so a stream's ``finally`` runs (where a receipt for
-what was already sent gets booked).
+Requests on one connection are answered in order (pipelined ones wait their turn). A handler
+runs at once, in the callback that read its request, up to its first wait (``eager_task``): an
+answer that needs no I/O, such as a decision, is written there without a Task. A client that
+goes away cancels its handler's task, so a stream's ``finally`` runs (where a receipt for what
+was already sent gets booked).
 
 Limits (``ServerLimits``), each answered as HTTP says and with the connection closed: a
 header block over ``max_header_bytes`` 431, a body over ``max_body_bytes`` 413 (checked on
