@@ -78,10 +78,10 @@ class AffinityScorer(Plugin):
     def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
         request, snapshot = view.request, view.snapshot
         home = snapshot.workflows.get(request.workflow_id) if request.workflow_id else None
-        if home is None:
-            zeros: FloatArray = np.zeros(len(view.energy_j[positions]))
-            return zeros
         place = cols.place[positions]
+        if home is None:
+            zeros: FloatArray = np.zeros(len(place))
+            return zeros
         prompt = float(request.prompt_tokens)
         shared = request.prompt_tokens if request.shared_prefix_tokens is None else request.shared_prefix_tokens
         warm = float(min(home.cached_tokens, shared, request.prompt_tokens))
