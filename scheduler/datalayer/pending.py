@@ -56,11 +56,13 @@ class PendingDispatches:
     # The last snapshot ``apply`` was given and what it returned (while nothing changed).
     _applied: tuple[FleetSnapshot, FleetSnapshot] | None = None
 
-    def record(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request, at: float) -> None:
-        """``request`` was sent to ``candidate`` at ``at`` (the router's clock)."""
+    def record(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request, at: float,
+               prefill: float | None = None) -> None:
+        """``request`` was sent to ``candidate`` at ``at`` (the router's clock); ``prefill``:
+        ``prefill_s(snapshot, candidate, request)`` where the caller has it."""
         replicas = replicas_of(candidate)
         key = (candidate.region.name, candidate.pool.name)
-        wait = prefill_s(snapshot, candidate, request) / replicas
+        wait = (prefill_s(snapshot, candidate, request) if prefill is None else prefill) / replicas
         self._by_pool.setdefault(key, []).append((at, wait))
         if self._array is not None and self._index is not None and self._index[0] is snapshot.candidates:
             array = self._array.copy()  # snapshots already handed out keep theirs

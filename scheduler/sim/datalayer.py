@@ -202,9 +202,11 @@ class SimDataLayer:
         self.pending = PendingDispatches()
         self.affinity = SimAffinity(builder.policy) if affinity else None
 
-    def record_dispatch(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request, now: float) -> None:
-        """The engine sent ``request`` to ``candidate``: as ``SnapshotRefresher.record_dispatch``."""
-        self.pending.record(snapshot, candidate, request, now)
+    def record_dispatch(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request, now: float,
+                        prefill: float | None = None) -> None:
+        """The engine sent ``request`` to ``candidate``: as ``SnapshotRefresher.record_dispatch``
+        (``prefill``: the request's predicted prefill there, ``PendingDispatches.record``)."""
+        self.pending.record(snapshot, candidate, request, now, prefill)
         region = candidate.region.name
         pool = self._place[(region, candidate.pool.name)]
         if pool not in self._active:

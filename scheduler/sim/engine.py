@@ -322,9 +322,9 @@ class Simulation:
                 if k > first:
                     counters["failovers"] += k - first
                 request = job.request
-                job.predicted_j, job.predicted_ttft_s = predictions.energy_and_ttft(snap, request, candidate)
-                job.rtt_s = predictions.rtt_s(request.client_location, candidate)
-                data.record_dispatch(snap, candidate, request, now)
+                job.predicted_j, job.predicted_ttft_s, job.rtt_s, prefill = predictions.at_dispatch(
+                    snap, request, candidate)
+                data.record_dispatch(snap, candidate, request, now, prefill)
                 pool.sent(request.prompt_tokens)
                 replica = pool.choose(job)
                 if replica.waiting or not replica.can_admit(job):

@@ -43,14 +43,25 @@ class Predictions:
 
     def energy_and_ttft(self, snapshot: FleetSnapshot, request: Request, candidate: Candidate) -> tuple[float, float]:
         """Predicted joules and TTFT [s] of ``request`` on ``candidate`` in ``snapshot``."""
+        energy_j, ttft_s, _, _ = self.at_dispatch(snapshot, request, candidate)
+        return energy_j, ttft_s
+
+    def at_dispatch(self, snapshot: FleetSnapshot, request: Request,
+                    candidate: Candidate) -> tuple[float, float, float, float]:
+        """``energy_and_ttft``'s joules and TTFT [s], the RTT [s] and ``prefill_s(snapshot,
+        candidate, request)`` (the request's own cached tokens: what the router's pending
+        dispatches count), each looked up once for a dispatch."""
         perf = snapshot.perf[candidate.index]
         prompt = request.prompt_tokens
+        rtt = self.rtt_s(request.client_location, candidate)
+        own = prefill_s(snapshot, candidate, request)
         cached = credited_tokens(snapshot, request, candidate)
         if cached > request.cached_tokens:
-            request = dataclasses.replace(request, cached_tokens=cached)
+            credited = dataclasses.replace(request, cached_tokens=cached)
+            energy_j = perf.energy.joules(prompt, min(cached, prompt), request.max_tokens)
+            return energy_j, rtt + perf.queue_wait_s + prefill_s(snapshot, candidate, credited), rtt, own
         energy_j = perf.energy.joules(prompt, min(request.cached_tokens, prompt), request.max_tokens)
-        ttft_s = self.rtt_s(request.client_location, candidate) + perf.queue_wait_s + prefill_s(snapshot, candidate, request)
-        return energy_j, ttft_s
+        return energy_j, rtt + perf.queue_wait_s + own, rtt, own
 
 
 def credited_tokens(snapshot: FleetSnapshot, request: Request, candidate: Candidate) -> int:

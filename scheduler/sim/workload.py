@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from scheduler.sim.slots import slot_setters
 from scheduler.types import WORKLOAD_CLASSES, GeoPoint, Request, WorkloadClass
 
 if TYPE_CHECKING:
@@ -303,6 +304,14 @@ def build_workload(trace: Trace, config: WorkloadConfig, seed: int) -> Workload:
     )
 
 
+# The requests are made by setting their slots (``scheduler.sim.slots``): one per arrival.
+(_SET_REQUEST_ID, _SET_MODEL, _SET_PROMPT_TOKENS, _SET_MAX_TOKENS, _SET_TENANT, _SET_WORKLOAD_CLASS,
+ _SET_TTFT_SLO_MS, _SET_TPOT_SLO_MS, _SET_ALLOWED_JURISDICTIONS, _SET_REQUIRED_CERTIFICATIONS, _SET_PRECISION,
+ _SET_TASK_CLASS, _SET_CLIENT_LOCATION, _SET_PREFIX_KEY, _SET_CACHED_TOKENS, _SET_WORKFLOW_ID, _SET_WORKFLOW_SHAPE,
+ _SET_SHARED_PREFIX_TOKENS) = slot_setters(Request)
+_EMPTY: frozenset[str] = frozenset()
+
+
 class RequestFactory:
     """Turns row i of a workload into a ``Request``, sharing the immutable parts (client
     locations, jurisdiction sets, prefix keys) between requests.
@@ -326,22 +335,31 @@ class RequestFactory:
             self._ids = self._keys if workflow_ids else ()
 
     def request(self, i: int) -> Request:
+        """``Request(request_id=f"sim-{i}", model=..., ...)`` with the other fields at their
+        defaults, made by setting its slots."""
         w = self.workload
         city = w.city[i]
         group = w.prefix_group[i]
         workload_class: WorkloadClass = WORKLOAD_CLASSES[w.workload_class[i]]
         flows = w.workflows
         shared = -1 if flows is None else flows.shared_prefix[i]
-        return Request(
-            request_id=f"sim-{i}",
-            model=w.model,
-            prompt_tokens=w.prompt_tokens[i],
-            max_tokens=w.output_tokens[i],
-            workload_class=workload_class,
-            allowed_jurisdictions=self._allowed[city] if w.restricted[i] else frozenset(),
-            client_location=self._geo[city],
-            prefix_key=self._keys[group] if group >= 0 else None,
-            workflow_id=self._ids[group] if self._ids else None,
-            workflow_shape=None if flows is None else flows.spec.shape,
-            shared_prefix_tokens=None if shared < 0 else shared,
-        )
+        request = object.__new__(Request)
+        _SET_REQUEST_ID(request, f"sim-{i}")
+        _SET_MODEL(request, w.model)
+        _SET_PROMPT_TOKENS(request, w.prompt_tokens[i])
+        _SET_MAX_TOKENS(request, w.output_tokens[i])
+        _SET_TENANT(request, "")
+        _SET_WORKLOAD_CLASS(request, workload_class)
+        _SET_TTFT_SLO_MS(request, None)
+        _SET_TPOT_SLO_MS(request, None)
+        _SET_ALLOWED_JURISDICTIONS(request, self._allowed[city] if w.restricted[i] else _EMPTY)
+        _SET_REQUIRED_CERTIFICATIONS(request, _EMPTY)
+        _SET_PRECISION(request, None)
+        _SET_TASK_CLASS(request, None)
+        _SET_CLIENT_LOCATION(request, self._geo[city])
+        _SET_PREFIX_KEY(request, self._keys[group] if group >= 0 else None)
+        _SET_CACHED_TOKENS(request, 0)
+        _SET_WORKFLOW_ID(request, self._ids[group] if self._ids else None)
+        _SET_WORKFLOW_SHAPE(request, None if flows is None else flows.spec.shape)
+        _SET_SHARED_PREFIX_TOKENS(request, None if shared < 0 else shared)
+        return request

@@ -9,6 +9,7 @@ import pytest
 
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
 from scheduler.sim.workload import DEFAULT_CONTINENTS, RequestFactory, WorkloadConfig, build_workload, load_trace
+from scheduler.types import WORKLOAD_CLASSES, GeoPoint, Request
 from tests.unit.sim.kit import START, Files
 
 T0 = START.timestamp()
@@ -94,3 +95,22 @@ def test_workload_classes_and_prefix_keys_follow_their_shares() -> None:
     with_prefix = [i for i in range(n) if workload.prefix_group[i] >= 0]
     assert len(with_prefix) / n == pytest.approx(0.5, abs=0.03)
     assert all(0 < workload.prefix_tokens[i] < workload.prompt_tokens[i] for i in with_prefix)
+
+
+def test_factory_requests_equal_the_constructors() -> None:
+    """The factory sets a request's slots itself: the same request as ``Request(...)``."""
+    config = WorkloadConfig(start=T0, hours=0.2, rate=10.0, batch_share=0.2, deferrable_share=0.1, prefix_share=0.5)
+    workload = build_workload(load_trace("conv"), config, seed=2)
+    requests = RequestFactory(workload)
+    for i in range(len(workload)):
+        city = workload.city[i]
+        group = workload.prefix_group[i]
+        jurisdiction = workload.city_jurisdiction[city]
+        expected = Request(
+            request_id=f"sim-{i}", model=workload.model, prompt_tokens=workload.prompt_tokens[i],
+            max_tokens=workload.output_tokens[i], workload_class=WORKLOAD_CLASSES[workload.workload_class[i]],
+            allowed_jurisdictions=frozenset({jurisdiction}) if workload.restricted[i] else frozenset(),
+            client_location=GeoPoint(workload.cities[city].lat, workload.cities[city].lon),
+            prefix_key=f"prefix-{group}" if group >= 0 else None,
+        )
+        assert requests.request(i) == expected
