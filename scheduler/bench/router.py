@@ -97,6 +97,9 @@ class Settings:
     idle_s: float = 3.0
     json_path: Path | None = None
     progress: bool = True
+    # How our router's process starts, after the interpreter: ``scheduler.cli`` (a diagnostic
+    # such as scripts/route_breakdown.py puts its own entry point here, which then runs it).
+    router_entry: tuple[str, ...] = ("-m", "scheduler.cli")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -276,7 +279,7 @@ def start_all(settings: Settings, processes: Processes) -> Setup:
     keys_file.write_text(out.getvalue())
     keys_file.chmod(0o600)
     router = processes.spawn("router", [
-        sys.executable, "-m", "scheduler.cli", "router", "--host", "127.0.0.1", "--port", "0",
+        sys.executable, *settings.router_entry, "router", "--host", "127.0.0.1", "--port", "0",
         "--regions", str(regions_dir), "--policies", str(policies_dir), "--state", "memory", "--rate-limit", "1000000",
         "--ticket-keys", str(keys_file), "--grace", "1", "--http-port", "0",
         # A loopback benchmark: no API keys (the router warns), no per-tenant stream cap in reach.
