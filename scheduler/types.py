@@ -462,7 +462,9 @@ class Decision:
     @cached_property
     def ranked_candidates(self) -> tuple[Candidate, ...]:
         """Best first: the order dispatch tries them in (failover walks down this list)."""
-        return tuple(self.fleet[self.survivor_index[i]] for i in self.order)
+        # (one conversion to Python ints: indexing numpy arrays element by element costs more)
+        fleet, index = self.fleet, np.asarray(self.survivor_index, dtype=np.intp)
+        return tuple(fleet[i] for i in index[np.asarray(self.order, dtype=np.intp)].tolist())
 
     @property
     def rejected_count(self) -> int:
