@@ -27,6 +27,7 @@ from scheduler.energy.step import (
     mean_context,
     predict,
 )
+from scheduler.framework.columns import FRESH_POOLS, judge_fresh
 from scheduler.types import (
     Candidate,
     CandidatePerf,
@@ -184,12 +185,9 @@ class SnapshotBuilder:
         """The snapshot at ``now``. A candidate's ``CandidatePerf`` is recomputed only when its
         pool's fresh state differs from the last build's; the perf tuple itself is the last one
         while no candidate's entry is another object."""
-        live = live or {}
-        max_age = self.policy.max_age.region_state
-        get = live.get
-        fresh: list[Mapping[str, PoolLiveState] | None] = [
-            None if (state := get(name)) is None or now - state.observed_at > max_age else state.pools
-            for name in self._region_names]
+        live = dict(live or {})
+        judged = judge_fresh(live, self._region_names, now, self.policy.max_age.region_state)
+        fresh = judged[0]
         last = self._last
         changes: tuple[tuple[CandidatePerf, ...], tuple[int, ...]] | None = None
         if last is None:
@@ -218,6 +216,8 @@ class SnapshotBuilder:
             perf = previous if changed is None else tuple(changed)
             changes = (previous, tuple(changed_at))
         self._last = (fresh, perf)
+        # The regions' freshness, for the plugins that judge it again (``fresh_pools``).
+        self.column_cache[FRESH_POOLS] = (live, now, self.policy, self.regions, judged)
         snapshot: FleetSnapshot = build_frozen(FleetSnapshot, {
             "now": now,
             "policy": self.policy,
@@ -225,7 +225,7 @@ class SnapshotBuilder:
             "candidates": self.candidates,
             "perf": perf,
             "carbon": dict(carbon or {}),
-            "live": dict(live),
+            "live": live,
             "energy_routing_enabled": energy_routing_enabled,
             "store": None,
             "probes": {},

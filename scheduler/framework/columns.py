@@ -26,13 +26,13 @@ import zlib
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import is_not
+from operator import attrgetter, is_not
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.types import Candidate, CandidatePerf, FleetSnapshot, build_frozen
+from scheduler.types import Candidate, CandidatePerf, FleetSnapshot, PoolLiveState, RegionLiveState, build_frozen
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -231,6 +231,39 @@ def region_members(snapshot: FleetSnapshot) -> tuple[tuple[Candidate, ...], ...]
     members: tuple[tuple[Candidate, ...], ...] | None = _cached(
         snapshot.column_cache, ("region-members",), snapshot.candidates, compute)
     return members
+
+
+# The column-cache key of the regions' freshness as the snapshot builder judged it (``fresh_pools``).
+FRESH_POOLS = ("fresh-pools",)
+FreshPools = tuple[list[Mapping[str, PoolLiveState] | None], bool]
+
+
+def judge_fresh(live: Mapping[str, RegionLiveState], names: Sequence[str], now: float, max_age: float) -> FreshPools:
+    """Per region of ``names``: the pool mapping of its live state when that is fresh (age <=
+    ``max_age``), else None; and whether every one of them is fresh and every state in
+    ``live`` healthy (False also when some region's pool mapping is None)."""
+    get = live.get
+    pools: list[Mapping[str, PoolLiveState] | None] = [
+        None if (state := get(name)) is None or now - state.observed_at > max_age else state.pools for name in names]
+    return pools, None not in pools and all(map(_HEALTHY, live.values()))
+
+
+_HEALTHY = attrgetter("healthy")
+
+
+def fresh_pools(snapshot: FleetSnapshot) -> FreshPools:
+    """``judge_fresh`` of the snapshot's live states, regions, clock and
+    ``policy.max_age.region_state``: as the snapshot builder judged them for its build (kept
+    in the column cache under ``FRESH_POOLS`` with the live mapping, clock, policy and regions it
+    judged, so that a copy with other ones is judged again), else judged here. For the plugins
+    that look at every region's freshness once per snapshot (region health, pool served)."""
+    entry = snapshot.column_cache.get(FRESH_POOLS)
+    if (isinstance(entry, tuple) and entry[0] is snapshot.live and entry[1] == snapshot.now
+            and entry[2] is snapshot.policy and entry[3] is snapshot.regions):
+        judged: FreshPools = entry[4]
+        return judged
+    return judge_fresh(snapshot.live, [r.name for r in snapshot.regions], snapshot.now,
+                       snapshot.policy.max_age.region_state)
 
 
 def region_positions(snapshot: FleetSnapshot) -> IndexArray:

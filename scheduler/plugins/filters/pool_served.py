@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, FloatArray, memo, region_members
+from scheduler.framework.columns import BoolArray, FloatArray, fresh_pools, memo, region_members
 from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
 from scheduler.types import Candidate, FleetSnapshot, PoolLiveState, RegionLiveState
 
@@ -64,17 +64,13 @@ class PoolServedFilter(Plugin):
                 np.asarray([context for _, context in judged], dtype=np.float64),
                 tuple(verdict for verdict, _ in judged),
             )
-        # Per region: the pool mapping of its fresh live state (None: none fresh). A region is
+        # Per region: the pool mapping of its fresh live state (None: none fresh; as the
+        # snapshot builder judged it, ``fresh_pools``). A region is
         # judged again only when its mapping is another object than at the last build (a state
         # republished unchanged keeps its mapping), and the columns are the last ones while
         # every region judged again is judged as before (usually: every pool served, no limit).
         members, names = layout
-        now = snapshot.now
-        max_age = snapshot.policy.max_age.region_state
-        get = snapshot.live.get
-        maps: list[Mapping[str, PoolLiveState] | None] = [
-            None if (state := get(region.name)) is None or now - state.observed_at > max_age else state.pools
-            for region in snapshot.regions]
+        maps = fresh_pools(snapshot)[0]
         cache = snapshot.column_cache
         entry = cache.get(("pool-served",))
         last: Columns | None = None

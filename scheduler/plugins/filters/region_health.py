@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, IndexArray, memo, region_positions
+from scheduler.framework.columns import BoolArray, IndexArray, fresh_pools, memo, region_positions
 from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
 from scheduler.types import FleetSnapshot, RegionLiveState
 
@@ -84,6 +84,9 @@ def region_verdicts(snapshot: FleetSnapshot) -> list[Verdict]:
         store is not None and store.reachable and store.recovered_at is not None and now - store.recovered_at <= max_age
     ):
         return [region_verdict(snapshot, r.name) for r in snapshot.regions]
+    if fresh_pools(snapshot)[1]:
+        # Every region's state fresh and healthy (as the snapshot builder found them).
+        return [None] * len(snapshot.regions)
     get = snapshot.live.get
     return [None if (state := get(r.name)) is not None and state.healthy and now - state.observed_at <= max_age
             else _by_state(snapshot, r.name) for r in snapshot.regions]

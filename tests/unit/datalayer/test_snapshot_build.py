@@ -9,6 +9,7 @@ import random
 
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.framework.columns import fresh_pools, judge_fresh
 from scheduler.types import FleetSnapshot, PoolLiveState, RegionLiveState
 from tests.literals import NOW, carbon, pool, region
 
@@ -126,3 +127,36 @@ def test_a_builder_for_some_models_follows_their_candidates_alone(default_policy
             else:
                 assert followed.perf[c.index] == some.perf_of(c, None)
                 assert not followed.perf[c.index].live
+
+
+def test_the_freshness_the_builder_records_is_what_the_plugins_would_judge(default_policy) -> None:  # type: ignore[no-untyped-def]
+    # ``fresh_pools`` hands the region-health and pool-served plugins the builder's judgement of
+    # each region's freshness: it must be what judging the snapshot itself gives, and a copy of
+    # the snapshot with another clock, live mapping or policy must be judged again.
+    rng = random.Random(5)
+    regions = _regions(5)
+    builder = SnapshotBuilder(regions, default_policy)
+    stricter = default_policy.model_copy(update={"max_age": default_policy.max_age.model_copy(
+        update={"region_state": 0.5})})
+    live: dict[str, RegionLiveState] = {}
+    now = NOW
+    names = [r.name for r in regions]
+    for _ in range(80):
+        now += rng.choice((0.5, 1.0, 7.0))
+        for r in regions:
+            roll = rng.random()
+            if roll < 0.1:
+                live.pop(r.name, None)
+            elif roll < 0.6 or r.name not in live:
+                live[r.name] = RegionLiveState(r.name, rng.random() < 0.9, now - rng.choice((0.0, 0.8)),
+                                               {p.name: PoolLiveState(running=rng.choice((0, 3))) for p in r.pools})
+        snapshot = builder.build(now, live=dict(live))
+        max_age = default_policy.max_age.region_state
+        expected = judge_fresh(dict(live), names, now, max_age)
+        assert fresh_pools(snapshot) == expected
+        assert expected[1] == all(
+            (s := live.get(n)) is not None and s.healthy and now - s.observed_at <= max_age for n in names)
+        for copy in (dataclasses.replace(snapshot, now=now + 6.0),
+                     dataclasses.replace(snapshot, live={n: s for n, s in live.items() if n != "r0"}),
+                     dataclasses.replace(snapshot, policy=stricter)):
+            assert fresh_pools(copy) == judge_fresh(copy.live, names, copy.now, copy.policy.max_age.region_state)
