@@ -131,17 +131,18 @@ def _perf_columns(perf: list[CandidatePerf]) -> dict[str, Any]:
     }
 
 
-def _updated(last: Frame, changed: list[int], perf: tuple[CandidatePerf, ...],
+def _updated(last: Frame, changed: list[tuple[int, int]], perf: tuple[CandidatePerf, ...],
              previous: tuple[CandidatePerf, ...]) -> dict[str, Any]:
-    """``last``'s perf columns (computed from ``previous``) with the candidates at ``changed``
-    (positions in the frame) computed again from ``perf`` (the fleet's)."""
+    """``last``'s perf columns (computed from ``previous``) with the candidates ``changed``
+    ((position in the frame, index in the fleet) pairs) computed again from ``perf`` (the
+    fleet's)."""
     prediction = last.prediction.copy()  # the last frame keeps its own
     queue_wait_s = last.queue_wait_s.copy()
     live = last.live.copy()
     # rows k x m + position, PREDICTIONS-major; a few candidates change at a time: row by row
     # (a flat tuple each) is cheaper than one assignment of nested tuples or index arrays
     m = len(last.index)
-    for position, i in zip(changed, last.index[changed].tolist(), strict=True):
+    for position, i in changed:
         p, was = perf[i], previous[i]
         if p.energy is was.energy and p.latency is was.latency:
             # The same step-model coefficients (the snapshot builder keeps them per operating
@@ -295,7 +296,7 @@ def frame(snapshot: FleetSnapshot, model: str, index: IndexArray) -> Frame:
         if last.index is index:
             # position in this model's frame of every fleet candidate (-1: another model's)
             position: list[int] = entry[3]
-            changed = [p for p in map(position.__getitem__, perf_changes(snapshot, entry[1])) if p >= 0]
+            changed = [(p, i) for i in perf_changes(snapshot, entry[1]) if (p := position[i]) >= 0]
             if not changed:
                 # Only other models' candidates changed: this model's frame is the last one.
                 cache[key] = (candidates, perf, last, position)

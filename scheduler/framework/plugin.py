@@ -28,11 +28,13 @@ validates a policy's ``parameters`` against them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import ConfigDict
 
 from scheduler.framework.columns import BoolArray, FloatArray, HashArray, IndexArray
+from scheduler.framework.slo import tpot_budget_s, ttft_budget_s
 from scheduler.types import FleetSnapshot, Rejection, Request, build_frozen
 
 Reason = tuple[str, tuple[object, ...]]
@@ -80,6 +82,16 @@ class RequestView:
     key_hash: HashArray
     cached_tokens: FloatArray | None = None
 
+    @cached_property
+    def ttft_budget_s(self) -> float:
+        """The request's TTFT budget (``scheduler.framework.slo``), once per view."""
+        return ttft_budget_s(self.request, self.snapshot)
+
+    @cached_property
+    def tpot_budget_s(self) -> float:
+        """The request's TPOT budget (``scheduler.framework.slo``), once per view."""
+        return tpot_budget_s(self.request, self.snapshot)
+
     @classmethod
     def of(
         cls, request: Request, snapshot: FleetSnapshot, base: IndexArray, rtt_s: FloatArray, queue_wait_s: FloatArray,
@@ -111,7 +123,8 @@ class Filter(Protocol):
         ...
 
     def keep(self, view: RequestView, cols: Any) -> BoolArray | None:
-        """A mask over ``view.base`` (True: keep), or None to keep every candidate."""
+        """A mask over ``view.base`` (True: keep), or None to keep every candidate. The
+        framework never writes into the mask (a filter may return one of its columns)."""
         ...
 
     def reason(self, view: RequestView, cols: Any, position: int) -> Reason:

@@ -40,6 +40,12 @@ class ResidencyFilter(Plugin):
         allowed = view.request.allowed_jurisdictions
         if not allowed:
             return None
+        if len(allowed) == 1:
+            # One jurisdiction (the common case): its column itself (the framework never
+            # writes into a mask a filter returns).
+            (only,) = allowed
+            mask = cols.jurisdiction.get(only)
+            return mask if mask is not None else np.zeros(len(view.base), dtype=bool)
         keep = np.zeros(len(view.base), dtype=bool)
         for jurisdiction in allowed:
             mask = cols.jurisdiction.get(jurisdiction)

@@ -11,30 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from scheduler.config.schema import PolicyConfig
 from scheduler.framework.columns import BoolArray
 from scheduler.framework.plugin import NoColumns, Reason, RequestView
-from scheduler.types import FleetSnapshot, Request, WorkloadClass
+from scheduler.framework.slo import class_ttft_budget_s, tpot_budget_s, ttft_budget_s
+
+# The budgets are the framework's (scheduler.framework.slo); importable from here as before.
+__all__ = ["TYPE", "SloReachableFilter", "class_ttft_budget_s", "tpot_budget_s", "ttft_budget_s"]
 
 TYPE = "slo-reachable"
-
-
-def ttft_budget_s(request: Request, snapshot: FleetSnapshot) -> float:
-    if request.ttft_slo_ms is not None:
-        return request.ttft_slo_ms / 1000.0
-    return class_ttft_budget_s(snapshot.policy, request.workload_class, request.prompt_tokens)
-
-
-def class_ttft_budget_s(policy: PolicyConfig, workload_class: WorkloadClass, prompt_tokens: int) -> float:
-    """The policy's TTFT budget of ``workload_class`` for a prompt: ttft_ms + per 1k tokens [s]."""
-    slo = policy.slo_for(workload_class)
-    return (slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * prompt_tokens / 1000.0) / 1000.0
-
-
-def tpot_budget_s(request: Request, snapshot: FleetSnapshot) -> float:
-    if request.tpot_slo_ms is not None:
-        return request.tpot_slo_ms / 1000.0
-    return snapshot.policy.slo_for(request.workload_class).tpot_ms / 1000.0
 
 
 @dataclass(frozen=True)
@@ -42,14 +26,14 @@ class SloReachableFilter(NoColumns):
     TYPE: ClassVar[str] = TYPE
 
     def keep(self, view: RequestView, cols: None) -> BoolArray | None:
-        keep: BoolArray = view.ttft_s <= ttft_budget_s(view.request, view.snapshot)
-        keep &= view.tpot_s <= tpot_budget_s(view.request, view.snapshot)
+        keep: BoolArray = view.ttft_s <= view.ttft_budget_s
+        keep &= view.tpot_s <= view.tpot_budget_s
         return keep
 
     def reason(self, view: RequestView, cols: None, position: int) -> Reason:
-        ttft_budget = ttft_budget_s(view.request, view.snapshot)
+        ttft_budget = view.ttft_budget_s
         ttft = float(view.ttft_s[position])
         if ttft > ttft_budget:
             return "predicted TTFT {:.0f} ms > SLO {:.0f} ms", (ttft * 1e3, ttft_budget * 1e3)
-        tpot_budget = tpot_budget_s(view.request, view.snapshot)
+        tpot_budget = view.tpot_budget_s
         return "predicted TPOT {:.1f} ms > SLO {:.1f} ms", (float(view.tpot_s[position]) * 1e3, tpot_budget * 1e3)

@@ -4,7 +4,7 @@ P(miss) [miss] = P(TTFT > budget) = 1 - Phi(ln(budget / ttft) / sigma)
 sigma  = sqrt(ttft_log_sigma^2 + (queue_cv x queue wait / ttft)^2)
 ttft   = the predicted time to first token (scheduler.framework.predict: RTT + queue wait,
          the router's pending dispatches included, + prefill)
-budget = the request's TTFT SLO (scheduler.plugins.filters.slo_reachable.ttft_budget_s)
+budget = the request's TTFT SLO (scheduler.framework.slo.ttft_budget_s)
 The prediction's error is taken as lognormal: ``ttft_log_sigma`` for the parts that are
 physics (RTT, prefill: the simulator reports the measured spread, `scheduler simulate` ->
 TTFT err), widened by the queue wait's share of the TTFT, the part that depends on arrivals
@@ -27,7 +27,6 @@ from pydantic import Field
 
 from scheduler.framework.columns import FloatArray
 from scheduler.framework.plugin import Abstain, NoColumns, Positions, RequestView
-from scheduler.plugins.filters.slo_reachable import ttft_budget_s
 
 TYPE = "slo-risk-scorer"
 
@@ -58,7 +57,7 @@ class SloRiskScorer(NoColumns):
     queue_cv: Annotated[float, Field(ge=0, le=5)] = 1.0
 
     def score(self, view: RequestView, cols: None, positions: Positions) -> FloatArray | Abstain:
-        budget = ttft_budget_s(view.request, view.snapshot)
+        budget = view.ttft_budget_s
         ttft = np.maximum(view.ttft_s[positions], 1e-6)
         share = view.queue_wait_s[positions] / ttft
         if self.queue_cv != 1.0:  # (x 1, the default, is the identity: one array operation less)
