@@ -8,6 +8,7 @@ state into per-candidate coefficients so that a decision does only arithmetic.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
@@ -118,6 +119,24 @@ def enumerate_candidates(regions: Sequence[RegionConfig]) -> tuple[Candidate, ..
                     )
                 )
     return tuple(candidates)
+
+
+# A changed pool's ``CandidatePerf`` (one per snapshot in the simulator) is made by setting its
+# slots: the ``__init__`` of a frozen, slotted dataclass calls ``object.__setattr__`` per field.
+_SET_ENERGY, _SET_LATENCY, _SET_BATCH, _SET_QUEUE_WAIT_S, _SET_LIVE = (
+    vars(CandidatePerf)[f.name].__set__ for f in dataclasses.fields(CandidatePerf))
+
+
+def _candidate_perf(energy: EnergyCoefficients, latency: LatencyCoefficients, batch: float, queue_wait_s: float,
+                    live: bool) -> CandidatePerf:
+    """``CandidatePerf(energy, latency, batch, queue_wait_s, live)``."""
+    perf = object.__new__(CandidatePerf)
+    _SET_ENERGY(perf, energy)
+    _SET_LATENCY(perf, latency)
+    _SET_BATCH(perf, batch)
+    _SET_QUEUE_WAIT_S(perf, queue_wait_s)
+    _SET_LIVE(perf, live)
+    return perf
 
 
 # Operating points whose step-model coefficients a builder keeps before it starts over.
@@ -283,7 +302,7 @@ class SnapshotBuilder:
         replicas = self._replicas[c.index]
         if pool_state is None:
             energy, latency = self._at_point(c.index, assumptions.nominal_batch, assumptions.nominal_context)
-            return CandidatePerf(energy, latency, assumptions.nominal_batch, 0.0, live=False)
+            return _candidate_perf(energy, latency, assumptions.nominal_batch, 0.0, False)
         running = pool_state.running / replicas
         waiting = pool_state.queue_depth / replicas
         batch = min(running + 1.0, float(costs.max_num_seqs))
@@ -301,7 +320,7 @@ class SnapshotBuilder:
         if running >= costs.max_num_seqs or pool_state.kv_cache_usage >= assumptions.kv_full:
             tpot = latency.tpot_s + others * latency.tpot_s_per_context_token
             wait += assumptions.output_tokens / 2.0 * tpot / max(running, 1.0)
-        return CandidatePerf(energy, latency, batch, wait, live=True)
+        return _candidate_perf(energy, latency, batch, wait, True)
 
     def _at_point(self, index: int, batch: float, others: float) -> tuple[EnergyCoefficients, LatencyCoefficients]:
         """The step model's coefficients of candidate ``index`` at an operating point (decode

@@ -28,13 +28,12 @@ validates a policy's ``parameters`` against them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import ConfigDict
 
 from scheduler.framework.columns import BoolArray, FloatArray, HashArray, IndexArray
-from scheduler.framework.slo import tpot_budget_s, ttft_budget_s
+from scheduler.framework.slo import ttft_budget_s
 from scheduler.types import FleetSnapshot, Rejection, Request, build_frozen
 
 Reason = tuple[str, tuple[object, ...]]
@@ -82,15 +81,16 @@ class RequestView:
     key_hash: HashArray
     cached_tokens: FloatArray | None = None
 
-    @cached_property
+    @property
     def ttft_budget_s(self) -> float:
-        """The request's TTFT budget (``scheduler.framework.slo``), once per view."""
-        return ttft_budget_s(self.request, self.snapshot)
-
-    @cached_property
-    def tpot_budget_s(self) -> float:
-        """The request's TPOT budget (``scheduler.framework.slo``), once per view."""
-        return tpot_budget_s(self.request, self.snapshot)
+        """The request's TTFT budget (``scheduler.framework.slo``), computed once per view (the
+        SLO filter and the SLO-risk scorer read it; kept in the instance's dict by hand, as
+        functools.cached_property takes a lock on every first read)."""
+        memo = self.__dict__
+        budget: float | None = memo.get("_ttft_budget_s")
+        if budget is None:
+            budget = memo["_ttft_budget_s"] = ttft_budget_s(self.request, self.snapshot)
+        return budget
 
     @classmethod
     def of(

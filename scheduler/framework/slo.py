@@ -4,7 +4,8 @@ class's):
     ttft budget [s] = request.ttft_slo_ms, or slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens x prompt / 1000
     tpot budget [s] = request.tpot_slo_ms, or slo.tpot_ms
 Reads: the request's SLOs, workload class and prompt tokens; policy.slo. The SLO filter and the
-SLO-risk scorer read them from the request view (``RequestView.ttft_budget_s``: once per decision).
+SLO-risk scorer read the TTFT budget from the request view (``RequestView.ttft_budget_s``: once per
+decision).
 """
 
 from __future__ import annotations

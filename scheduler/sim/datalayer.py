@@ -234,6 +234,9 @@ class SimDataLayer:
         down = self.down
         published_pools = self._published_pools
         active = self._active
+        # Whether a pool publishes another state than it last did: the inputs then differ from
+        # the last build's (every publication either builds or finds them equal to its inputs).
+        changed = False
         for pool, (region, name) in list(active.items()):
             if region in down:
                 continue
@@ -242,6 +245,7 @@ class SimDataLayer:
             was = pools[name]
             if state is not was and state != was:
                 pools = published_pools[region] = {**pools, name: state}  # the snapshots hold the last one
+                changed = True
             if pool.quiet:
                 del active[pool]
         # (``_published_pools`` is in region order)
@@ -252,7 +256,7 @@ class SimDataLayer:
         if self.affinity is not None:
             self.affinity.publish(now, live)
         inputs = (carbon, frozenset(self.down), live)
-        if snap is not None and now <= self._valid_until and self._same(inputs):
+        if snap is not None and not changed and now <= self._valid_until and self._same(inputs):
             return self._handed_out(snap, now)
         published = self.published
         for region in self.down:

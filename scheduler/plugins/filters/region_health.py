@@ -54,16 +54,18 @@ class RegionHealthFilter(Plugin):
     LIFETIME: ClassVar[Lifetime | None] = "live"
 
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        judged = region_verdicts(snapshot)
-        verdicts = tuple(judged)
-        if judged.count(None) == len(judged):
-            # The same columns for every snapshot of the fleet in which all regions are healthy.
-            every: Columns = memo(snapshot, ("region-health-all",), snapshot.candidates, lambda: Columns(
-                np.ones(len(snapshot.candidates), dtype=bool), region_positions(snapshot), verdicts, True))
-            return every
-        region = region_positions(snapshot)
-        healthy = np.asarray([v is None for v in verdicts], dtype=bool)[region]
-        return Columns(healthy, region, verdicts, False)
+        if not _all_fresh_and_healthy(snapshot):
+            judged = region_verdicts(snapshot)
+            if judged.count(None) != len(judged):
+                verdicts = tuple(judged)
+                region = region_positions(snapshot)
+                healthy = np.asarray([v is None for v in verdicts], dtype=bool)[region]
+                return Columns(healthy, region, verdicts, False)
+        # Every region may take requests: the same columns for every such snapshot of the fleet.
+        every: Columns = memo(snapshot, ("region-health-all",), snapshot.candidates, lambda: Columns(
+            np.ones(len(snapshot.candidates), dtype=bool), region_positions(snapshot),
+            (None,) * len(snapshot.regions), True))
+        return every
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         return None if cols.all_healthy else cols.healthy
@@ -71,6 +73,19 @@ class RegionHealthFilter(Plugin):
     def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
         verdict = cols.verdicts[int(cols.region[position])]
         return verdict if verdict is not None else ("healthy", ())
+
+
+def _all_fresh_and_healthy(snapshot: FleetSnapshot) -> bool:
+    """Whether every region may take requests by ``region_verdicts``' first rule alone: the
+    store answers, no recovery is recent, and every region's state is fresh and healthy (as
+    the snapshot builder found them, ``fresh_pools``)."""
+    store = snapshot.store
+    if snapshot.store_outage_s is not None or (
+        store is not None and store.reachable and store.recovered_at is not None
+        and snapshot.now - store.recovered_at <= snapshot.policy.max_age.region_state
+    ):
+        return False
+    return fresh_pools(snapshot)[1]
 
 
 def region_verdicts(snapshot: FleetSnapshot) -> list[Verdict]:
@@ -84,9 +99,6 @@ def region_verdicts(snapshot: FleetSnapshot) -> list[Verdict]:
         store is not None and store.reachable and store.recovered_at is not None and now - store.recovered_at <= max_age
     ):
         return [region_verdict(snapshot, r.name) for r in snapshot.regions]
-    if fresh_pools(snapshot)[1]:
-        # Every region's state fresh and healthy (as the snapshot builder found them).
-        return [None] * len(snapshot.regions)
     get = snapshot.live.get
     return [None if (state := get(r.name)) is not None and state.healthy and now - state.observed_at <= max_age
             else _by_state(snapshot, r.name) for r in snapshot.regions]

@@ -27,7 +27,7 @@ class SloReachableFilter(NoColumns):
 
     def keep(self, view: RequestView, cols: None) -> BoolArray | None:
         keep: BoolArray = view.ttft_s <= view.ttft_budget_s
-        keep &= view.tpot_s <= view.tpot_budget_s
+        keep &= view.tpot_s <= tpot_budget_s(view.request, view.snapshot)
         return keep
 
     def reason(self, view: RequestView, cols: None, position: int) -> Reason:
@@ -35,5 +35,5 @@ class SloReachableFilter(NoColumns):
         ttft = float(view.ttft_s[position])
         if ttft > ttft_budget:
             return "predicted TTFT {:.0f} ms > SLO {:.0f} ms", (ttft * 1e3, ttft_budget * 1e3)
-        tpot_budget = view.tpot_budget_s
+        tpot_budget = tpot_budget_s(view.request, view.snapshot)
         return "predicted TPOT {:.1f} ms > SLO {:.1f} ms", (float(view.tpot_s[position]) * 1e3, tpot_budget * 1e3)
