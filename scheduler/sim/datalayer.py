@@ -42,9 +42,9 @@ from scheduler.types import Candidate, FleetSnapshot, PoolLiveState, RegionLiveS
 _SET_REGION, _SET_HEALTHY, _SET_OBSERVED_AT, _SET_POOLS = slot_setters(RegionLiveState)
 
 
-def _healthy_states(live: Mapping[str, Mapping[str, PoolLiveState]], now: float) -> dict[str, RegionLiveState]:
-    """``RegionLiveState(region, True, now, pools)`` of every region in ``live``."""
-    states: dict[str, RegionLiveState] = {}
+def _healthy_states(live: Mapping[str, Mapping[str, PoolLiveState]], now: float,
+                    states: dict[str, RegionLiveState]) -> None:
+    """``states[region] = RegionLiveState(region, True, now, pools)`` for every region in ``live``."""
     new = object.__new__
     for region, pools in live.items():
         states[region] = state = new(RegionLiveState)
@@ -52,7 +52,6 @@ def _healthy_states(live: Mapping[str, Mapping[str, PoolLiveState]], now: float)
         _SET_HEALTHY(state, True)
         _SET_OBSERVED_AT(state, now)
         _SET_POOLS(state, pools)
-    return states
 
 
 class SimAffinity:
@@ -264,7 +263,7 @@ class SimDataLayer:
             last = published.get(region)
             if last is not None and self._last_publish.get(region, 0.0) > last.observed_at:
                 published[region] = dataclasses.replace(last, observed_at=self._last_publish[region])
-        published.update(_healthy_states(live, now))
+        _healthy_states(live, now, published)
         snap = self.builder.build(now, carbon, published)
         self._snapshot, self._inputs = snap, inputs
         self._valid_until = self._exact_until(snap)

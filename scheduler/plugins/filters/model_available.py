@@ -69,6 +69,8 @@ class ModelAvailableFilter(Plugin):
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         request = view.request
+        if request.precision is None and request.task_class is None and _floor_rank(view) <= cols.lowest_rank:
+            return None  # the common case, as below: no precision asked, not a sensitive task class
         floor = REFERENCE_RANK if _sensitive(view) else -1
         if request.precision is None:
             floor = max(floor, _floor_rank(view))

@@ -76,7 +76,8 @@ def test_the_data_layer_publishes_what_every_pool_would_though_it_asks_only_thos
 def test_published_states_are_the_ones_the_constructor_makes() -> None:
     # The data layer and the pools set the states' slots directly (cheaper than their __init__).
     pools = {"a": PoolLiveState(running=3)}
-    made = _healthy_states({"r1": pools, "r2": {}}, 12.5)
+    made: dict[str, RegionLiveState] = {}
+    _healthy_states({"r1": pools, "r2": {}}, 12.5, made)
     assert made == {"r1": RegionLiveState("r1", True, 12.5, pools), "r2": RegionLiveState("r2", True, 12.5, {})}
     assert made["r1"].pools is pools
     state = _pool_state(4, 7, 0.25, 0.5, 1.5, 300.0)
