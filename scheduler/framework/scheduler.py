@@ -238,9 +238,11 @@ class Scheduler:
                 fresh, fleet = list(entry[2]), list(entry[6])
                 plugins = compiled.prepares
                 n = len(snapshot.candidates)
-                for i in compiled.live_at if entry[4] is snapshot.perf else compiled.live_at + compiled.perf_at:
+                live_key, perf = snapshot.live_key, snapshot.perf
+                for i in compiled.live_at if entry[4] is perf else compiled.live_at + compiled.perf_at:
                     plugin = plugins[i]
-                    full = fleet_columns(plugin, snapshot, anchor(plugin, snapshot))
+                    # (``anchor``: live_key for the live plugins, the perf tuple for the others)
+                    full = fleet_columns(plugin, snapshot, live_key if plugin.LIFETIME == "live" else perf)
                     if full is not fleet[i]:
                         fleet[i] = full
                         fresh[i] = full if whole(base, n) else restrict(full, base, n)

@@ -54,8 +54,13 @@ class PoolServedFilter(Plugin):
     LIFETIME: ClassVar[Lifetime | None] = "live"
 
     def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        layout: tuple[tuple[tuple[Candidate, ...], ...], tuple[tuple[str, ...], ...]] | None = memo(
-            snapshot, ("pool-served-layout",), snapshot.candidates, lambda: _layout(snapshot))
+        cache = snapshot.column_cache
+        entry = cache.get(("pool-served",))
+        if isinstance(entry, tuple) and entry[0] is snapshot.candidates:
+            layout: Layout | None = entry[4]  # (the candidates' layout, kept with the last columns)
+        else:
+            entry = None
+            layout = memo(snapshot, ("pool-served-layout",), snapshot.candidates, lambda: _layout(snapshot))
         if layout is None:
             fresh = {r.name: snapshot.fresh_live(r.name) for r in snapshot.regions}
             judged = [_judge_in(fresh[c.region.name], c) for c in snapshot.candidates]
@@ -71,11 +76,9 @@ class PoolServedFilter(Plugin):
         # every region judged again is judged as before (usually: every pool served, no limit).
         members, names = layout
         maps = fresh_pools(snapshot)[0]
-        cache = snapshot.column_cache
-        entry = cache.get(("pool-served",))
         last: Columns | None = None
         by_region: list[Judged | None]
-        if isinstance(entry, tuple) and entry[0] is snapshot.candidates:
+        if entry is not None:
             changed: Iterable[int] = compress(range(len(maps)), map(is_not, maps, entry[1]))
             by_region, last = entry[2], entry[3]
         else:
@@ -88,7 +91,7 @@ class PoolServedFilter(Plugin):
                 by_region[r] = region_judged
                 last = None
         columns = _columns(snapshot, by_region, members) if last is None else last
-        cache[("pool-served",)] = (snapshot.candidates, maps, by_region, columns)
+        cache[("pool-served",)] = (snapshot.candidates, maps, by_region, columns, layout)
         return columns
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
@@ -107,9 +110,11 @@ class PoolServedFilter(Plugin):
 
 
 Judged = tuple[list[bool], list[float], list[Reason | None]]
+# per region: its candidates, and its pools' names
+Layout = tuple[tuple[tuple[Candidate, ...], ...], tuple[tuple[str, ...], ...]]
 
 
-def _layout(snapshot: FleetSnapshot) -> tuple[tuple[tuple[Candidate, ...], ...], tuple[tuple[str, ...], ...]] | None:
+def _layout(snapshot: FleetSnapshot) -> Layout | None:
     """Per region: its candidates and its pools' names, when the candidate tuple is those
     regions' candidates one after the other (``region_members``), else None."""
     members = region_members(snapshot)
@@ -151,7 +156,11 @@ def _judge_region(pools: Mapping[str, PoolLiveState] | None, candidates: tuple[C
         return None
     # The common case, pool by pool rather than candidate by candidate: every pool is up and
     # reports no model list.
-    if all((state := pools.get(name)) is not None and state.models is None for name in pool_names):
+    for name in pool_names:
+        state = pools.get(name)
+        if state is None or state.models is not None:
+            break
+    else:
         return None
     verdicts = [_judge_pools(pools, c) for c in candidates]
     if all(v is None and context == math.inf for v, context in verdicts):

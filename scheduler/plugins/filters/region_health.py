@@ -62,6 +62,10 @@ class RegionHealthFilter(Plugin):
                 healthy = np.asarray([v is None for v in verdicts], dtype=bool)[region]
                 return Columns(healthy, region, verdicts, False)
         # Every region may take requests: the same columns for every such snapshot of the fleet.
+        kept = snapshot.column_cache.get(("region-health-all",))
+        if isinstance(kept, tuple) and kept[0] is snapshot.candidates:
+            same: Columns = kept[1]
+            return same
         every: Columns = memo(snapshot, ("region-health-all",), snapshot.candidates, lambda: Columns(
             np.ones(len(snapshot.candidates), dtype=bool), region_positions(snapshot),
             (None,) * len(snapshot.regions), True))
