@@ -65,7 +65,7 @@ def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray) ->
     predicted = np.dot(cols.prediction, features)
     n = len(base)
     cached_tokens: FloatArray | None = None
-    warm = warm_positions(request, snapshot, base)
+    warm = warm_positions(request, snapshot, base) if snapshot.prefix_warm else ()
     if warm:
         cached_tokens = np.full(n, float(request.cached_tokens))
         for position, cached in warm:

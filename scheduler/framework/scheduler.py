@@ -305,7 +305,7 @@ class Scheduler:
             })
 
         positions: Positions = slice(None) if alive is None else alive.nonzero()[0]
-        fallbacks: list[Fallback] = list(store_fallbacks(snapshot))
+        fallbacks: list[Fallback] = [] if snapshot.store is None else list(store_fallbacks(snapshot))
         energy_ranking = snapshot.energy_routing_enabled
         if not energy_ranking:
             fallbacks.append(Fallback(signal=KILL_SWITCH, scorer="*", age_s=None, max_age_s=0.0,
@@ -408,7 +408,10 @@ class Scheduler:
             by_survivor = np.ascontiguousarray(by_survivor[:, np.asarray(finite, dtype=bool)])
             totals = _costs(labels.rates, by_survivor) if kept else np.zeros(count)
         # (scorers x survivors, as a Decision holds them)
-        return _Ranking(labels.names, labels.units, labels.rate_values, labels.written, by_survivor.T, totals)
+        # (``_Ranking(...)``, without the Python-level ``__new__`` a NamedTuple is generated with)
+        ranking: _Ranking = tuple.__new__(_Ranking, (labels.names, labels.units, labels.rate_values, labels.written,
+                                                     by_survivor.T, totals))
+        return ranking
 
     def _labels(self, terms: tuple[Term, ...], mask: int, answered: list[Term], klass: int) -> _Labels:
         """Names, units and rates of the answered terms (memoized: the same few per objective)."""

@@ -110,7 +110,8 @@ class PoolSim:
         i = int(draw() * n)
         j = int(draw() * (n - 1))
         first, second = replicas[i], replicas[j + (j >= i)]
-        chosen = second if second.load < first.load else first
+        # (their ``load``, inline)
+        chosen = second if len(second.waiting) + second.running < len(first.waiting) + first.running else first
         if seq is None or not self.prefix_aware or seq.prefix_key is None:
             return chosen
         key = seq.prefix_key

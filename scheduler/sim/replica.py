@@ -305,7 +305,7 @@ class Replica:
             self.decoding -= 1
             self.context_sum -= seq.prompt + seq.output
         self.running -= 1
-        self.kv_reserved -= seq.reserve
+        self.kv_reserved -= seq.prompt + seq.output  # its reserve
         self.kv_held -= held
         totals = self.totals
         totals.running -= 1
@@ -331,7 +331,13 @@ class Replica:
             pairs += m * s + m * (m + 1) // 2
             budget -= m
         waiting = self.waiting
-        while budget > 0 and waiting and self.can_admit(waiting[0]):
+        max_num_seqs, kv_capacity = c.max_num_seqs, c.kv_capacity_tokens
+        while budget > 0 and waiting:
+            # ``can_admit(waiting[0])``, inline (three calls a request)
+            head = waiting[0]
+            if not (self.running < max_num_seqs and (
+                    self.kv_reserved + head.prompt + head.output <= kv_capacity or self.running == 0)):
+                break
             seq = waiting.popleft()
             seq.admitted = now
             seq.share_mark = self.share
@@ -345,7 +351,7 @@ class Replica:
                     cached = min(cached, seq.prompt - 1)
             seq.cached = seq.in_kv = cached
             self.running += 1
-            self.kv_reserved += seq.reserve
+            self.kv_reserved += seq.prompt + seq.output  # its reserve
             self.kv_held += cached
             totals.waiting -= 1
             totals.running += 1
