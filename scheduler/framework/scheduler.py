@@ -235,7 +235,10 @@ class Scheduler:
                 # Another build of the same fleet: only the columns whose inputs may differ,
                 # restricted to the model's candidates again only when the fleet's are new
                 # (a plugin may keep its columns while its inputs are unchanged).
-                fresh, fleet = list(entry[2]), list(entry[6])
+                # The last columns as they are while every such plugin gives the columns it gave
+                # (usually: the same signals, every region healthy and serving).
+                columns, fleet = entry[2], entry[6]
+                fresh: list[Any] | None = None
                 plugins = compiled.prepares
                 n = len(snapshot.candidates)
                 live_key, perf = snapshot.live_key, snapshot.perf
@@ -244,11 +247,13 @@ class Scheduler:
                     # (``anchor``: live_key for the live plugins, the perf tuple for the others)
                     full = fleet_columns(plugin, snapshot, live_key if plugin.LIFETIME == "live" else perf)
                     if full is not fleet[i]:
+                        if fresh is None:
+                            fresh, fleet = list(columns), list(fleet)
                         fleet[i] = full
                         fresh[i] = full if whole(base, n) else restrict(full, base, n)
-                columns = tuple(fresh)
-                cache[key] = (compiled, snapshot.live_key, columns, snapshot.candidates, snapshot.perf, base,
-                              tuple(fleet))
+                if fresh is not None:
+                    columns, fleet = tuple(fresh), tuple(fleet)
+                cache[key] = (compiled, live_key, columns, snapshot.candidates, perf, base, fleet)
                 return columns
         columns = tuple(prepared(plugin, snapshot, model, base) for plugin in compiled.prepares)
         if len(base):  # no entry per unserved model name (any name a client sends)
