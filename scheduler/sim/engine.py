@@ -385,6 +385,9 @@ class Simulation:
         clock = time.perf_counter_ns
         deadline_s = w.deferrable_deadline_s
         arrived = 0
+        # (workload class, prompt tokens) -> the TTFT budget of a request with no SLO of its own
+        # under the policy (every snapshot's): ``ttft_budget_s`` once per distinct pair.
+        budgets: dict[tuple[str, int], float] = {}
 
         def arrive(i: int, t: float) -> None:
             """Request ``i`` arrives at ``t``: decided, then dispatched, held or unschedulable."""
@@ -392,7 +395,14 @@ class Simulation:
             mark = clock()
             snap = data.snapshot(t)
             request = factory.request(i)
-            budget[i] = ttft_budget_s(request, snap)
+            if request.ttft_slo_ms is None:
+                kind = (request.workload_class, request.prompt_tokens)
+                class_budget_s = budgets.get(kind)
+                if class_budget_s is None:
+                    class_budget_s = budgets[kind] = ttft_budget_s(request, snap)
+                budget[i] = class_budget_s
+            else:
+                budget[i] = ttft_budget_s(request, snap)
             deferrable = has_deferrable and classes[i] == _DEFERRABLE
             if deferrable:
                 # Its deadline; a TTFT SLO no longer than that.

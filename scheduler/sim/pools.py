@@ -70,8 +70,8 @@ class Job(Seq):
 
 
 class PoolSim:
-    __slots__ = ("_arrivals", "_live", "_prompt_tokens", "_rng", "_tree", "_tree_size", "_window_start", "candidate",
-                 "costs", "down", "number", "prefix_aware", "replicas", "totals")
+    __slots__ = ("_arrivals", "_hit_rate", "_live", "_prompt_tokens", "_rng", "_tree", "_tree_size", "_window_start",
+                 "candidate", "costs", "down", "number", "prefix_aware", "replicas", "totals")
 
     def __init__(self, candidate: Candidate, costs: StepCosts, on_done: Callable[[Seq], None], seed: int = 0,
                  prefix_aware: bool = False, number: int = 0) -> None:
@@ -93,6 +93,8 @@ class PoolSim:
         self._arrivals = 0
         self._prompt_tokens = 0
         self._window_start: float | None = None
+        # (prefix-cache hits, lookups, the published hit rate) at the last state made
+        self._hit_rate: tuple[int, int, float] = (0, 0, 0.0)
 
     def sent(self, prompt_tokens: int) -> None:
         """A request was sent to the pool (counted for the published arrival rates)."""
@@ -174,11 +176,16 @@ class PoolSim:
         if totals.changed or (arrival_rate, prompt_rate) != (live.arrival_rate, live.prompt_tokens_rate):
             totals.changed = False
             capacity = len(self.replicas) * self.costs.kv_capacity_tokens
+            hit_rate = self._hit_rate
+            if hit_rate[0] != totals.hits or hit_rate[1] != totals.lookups:
+                # (rounded again only when a lookup was made: round(x, n) goes through dtoa)
+                hit_rate = self._hit_rate = (totals.hits, totals.lookups,
+                                             round(totals.hits / totals.lookups, 2) if totals.lookups else 0.0)
             self._live = _pool_state(
                 totals.waiting,
                 totals.running,
                 round(totals.kv_held / capacity, 3) if capacity else 1.0,
-                round(totals.hits / totals.lookups, 2) if totals.lookups else 0.0,
+                hit_rate[2],
                 arrival_rate,
                 prompt_rate,
             )
