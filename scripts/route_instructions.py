@@ -12,7 +12,9 @@ connection: ``route``, the SDK's direct-mode ``Route`` as the SDK sends it; ``op
 16-token streamed ``/v1/completions`` that the router proxies to a stub region (another process,
 not counted). Counting is on only while they run; two runs (``N`` and ``2N`` requests) differ by
 the work of ``N`` requests, which cancels start-up and the counting toggles. ``--tree`` measures
-another checkout (e.g. ``git worktree add /tmp/base main~3``) with this interpreter.
+another checkout (e.g. ``git worktree add /tmp/base main~3``) with this interpreter. The hash
+seed is fixed (``PYTHONHASHSEED=0``); what varies still (request ids, the refresher's timing)
+moves repeated runs of one tree by up to ~0.5 %: compare differences larger than that.
 
 Valgrind runs code without the CPU's SHA extensions and its counts know no caches: a ticket's
 HMAC weighs more here than on the host, and a count is work, not time.
@@ -133,7 +135,7 @@ def _count(tree: Path, path: str, requests: int, out_dir: Path) -> int:
     out = out_dir / f"callgrind.{requests}.out"
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
                sys.executable, str(Path(__file__).resolve()), "--path", path, "--inside", str(requests)]
-    result = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+    result = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"},
                             capture_output=True, text=True, check=False)
     match = re.search(r"Collected : (\d+)", result.stderr)
     if result.returncode != 0 or match is None:
