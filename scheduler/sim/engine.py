@@ -200,19 +200,23 @@ class Simulation:
         heap: list[tuple[float, int, int, object, int]] = []
         seq_no = 0
 
+        # Per simulated pool (``PoolSim.number``): its region's position, grid zone, PUE and config
+        # (read at each request's end: attribute reads on a config model cost several times a
+        # plain object's).
+        pool_regions: list[tuple[int, str, float, RegionConfig]] = []
+
         def done(seq: Seq) -> None:
             nonlocal seq_no
             assert isinstance(seq, Job) and seq.pool is not None
             row = seq.row
             request = seq.request
-            region = seq.pool.candidate.region
-            r = region_index[region.name]
+            r, zone, pue, region = pool_regions[seq.pool.number]
             ran_in[row] = r
             ttft[row] = seq.rtt_s + seq.first_token - seq.arrived
             queue_wait[row] = seq.admitted - seq.arrived
             latency[row] = seq.rtt_s + seq.done - seq.arrived
             energy[row] = seq.energy_j
-            grams[row] = seq.energy_j / J_PER_KWH * intensity(region.grid_zone, seq.admitted) * region.pue
+            grams[row] = seq.energy_j / J_PER_KWH * intensity(zone, seq.admitted) * pue
             predicted_j[row] = seq.predicted_j
             predicted_ttft[row] = seq.predicted_ttft_s
             ran_pool[row] = seq.pool.number
@@ -252,6 +256,10 @@ class Simulation:
                 costs = truth_costs(rated, self.scenario.truth_error, self.seed, f"{key[0]}/{key[1]}")
                 by_pool[key] = PoolSim(c, costs, done, self.seed, prefix_aware=affinity, number=len(by_pool))
             pool_of[c.index] = by_pool[key]
+        for number, sim_pool in enumerate(by_pool.values()):
+            assert sim_pool.number == number
+            home = sim_pool.candidate.region
+            pool_regions.append((region_index[home.name], home.grid_zone, home.pue, home))
         region_pools: dict[str, list[PoolSim]] = {}
         for (region, _), pool in by_pool.items():
             region_pools.setdefault(region, []).append(pool)

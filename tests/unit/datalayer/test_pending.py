@@ -85,3 +85,26 @@ def test_busy_live_state_predicts_a_queue() -> None:
     assert snap.perf[0].queue_wait_s > 1.0
     idle = snapshot(region("clean", pools=[pool("small", count=2)]), live={"clean": live_state("clean", T0)})
     assert idle.perf[0].queue_wait_s == 0.0
+
+
+def test_a_candidate_at_an_index_another_fleet_had_is_read_again() -> None:
+    """What ``record`` keeps per candidate (its pool key, its replicas) is tied to the candidate
+    object: another fleet's candidate at the same index counts to its own pool."""
+    first = two_pools()
+    other = snapshot(
+        region("dirty", carbon=700, lat=40.7, lon=-74.0, pools=[pool("big", count=64)]),
+        region("clean", carbon=20, lat=40.7, lon=-74.0, pools=[pool("small", count=2)]),
+        live={"clean": live_state("clean", T0), "dirty": live_state("dirty", T0)},
+    )
+    pending = PendingDispatches()
+    a = first.candidates[0]
+    b = other.candidates[0]
+    assert a.index == b.index and a.key != b.key
+    req = request(prompt_tokens=4000)
+    pending.record(first, a, req, at=T0 + 0.1)
+    pending.record(other, b, req, at=T0 + 0.2)
+    applied = pending.apply(other).pending_wait_s
+    assert applied is not None
+    assert applied[b.index] == pytest.approx(prefill_s(other, b, req) / 64)
+    small = next(c for c in other.candidates if c.key == "clean/small")
+    assert applied[small.index] == pytest.approx(prefill_s(first, a, req) / 2)
