@@ -44,7 +44,7 @@ from scheduler.datalayer.pending import prefill_s
 from scheduler.deferral.duration import decode_s, needs_s
 from scheduler.deferral.queue import DONE, HELD, RUNNING, UNKNOWN, DeferralQueue, DeferralWorker, HeldRequest
 from scheduler.deferral.window import ForecastPoint, choose_release
-from scheduler.plugins.filters.slo_reachable import class_ttft_budget_s
+from scheduler.framework.slo import class_ttft_budget_s
 from scheduler.server import convert
 from scheduler.server.auth import Principal
 from scheduler.server.core import DEADLINE_CLOCK_SLACK_S, TRANSIENT_PLUGINS, RouterCore

@@ -59,8 +59,8 @@ from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.deferral.window import choose_release
 from scheduler.framework.scheduler import Scheduler
+from scheduler.framework.slo import ttft_budget_s
 from scheduler.plugins import default_scheduler_registry
-from scheduler.plugins.filters.slo_reachable import ttft_budget_s
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.datalayer import SimDataLayer
 from scheduler.sim.deferral import Deferral, predicted_completion_s

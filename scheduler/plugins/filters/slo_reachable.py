@@ -13,10 +13,7 @@ from typing import ClassVar
 
 from scheduler.framework.columns import BoolArray
 from scheduler.framework.plugin import NoColumns, Reason, RequestView
-from scheduler.framework.slo import class_ttft_budget_s, tpot_budget_s, ttft_budget_s
-
-# The budgets are the framework's (scheduler.framework.slo); importable from here as before.
-__all__ = ["TYPE", "SloReachableFilter", "class_ttft_budget_s", "tpot_budget_s", "ttft_budget_s"]
+from scheduler.framework.slo import tpot_budget_s
 
 TYPE = "slo-reachable"
 
