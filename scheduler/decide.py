@@ -21,7 +21,7 @@ from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
-from scheduler.datalayer.offline import csv_carbon_signals
+from scheduler.datalayer.offline import csv_carbon_bounds, csv_carbon_signals
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.explain import explain_dict, explain_table
 from scheduler.framework.scheduler import Scheduler
@@ -98,6 +98,8 @@ def _route(args: argparse.Namespace) -> int:
         fleet = load_checked_fleet(args.regions, args.policies)
         policy = fleet.policy(args.policy)
         carbon = csv_carbon_signals(fleet.regions, args.at, args.carbon_dir, args.carbon_age)
+        bounds = csv_carbon_bounds(fleet.regions, args.at, policy.stale_bounds.carbon_window, args.carbon_dir,
+                                   args.carbon_age)
     except (ConfigError, CarbonCsvError) as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -119,7 +121,7 @@ def _route(args: argparse.Namespace) -> int:
     builder = SnapshotBuilder(fleet.regions, policy)
     try:
         snapshot = asyncio.run(_live_snapshot(builder, args.state, args.namespace)) if args.state else \
-            builder.build(args.at, carbon=carbon)
+            builder.build(args.at, carbon=carbon, carbon_bounds=bounds)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -20,14 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.signal_check import BOUNDS
+# (the intensity a receipt books when no usable signal exists: no grid's average exceeds it, so
+# the grams are an upper bound, not a guess)
+from scheduler.signal_check import BOUNDS, UPPER_BOUND_G_PER_KWH
 from scheduler.tickets import RegionKeys, Ticket, TicketRejected, sign, verify
 from scheduler.types import CarbonUsed, EnergyReceipt, Signal
 
 J_PER_KWH = 3.6e6
-# The intensity a receipt books when no usable signal exists: no grid's average exceeds
-# ~1,100 gCO2e/kWh (scheduler.signal_check), so the grams are an upper bound, not a guess.
-UPPER_BOUND_G_PER_KWH = 1100.0
 STREAM = "receipts"
 STREAM_MAXLEN = 100_000
 

@@ -24,6 +24,9 @@ CLOCK_SKEW_S = 60.0
 BOUNDS: dict[str, tuple[float, float]] = {
     "carbon_intensity": (0.0, 2000.0),
 }
+# The intensity a request is priced and billed at when its grid's signal is unusable and
+# nothing better is known about the zone: no grid's average exceeds it (gCO2e/kWh).
+UPPER_BOUND_G_PER_KWH = 1100.0
 
 ProblemKind = Literal["invalid", "future", "stale"]
 

@@ -262,6 +262,11 @@ class FleetSnapshot:
     carbon: Mapping[str, Signal] = field(default_factory=dict)
     live: Mapping[str, RegionLiveState] = field(default_factory=dict)
     energy_routing_enabled: bool = True
+    # Grid zone -> the highest carbon intensity the data layer accepted for it over the policy's
+    # trailing window (``stale_bounds.carbon_window``), gCO2e/kWh: what a candidate whose zone
+    # signal is unusable is priced at. Absent: none known (the fleet-wide bound applies,
+    # ``scheduler.signal_check.UPPER_BOUND_G_PER_KWH``).
+    carbon_bounds: Mapping[str, float] = field(default_factory=dict)
     # The store behind the live inputs (None: no store: the simulator, offline tools).
     store: StoreStatus | None = None
     # region -> the router's own probe of its endpoint (absent: not probed). Judged only while
@@ -379,13 +384,20 @@ class RejectionGroup(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Fallback:
-    """A signal the decision could not use: which, how old, and the limit it passed."""
+    """A signal the decision could not use: which, how old, and the limit it passed. When the
+    scorer priced the candidates that depend on it at a conservative bound (and ranking went
+    on), the fallback says whose signal it was (``key``: a grid zone, a region), the bound and
+    its unit, and those candidates (``region/pool``); otherwise ``bound`` is None."""
 
     signal: str
     scorer: str
     age_s: float | None  # None: never seen
     max_age_s: float
     detail: str = ""
+    key: str = ""
+    bound: float | None = None
+    bound_unit: str = ""
+    candidates: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
@@ -44,12 +44,14 @@ def make_snapshot(default_policy: PolicyConfig) -> SnapshotFactory:
         live: Sequence[RegionLiveState] = (),
         now: float = NOW,
         energy_routing_enabled: bool = True,
+        carbon_bounds: Mapping[str, float] | None = None,
     ) -> FleetSnapshot:
         return SnapshotBuilder(tuple(regions), policy or default_policy).build(
             now,
             carbon={s.key: s for s in carbon_signals},
             live={s.region: s for s in live},
             energy_routing_enabled=energy_routing_enabled,
+            carbon_bounds=carbon_bounds,
         )
 
     return make

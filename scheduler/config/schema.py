@@ -273,6 +273,17 @@ class MaxAge(Strict):
     # older than this, the cache may have evicted it, and no decision counts it warm
     # (docs/affinity.md). vLLM evicts least-recently-used blocks under memory pressure.
     prefix_cache: Duration = 120.0
+    # A carbon forecast issued longer ago than this is not followed: deferral then releases on
+    # the latest signal alone (docs/deferral.md). Providers reissue theirs hourly or so.
+    forecast: Duration = 6 * 3600.0
+
+
+class StaleBounds(Strict):
+    """What a candidate whose signal is unusable is priced at (docs/objective.md, "Safe
+    fallback"): its grid zone's highest accepted intensity over ``carbon_window`` before the
+    decision, else the fleet-wide bound (1,100 gCO2e/kWh)."""
+
+    carbon_window: Duration = 7 * 86400.0
 
 
 class FallbackConfig(Strict):
@@ -437,6 +448,8 @@ class PolicyConfig(Strict):
     # Workload-to-hardware matchers (layer 2), in order.
     matchers: tuple[PluginRef, ...] = ()
     max_age: MaxAge
+    # How candidates with an unusable signal are priced while the others' signals rank.
+    stale_bounds: StaleBounds = StaleBounds()
     fallback: FallbackConfig
     unknown_region_state: UnknownRegionState
     slo: SloDefaults

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from scheduler.signal_check import BOUNDS
 from scheduler.types import Signal
 
 SHIPPED_CARBON_DIR = Path(__file__).resolve().parent.parent / "data" / "carbon"
@@ -74,6 +75,16 @@ class ZoneSeries:
             return self._signal(0, t - same_date_in(t, self.year), t)
         i, observed_at = row
         return self._signal(i, observed_at - self.times[i], t)
+
+    def highest(self, t: float, window_s: float) -> float | None:
+        """The highest value within the physical bounds of an intensity observed in the
+        ``window_s`` before ``t`` (the file's year replayed at ``t``'s date, as ``replay``);
+        None when no row falls in it."""
+        shifted = same_date_in(t, self.year)
+        low, high = BOUNDS[KIND]
+        start = bisect.bisect_right(self.times, shifted - window_s)
+        end = bisect.bisect_right(self.times, shifted)
+        return max((v for v in self.values[start:end] if low <= v <= high), default=None)
 
     def _signal(self, i: int, offset: float, fetched_at: float) -> Signal:
         return Signal(

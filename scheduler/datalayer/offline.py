@@ -1,5 +1,6 @@
 """Snapshot inputs read straight from files, for one-shot tools (``route --explain``,
-``bench decide``): carbon signals replayed from the shipped hourly CSVs."""
+``bench decide``): carbon signals replayed from the shipped hourly CSVs, and the bounds a
+zone's candidates are priced at while its signal is unusable."""
 
 from __future__ import annotations
 
@@ -30,3 +31,21 @@ def csv_carbon_signals(
             signal = replace(signal, observed_at=at - age_s, fetched_at=at - age_s)
         signals[zone] = signal
     return signals
+
+
+def csv_carbon_bounds(
+    regions: Sequence[RegionConfig], at: float, window_s: float, carbon_dir: Path = SHIPPED_CARBON_DIR,
+    age_s: float | None = None,
+) -> dict[str, float]:
+    """Each region's grid zone -> its highest value in the ``window_s`` before ``at`` (before
+    ``at - age_s`` with ``age_s``: a feed that stopped then published nothing later), the
+    bound its candidates are priced at while its signal is unusable; zones with no row in the
+    window are left out (the fleet-wide bound applies)."""
+    bounds: dict[str, float] = {}
+    end = at if age_s is None else at - age_s
+    for region in regions:
+        zone = region.carbon.zone
+        highest = load_zone(zone_file(carbon_dir, zone), zone).highest(end, window_s)
+        if highest is not None:
+            bounds[region.grid_zone] = highest
+    return bounds

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from scheduler.config.schema import PolicyConfig
+from scheduler.datalayer.carbon.store_io import decode_daily_max, window_max
 from scheduler.datalayer.pending import PendingDispatches
 from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -133,6 +134,8 @@ class SnapshotRefresher:
     canary: SnapshotHook | None = None
     status: RefresherStatus = field(default_factory=RefresherStatus, init=False)
     _carbon: dict[str, Signal] = field(default_factory=dict, init=False, repr=False)
+    # grid zone -> its daily maxima, as the store last held them
+    _daily_max: dict[str, list[tuple[float, float]]] = field(default_factory=dict, init=False, repr=False)
     _live: dict[str, RegionLiveState] = field(default_factory=dict, init=False, repr=False)
     _seen: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _energy_routing: bool = field(default=True, init=False, repr=False)
@@ -160,12 +163,15 @@ class SnapshotRefresher:
         self._region_keys = {region.name: keys.region_state(region.name) for region in regions}
         self._seen_keys = {region.name: keys.region_seen(region.name) for region in regions}
         self._warm_keys = {region.name: keys.prefix_warm(region.name) for region in regions}
-        # store key of the zone's signal -> the grid zones the scorer looks it up under
+        # store key of the zone's signal (and of its daily maxima) -> the grid zones the scorer
+        # looks it up under
         self._signal_zones: dict[str, list[str]] = {}
+        self._max_zones: dict[str, list[str]] = {}
         for region in regions:
             grid_zones = self._signal_zones.setdefault(keys.signal(CARBON_KIND, region.carbon.zone), [])
             if region.grid_zone not in grid_zones:
                 grid_zones.append(region.grid_zone)
+            self._max_zones[keys.signal_daily_max(CARBON_KIND, region.carbon.zone)] = grid_zones
 
     async def use_builder(self, builder: SnapshotBuilder) -> FleetSnapshot:
         """Serve snapshots of another config (hot reload, scheduler.server.config_reload): the
@@ -179,8 +185,9 @@ class SnapshotRefresher:
         for known in (self._live, self._seen, self._warm):
             for name in [name for name in known if name not in names]:
                 del known[name]
-        for zone in [zone for zone in self._carbon if zone not in grid_zones]:
-            del self._carbon[zone]
+        for known_zones in (self._carbon, self._daily_max):
+            for zone in [zone for zone in known_zones if zone not in grid_zones]:
+                del known_zones[zone]
         return await self.refresh()
 
     def current(self) -> FleetSnapshot:
@@ -224,8 +231,10 @@ class SnapshotRefresher:
         seen_keys = list(self._seen_keys.values())
         signal_keys = list(self._signal_zones)
         warm_keys = list(self._warm_keys.values())
+        max_keys = list(self._max_zones)
         try:
-            values = await self.store.mget([*region_keys, *seen_keys, *signal_keys, keys.FLAGS, *warm_keys])
+            values = await self.store.mget([*region_keys, *seen_keys, *signal_keys, keys.FLAGS, *warm_keys,
+                                            *max_keys])
             if self._region_keys is not planned:
                 # The config changed during the read (use_builder): its own refresh reads anew.
                 return self._snapshot
@@ -242,7 +251,10 @@ class SnapshotRefresher:
             n_signals = len(signal_keys)
             self._apply_signals(dict(zip(signal_keys, values[2 * n_regions : 2 * n_regions + n_signals], strict=True)))
             self._apply_flags(values[2 * n_regions + n_signals])
-            self._apply_warm(dict(zip(self._warm_keys, values[2 * n_regions + n_signals + 1:], strict=True)))
+            n_warm = len(warm_keys)
+            at = 2 * n_regions + n_signals + 1
+            self._apply_warm(dict(zip(self._warm_keys, values[at:at + n_warm], strict=True)))
+            self._apply_daily_max(dict(zip(max_keys, values[at + n_warm:], strict=True)))
             if self.status.last_error:
                 self.status.recovered_at = self.status.last_attempt_at
                 log.warning("state store reachable again")
@@ -264,6 +276,7 @@ class SnapshotRefresher:
             carbon=dict(self._carbon),
             live=dict(self._live),
             energy_routing_enabled=self._energy_routing,
+            carbon_bounds=self._carbon_bounds(now),
         )
         status = self.status
         built = dataclasses.replace(
@@ -363,6 +376,26 @@ class SnapshotRefresher:
                 continue
             for grid_zone in self._signal_zones[key]:
                 self._carbon[grid_zone] = signal
+
+    def _apply_daily_max(self, raw_by_key: Mapping[str, bytes | None]) -> None:
+        for key, raw in raw_by_key.items():
+            if raw is None:
+                continue  # none recorded yet (or expired): the fleet-wide bound applies
+            days = decode_daily_max(raw, key)
+            if days:
+                for grid_zone in self._max_zones[key]:
+                    self._daily_max[grid_zone] = days
+
+    def _carbon_bounds(self, now: float) -> dict[str, float]:
+        """Per grid zone, its highest accepted intensity over the policy's trailing window
+        (what its candidates are priced at while its signal is unusable)."""
+        window = self.builder.policy.stale_bounds.carbon_window
+        bounds = {}
+        for zone, days in self._daily_max.items():
+            bound = window_max(days, now, window)
+            if bound is not None:
+                bounds[zone] = bound
+        return bounds
 
     def _apply_flags(self, raw: bytes | None) -> None:
         if raw is None:

@@ -200,6 +200,7 @@ class SnapshotBuilder:
         carbon: Mapping[str, Signal] | None = None,
         live: Mapping[str, RegionLiveState] | None = None,
         energy_routing_enabled: bool = True,
+        carbon_bounds: Mapping[str, float] | None = None,
     ) -> FleetSnapshot:
         """The snapshot at ``now``. A candidate's ``CandidatePerf`` is recomputed only when its
         pool's fresh state differs from the last build's; the perf tuple itself is the last one
@@ -246,6 +247,7 @@ class SnapshotBuilder:
             "carbon": dict(carbon or {}),
             "live": live,
             "energy_routing_enabled": energy_routing_enabled,
+            "carbon_bounds": dict(carbon_bounds or {}),
             "store": None,
             "probes": {},
             "last_seen": {},

@@ -26,8 +26,22 @@ def objective_of(names: Sequence[str], units: Sequence[str], written: Sequence[s
     return f"cost [{TOTAL_UNIT}] = " + " + ".join(terms)
 
 
+def bounds_by_candidate(decision: Decision) -> dict[str, list[dict[str, Any]]]:
+    """``region/pool`` -> the bounds its quantities were priced at (a signal it depends on was
+    unusable): the scorer, the signal, whose it was, the bound and its unit."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for f in decision.fallbacks:
+        if f.bound is None:
+            continue
+        for key in f.candidates:
+            out.setdefault(key, []).append({"scorer": f.scorer, "signal": f.signal, "key": f.key, "bound": f.bound,
+                                            "unit": f.bound_unit, "age_s": f.age_s})
+    return out
+
+
 def explain_dict(decision: Decision) -> dict[str, Any]:
     chosen = decision.chosen
+    bounds = bounds_by_candidate(decision)
     return {
         "request_id": decision.request_id,
         "policy": decision.policy,
@@ -58,6 +72,7 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
                 "scores": dict(s.quantities),
                 "costs": dict(s.costs),
                 "total": s.total,
+                "bounds": bounds.get(s.candidate.key, []),
             }
             for s in decision.ranked
         ],
@@ -66,7 +81,8 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
             for r in decision.rejected
         ],
         "fallbacks": [
-            {"signal": f.signal, "scorer": f.scorer, "age_s": f.age_s, "max_age_s": f.max_age_s, "detail": f.detail}
+            {"signal": f.signal, "scorer": f.scorer, "age_s": f.age_s, "max_age_s": f.max_age_s, "detail": f.detail,
+             "key": f.key, "bound": f.bound, "bound_unit": f.bound_unit, "candidates": list(f.candidates)}
             for f in decision.fallbacks
         ],
     }
@@ -98,10 +114,13 @@ def explain_table(decision: Decision) -> str:
         header = f"{'rank':<5} {'region':<14} {'pool':<12} {'gpu':<11}" + "".join(
             f" {h:>{w}}" for h, w in zip(headers, widths, strict=True))
         lines.append(header + f" {'cost ' + TOTAL_UNIT:>11}")
+        bounded = {(key, b["scorer"]) for key, found in bounds_by_candidate(decision).items() for b in found}
         for rank, s in enumerate(decision.ranked, start=1):
-            cells = "".join(f" {_number(s.quantities[name]):>{w}}" for name, w in zip(decision.scorer_names, widths,
-                                                                                     strict=True))
             c = s.candidate
+            # (a quantity priced at a bound, its signal unusable, is marked *: see fallbacks)
+            cells = "".join(
+                f" {_number(s.quantities[name]) + ('*' if (c.key, name) in bounded else ''):>{w}}"
+                for name, w in zip(decision.scorer_names, widths, strict=True))
             lines.append(f"{rank:<5} {c.region.name:<14} {c.pool.name:<12} {c.gpu.name:<11}{cells} {_number(s.total):>11}")
     if decision.rejected:
         lines.append("rejected")
@@ -121,6 +140,8 @@ def explain_table(decision: Decision) -> str:
             else:
                 state = f"unusable at age {f.age_s:,.0f} s"
             lines.append(f"      {f.signal:<14} {state} ({f.scorer}: {f.detail})")
+            if f.bound is not None:
+                lines.append(f"      {'':<14} * priced at {f.bound:g} {f.bound_unit}: {', '.join(f.candidates)}")
     else:
         lines.append("fallbacks  none")
     return "\n".join(lines)

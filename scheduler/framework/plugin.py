@@ -9,8 +9,10 @@
   nothing, the framework keeps every survivor. A policy lists the matchers it uses.
 - ``Scorer`` (layer 3): a physical quantity per survivor in its ``UNIT`` (J, gCO2e, ms,
   USD); the framework multiplies it by the policy's rate (USD per unit) and sums the terms
-  into each candidate's cost. A scorer whose input is stale returns ``Abstain``. A quantity
-  never depends on which other candidates are in the list.
+  into each candidate's cost. A scorer whose input is unusable for some survivors prices them
+  at a conservative bound and returns ``Bounded`` (the decision names each); one whose input
+  is unusable for every survivor returns ``Abstain``. A quantity never depends on which other
+  candidates are in the list.
 - ``Picker``: orders the survivors by cost into the ranked list.
 
 A plugin owns its math in two steps (llm-d's PreScore idea): ``prepare(snapshot)`` computes
@@ -44,12 +46,32 @@ Lifetime = Literal["static", "perf", "live"]
 
 @dataclass(frozen=True, slots=True)
 class Abstain:
-    """A scorer's answer when a signal it needs is stale, missing or invalid."""
+    """Why a signal a scorer needs is unusable (stale, missing or invalid): the scorer's whole
+    answer when no survivor's signal is usable, or one of the notes of a ``Bounded`` answer."""
 
     signal: str
     age_s: float | None  # None: never seen
     max_age_s: float
     detail: str = ""
+    # Whose signal it is (a grid zone, a region; "": not said), and what a ``Bounded`` answer
+    # priced the candidates that depend on it at, in ``bound_unit`` (None: not priced).
+    key: str = ""
+    bound: float | None = None
+    bound_unit: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Bounded:
+    """A scorer's quantities when some survivors' signals are unusable and others' are not:
+    each of those survivors is priced at a conservative bound (never below what a usable value
+    could give it), named in ``notes``, and ranking goes on for every survivor. The bound
+    depends on the survivor alone, so removing another candidate never changes its cost."""
+
+    quantities: FloatArray
+    # Positions (into ``quantities``) priced at a bound, and why each: ``notes[i]`` for
+    # ``bounded[i]``.
+    bounded: IndexArray
+    notes: tuple[Abstain, ...]
 
 
 @dataclass(frozen=True)
@@ -144,7 +166,7 @@ class Scorer(Protocol):
 
     def prepare(self, snapshot: FleetSnapshot) -> Any: ...
 
-    def score(self, view: RequestView, cols: Any, positions: Positions) -> FloatArray | Abstain:
+    def score(self, view: RequestView, cols: Any, positions: Positions) -> FloatArray | Bounded | Abstain:
         """The quantity per survivor (``positions`` index the view's arrays), in ``UNIT``."""
         ...
 

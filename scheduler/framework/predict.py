@@ -16,10 +16,20 @@ features) gives them all.
 
 Where the snapshot knows the request's prefix warm (``snapshot.prefix_warm[prefix_key]``: a
 region published a prefix-cache hit for it on that pool, fresh within the policy's
-``max_age.prefix_cache``), that candidate's U is smaller: cached = max(request.cached_tokens,
-min(the hit's cached tokens, C)); its energy and TTFT rows are evaluated again at those
-features (the avoided prefill of ``EnergyCoefficients.avoided_j``, per candidate, never per
-request), and ``view.cached_tokens`` says what each candidate was credited.
+``max_age.prefix_cache``), that candidate's U is smaller:
+
+    cached = max(request.cached_tokens, min(the hit's cached tokens, L))
+    L      = the prefix the request shares under its key (``shareable_prefix``):
+             request.shared_prefix_tokens when given, else the policy's prefix_key_tokens
+             (the head a prefix key is hashed from), at most C
+
+so a long context cached under a key (a chain's history) is never credited to another request
+that shares only the key's head (its system prompt). A chain's (or a DAG's) step is also
+credited its own workflow's last prompt, min(that prompt, C), on the pool the workflow last ran
+on (``snapshot.workflows``): its history is the head of its prompt. The candidate's energy and
+TTFT rows are evaluated again at those features (the avoided prefill of
+``EnergyCoefficients.avoided_j``, per candidate, never per request), and ``view.cached_tokens``
+says what each candidate was credited.
 """
 
 from __future__ import annotations
@@ -38,14 +48,34 @@ def _features(prompt: float, cached: float, out: float) -> FloatArray:
     return np.array((1.0, uncached, uncached * (prompt - uncached * 0.5), mid_context, out, out * mid_context))
 
 
+def shareable_prefix(request: Request, snapshot: FleetSnapshot) -> int:
+    """L: the most prompt tokens a hit of the request's prefix key may be credited with (the
+    module docstring)."""
+    shared = request.shared_prefix_tokens
+    return min(snapshot.policy.prefix_key_tokens if shared is None else shared, request.prompt_tokens)
+
+
+def warm_tokens(request: Request, snapshot: FleetSnapshot) -> dict[tuple[str, str], int]:
+    """(region, pool) -> the prompt tokens its prefix cache is credited with for ``request``
+    (the module docstring); empty where nothing is known warm."""
+    key = request.prefix_key
+    places = snapshot.prefix_warm.get(key) if key else None
+    shareable = shareable_prefix(request, snapshot) if places else 0
+    tokens = {(w.region, w.pool): min(w.cached_tokens, shareable) for w in places or ()}
+    if request.workflow_id and not request.holdable:
+        home = snapshot.workflows.get(request.workflow_id)
+        if home is not None:
+            place = (home.region, home.pool)
+            tokens[place] = max(tokens.get(place, 0), min(home.cached_tokens, request.prompt_tokens))
+    return tokens
+
+
 def warm_positions(request: Request, snapshot: FleetSnapshot, base: IndexArray) -> list[tuple[int, int]]:
     """(position in ``base``, cached tokens) of each candidate where the request's prefix is
     warm beyond ``request.cached_tokens`` (empty: nowhere)."""
-    key = request.prefix_key
-    places = snapshot.prefix_warm.get(key) if key else None
-    if not places:
+    tokens = warm_tokens(request, snapshot)
+    if not tokens:
         return []
-    tokens = {(w.region, w.pool): min(w.cached_tokens, request.prompt_tokens) for w in places}
     candidates = snapshot.candidates
     out = []
     for position, index in enumerate(base.tolist()):
@@ -65,7 +95,7 @@ def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray) ->
     predicted = np.dot(cols.prediction, features)
     n = len(base)
     cached_tokens: FloatArray | None = None
-    warm = warm_positions(request, snapshot, base) if snapshot.prefix_warm else ()
+    warm = warm_positions(request, snapshot, base) if snapshot.prefix_warm or snapshot.workflows else ()
     if warm:
         cached_tokens = np.full(n, float(request.cached_tokens))
         for position, cached in warm:

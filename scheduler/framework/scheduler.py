@@ -14,10 +14,13 @@ injected RNG (it only orders exact ties). The router, the simulator and
        cost [USD] = sum over scorers of  rate(scorer, workload class) [USD/unit] x quantity [unit]
 
    ranked lowest first. A candidate's cost depends on that candidate alone, so removing a
-   candidate that was not chosen never changes the choice. A scorer that abstains is
-   recorded as a fallback and its term dropped; if it belongs to the energy layer (or the
-   kill switch is on) the policy's fallback objective (performance only) ranks instead, so
-   no stale value moves a cost.
+   candidate that was not chosen never changes the choice. A survivor whose signal is
+   unusable is priced at a conservative bound by its scorer (``Bounded``; recorded as a
+   fallback naming the signal, its age, the bound and the survivors priced at it), and
+   ranking goes on. A scorer that abstains (no survivor's signal usable) is recorded as a
+   fallback and its term dropped; if it belongs to the energy layer (or the kill switch is
+   on) the policy's fallback objective (performance only) ranks instead, so no stale value
+   moves a cost.
 
 While the shared state store cannot be read (``snapshot.store_outage_s``), every decision
 records a ``state-store`` fallback: regions are then judged by their last known state and the
@@ -50,7 +53,16 @@ from scheduler.framework.columns import (
     restrict,
     whole,
 )
-from scheduler.framework.plugin import Abstain, CandidateSource, Filter, Picker, Positions, RequestView, Scorer
+from scheduler.framework.plugin import (
+    Abstain,
+    Bounded,
+    CandidateSource,
+    Filter,
+    Picker,
+    Positions,
+    RequestView,
+    Scorer,
+)
 from scheduler.framework.predict import request_view
 from scheduler.framework.registry import Plan, Registry, Term
 from scheduler.types import Decision, Fallback, FleetSnapshot, Rejection, Request, build_frozen
@@ -85,6 +97,19 @@ def _costs(rates: FloatArray, by_survivor: FloatArray) -> FloatArray:
     the list rather than on the tie-break key."""
     costs: FloatArray = by_survivor.dot(rates)
     return costs
+
+
+def _bound_fallbacks(scorer: str, result: Bounded, view: RequestView, positions: Positions) -> list[Fallback]:
+    """One fallback per unusable signal a scorer priced survivors at a bound for, naming them
+    (rare: only while some signal is unusable, so built plainly)."""
+    survivors = view.base[positions]
+    candidates = view.snapshot.candidates
+    by_key: dict[tuple[str, str], tuple[Abstain, list[str]]] = {}
+    for position, note in zip(result.bounded.tolist(), result.notes, strict=True):
+        entry = by_key.setdefault((note.signal, note.key), (note, []))
+        entry[1].append(candidates[int(survivors[position])].key)
+    return [Fallback(note.signal, scorer, note.age_s, note.max_age_s, note.detail, note.key, note.bound,
+                     note.bound_unit, tuple(keys)) for note, keys in by_key.values()]
 
 
 def _cached_at(request: Request, view: RequestView, positions: Positions, survivor: int) -> int:
@@ -381,10 +406,14 @@ class Scheduler:
                 result = scorer.score(view, cols, positions)
                 timings[scorer.TYPE] = timer() - start
             if isinstance(result, Abstain):
-                fallbacks.append(Fallback(result.signal, scorer.TYPE, result.age_s, result.max_age_s, result.detail))
+                fallbacks.append(Fallback(result.signal, scorer.TYPE, result.age_s, result.max_age_s, result.detail,
+                                          result.key))
                 if primary and scorer.ENERGY_LAYER:
                     return None
                 continue
+            if isinstance(result, Bounded):
+                fallbacks.extend(_bound_fallbacks(scorer.TYPE, result, view, positions))
+                result = result.quantities
             quantities.append(result)
             answered.append(term)
             mask |= 1 << bit

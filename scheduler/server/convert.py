@@ -261,9 +261,12 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
 
 def fallback_to_proto(fallback: Fallback) -> pb.Fallback:
     message = pb.Fallback(signal=fallback.signal, scorer=fallback.scorer, max_age_s=fallback.max_age_s,
-                          detail=fallback.detail)
+                          detail=fallback.detail, key=fallback.key, bound_unit=fallback.bound_unit,
+                          candidates=fallback.candidates)
     if fallback.age_s is not None:
         message.age_s = fallback.age_s
+    if fallback.bound is not None:
+        message.bound = fallback.bound
     return message
 
 

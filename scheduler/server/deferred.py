@@ -133,6 +133,8 @@ class Deferrals:
                                      max_running=max_running)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # zones whose stored forecast is too old to follow (logged once as it goes stale)
+        self._stale_forecasts: set[str] = set()
 
     # --- the release loop, started and stopped with the router ----------------------------
 
@@ -177,7 +179,7 @@ class Deferrals:
         try:
             if request.holdable:
                 needs = needs_s(predicted_completion_s(snapshot, request, candidate))
-                release = choose_release(await self._forecast(candidate), now, deadline, needs)
+                release = choose_release(await self._forecast(candidate, now), now, deadline, needs)
                 held = dataclasses.replace(held, release_at=release.at, reason=release.reason,
                                            detail=release.describe(), forecast_value=release.value,
                                            now_value=release.now_value)
@@ -241,14 +243,30 @@ class Deferrals:
         if bad:
             raise errors.InvalidRequest(bad)
 
-    async def _forecast(self, candidate: Candidate) -> list[ForecastPoint]:
+    async def _forecast(self, candidate: Candidate, now: float) -> list[ForecastPoint]:
         """The hourly carbon forecast of ``candidate``'s grid, from the store (the carbon pollers
-        write it under the region's carbon source zone); [] when there is none."""
-        regions = {r.name: r for r in self.deps.refresher.builder.regions}
+        write it under the region's carbon source zone); [] when there is none, or when it was
+        fetched longer ago than the policy's ``max_age.forecast`` (a forecast that old is not
+        followed: the release is then ``no-forecast``, at once)."""
+        builder = self.deps.refresher.builder
+        regions = {r.name: r for r in builder.regions}
         config = regions.get(candidate.region.name)
         if config is None:
             return []
         signals = await read_forecast(self.deps.store, config.carbon.zone)
+        if not signals:
+            return []
+        zone = config.carbon.zone
+        fetched = max(s.fetched_at for s in signals)
+        max_age = builder.policy.max_age.forecast
+        if now - fetched > max_age:
+            if zone not in self._stale_forecasts:
+                self._stale_forecasts.add(zone)
+                log.warning("carbon forecast of zone %s was fetched %.0f s ago (limit %.0f s): not followed, "
+                            "deferred requests are released at once until a fresh one arrives",
+                            zone, now - fetched, max_age)
+            return []
+        self._stale_forecasts.discard(zone)
         return sorted((s.observed_at, s.value) for s in signals)
 
     @staticmethod

@@ -23,6 +23,7 @@ import numpy as np
 
 from scheduler.datalayer.pending import prefill_s
 from scheduler.framework.network import rtt_row
+from scheduler.framework.predict import warm_tokens
 from scheduler.types import Candidate, FleetSnapshot, GeoPoint, Request
 
 
@@ -72,14 +73,9 @@ class Predictions:
 
 def credited_tokens(snapshot: FleetSnapshot, request: Request, candidate: Candidate) -> int:
     """The cached tokens the framework credits ``request`` with on ``candidate``: its own, or
-    the snapshot's published hit of its prefix key on that pool (at most its prompt)."""
+    what ``scheduler.framework.predict.warm_tokens`` credits it with on that pool."""
     cached = request.cached_tokens
-    key = request.prefix_key
-    places = snapshot.prefix_warm.get(key) if key else None
-    if not places:
+    if not snapshot.prefix_warm and not snapshot.workflows:
         return cached
-    region, pool = candidate.region.name, candidate.pool.name
-    for warm in places:
-        if warm.region == region and warm.pool == pool:
-            cached = max(cached, min(warm.cached_tokens, request.prompt_tokens))
-    return cached
+    warm = warm_tokens(request, snapshot).get((candidate.region.name, candidate.pool.name), 0)
+    return max(cached, warm)

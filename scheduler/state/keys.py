@@ -29,6 +29,12 @@ def forecast(kind: str, zone: str) -> str:
     return f"forecast:{kind}:{zone}"
 
 
+def signal_daily_max(kind: str, zone: str) -> str:
+    """The zone's highest accepted value per UTC day, the last few weeks (with a TTL): what a
+    candidate whose zone signal is unusable is priced at (scheduler.datalayer.carbon.store_io)."""
+    return f"signal_max:{kind}:{zone}"
+
+
 def ledger(tenant: str, month: str) -> str:
     return f"ledger:{tenant}:{month}"
 

@@ -201,18 +201,26 @@ class Rejection(_message.Message):
     def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., plugin: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Fallback(_message.Message):
-    __slots__ = ("signal", "scorer", "age_s", "max_age_s", "detail")
+    __slots__ = ("signal", "scorer", "age_s", "max_age_s", "detail", "key", "bound", "bound_unit", "candidates")
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     SCORER_FIELD_NUMBER: _ClassVar[int]
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     MAX_AGE_S_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    BOUND_UNIT_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     signal: str
     scorer: str
     age_s: float
     max_age_s: float
     detail: str
-    def __init__(self, signal: _Optional[str] = ..., scorer: _Optional[str] = ..., age_s: _Optional[float] = ..., max_age_s: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
+    key: str
+    bound: float
+    bound_unit: str
+    candidates: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, signal: _Optional[str] = ..., scorer: _Optional[str] = ..., age_s: _Optional[float] = ..., max_age_s: _Optional[float] = ..., detail: _Optional[str] = ..., key: _Optional[str] = ..., bound: _Optional[float] = ..., bound_unit: _Optional[str] = ..., candidates: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("decision_id", "request_id", "decided_at_unix_s", "policy", "ranked", "rejected", "fallbacks", "rates", "units", "objective", "energy_ranking", "plugin_timings_ns", "prompt_tokens", "prompt_tokens_estimated", "ranked_total", "rejected_total", "config_version", "canary_arm", "output_budget", "deferred_until_unix_s", "deferral")

@@ -39,7 +39,7 @@ from scheduler.datalayer.carbon.base import FORECAST, KIND, LATEST, CarbonProvid
 from scheduler.datalayer.carbon.errors import ProviderError
 from scheduler.datalayer.carbon.http import Clock, Sleep
 from scheduler.datalayer.carbon.metrics import Counters
-from scheduler.datalayer.carbon.store_io import read_signal, write_forecast, write_signal
+from scheduler.datalayer.carbon.store_io import read_signal, record_daily_max, write_forecast, write_signal
 from scheduler.signal_check import signal_problem, value_problem
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.types import Signal
@@ -255,6 +255,7 @@ class ZonePoller:
                         self.lock_name, signal.kind, signal.observed_at, stored.observed_at)
             return
         await write_signal(self.store, signal)
+        await record_daily_max(self.store, signal)
         self.counters.inc(metrics.WRITES, {**self._labels(), "kind": signal.kind})
 
     async def _report(self, failure: ProviderError) -> None:

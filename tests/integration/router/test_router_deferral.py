@@ -59,13 +59,15 @@ async def store(namespace: str) -> AsyncIterator[RedisStore]:
     await opened.close()
 
 
-async def write_forecasts(store: RedisStore, regions: tuple[RegionConfig, ...], now: float) -> float:
+async def write_forecasts(store: RedisStore, regions: tuple[RegionConfig, ...], now: float,
+                          fetched_at: float | None = None) -> float:
     """Each region's zone: DIRTY for this hour and the next, CLEAN for six hours after (the
-    carbon pollers' format); the start of the clean window."""
+    carbon pollers' format, fetched at ``fetched_at``, else now); the start of the clean window."""
     hour = math.floor(now / HOUR_S) * HOUR_S
+    fetched = now if fetched_at is None else fetched_at
     for zone in {r.carbon.zone for r in regions}:
-        points = [Signal("carbon_intensity", zone, DIRTY if k < 2 else CLEAN, "gCO2eq/kWh", hour + k * HOUR_S, now,
-                         "test", is_forecast=True) for k in range(8)]
+        points = [Signal("carbon_intensity", zone, DIRTY if k < 2 else CLEAN, "gCO2eq/kWh", hour + k * HOUR_S,
+                         fetched, "test", is_forecast=True) for k in range(8)]
         await write_forecast(store, zone, points)
     return hour + 2 * HOUR_S
 
@@ -347,3 +349,22 @@ async def test_a_release_every_region_fails_is_retried_until_its_deadline_then_f
         assert status.state == "failed" and status.error.startswith("UNAVAILABLE: ")
     attempts = sum(len(s.log.bodies) for s in stub_fleet.regions.values())
     assert attempts >= 2 * len(stub_fleet.regions), attempts  # tried again on the next ticks
+
+
+async def test_a_forecast_older_than_the_policy_allows_is_not_followed(
+    stub_fleet: Fleet, make_router: RouterFactory, keys: Keys, store: RedisStore, namespace: str,
+) -> None:
+    """The same cleaner window, but fetched 7 h ago (the default policy's max_age.forecast is
+    6 h): the request is released at once, not held for a forecast nobody has refreshed."""
+    router = await make_router(stub_fleet.configs, keys=keys.ring, store=RedisStore.from_url(REDIS_URL, namespace),
+                               budgets={})
+    now = time.time()
+    await write_forecasts(store, stub_fleet.configs, now, fetched_at=now - 7 * HOUR_S)
+    rid = f"job-{uuid.uuid4().hex[:8]}"
+    async with AsyncSchedulerClient(f"127.0.0.1:{router.port}", api_key=keys.tenant.key) as client:
+        held = await client.defer("Summarise the quarter", model=MODEL, max_tokens=5, request_id=rid,
+                                  deadline_unix_s=now + 6 * HOUR_S)
+        assert held.reason == "no-forecast"
+        assert held.release_at_unix_s == pytest.approx(now, abs=5)
+        answer = await client.wait_deferred(rid, timeout_s=30)
+        assert answer.text

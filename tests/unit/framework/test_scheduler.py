@@ -18,6 +18,7 @@ from scheduler.framework.plugin import Abstain, NoColumns, Positions, RequestVie
 from scheduler.framework.registry import Registry
 from scheduler.framework.scheduler import KILL_SWITCH, Scheduler
 from scheduler.plugins import default_scheduler_registry, register_all
+from scheduler.signal_check import UPPER_BOUND_G_PER_KWH
 from scheduler.testing import region as one_region
 from scheduler.testing import request, shipped_policy, snapshot
 from scheduler.types import Decision, GeoPoint, Request
@@ -149,18 +150,26 @@ def test_latency_first_runs_no_energy_plugin(scheduler, make_snapshot, shipped) 
     assert decision.chosen is not None and decision.chosen.candidate.region.name == "near-dirty"
 
 
-def test_nonsense_carbon_values_make_the_scorer_abstain(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
-    for bad, why in ((float("nan"), "not a finite number"), (-5.0, "outside the physical bounds"),
-                     (float("inf"), "not a finite number"), (1e6, "outside the physical bounds")):
-        decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN],
-                                                           carbon_signals=[carbon("ND", 700), carbon("FC", bad)]))
-        assert not decision.energy_ranking, bad
-        assert [f.signal for f in decision.fallbacks] == ["carbon"]
-        assert why in decision.fallbacks[0].detail
+def test_nonsense_carbon_values_are_priced_at_the_bound_never_used(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
     future = carbon("FC", 20, age_s=-3600)
+    for signal, why in ((carbon("FC", float("nan")), "not a finite number"),
+                        (carbon("FC", -5.0), "outside the physical bounds"),
+                        (carbon("FC", float("inf")), "not a finite number"),
+                        (carbon("FC", 1e6), "outside the physical bounds"),
+                        (future, "future")):
+        decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN],
+                                                           carbon_signals=[carbon("ND", 700), signal]))
+        assert decision.energy_ranking, signal.value
+        (fallback,) = decision.fallbacks
+        assert fallback.signal == "carbon" and why in fallback.detail
+        assert (fallback.key, fallback.bound) == ("FC", UPPER_BOUND_G_PER_KWH)
+        assert fallback.candidates == tuple(c.key for c in decision.fleet if c.region.grid_zone == "FC")
+        # Priced at 1,100 g/kWh, the clean far region loses to the near one at 700.
+        assert decision.ranked_candidates[0].region.grid_zone == "ND"
+    # Both zones unusable: nothing to rank the bounds against, the performance order ranks.
     decision = scheduler.schedule(req(), make_snapshot([NEAR_DIRTY, FAR_CLEAN],
-                                                       carbon_signals=[carbon("ND", 700), future]))
-    assert not decision.energy_ranking and "future" in decision.fallbacks[0].detail
+                                                       carbon_signals=[carbon("ND", float("nan")), future]))
+    assert not decision.energy_ranking and decision.fallbacks[0].bound is None
 
 
 def test_unserved_model_names_do_not_grow_the_caches(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]

@@ -50,7 +50,7 @@ def energy(snapshot: FleetSnapshot, request: Request) -> dict[str, float]:
 
 def test_a_published_hit_credits_the_avoided_prefill_on_that_candidate_only(make_snapshot) -> None:  # type: ignore[no-untyped-def]
     snapshot = make_snapshot(REGIONS, carbon_signals=SIGNALS)
-    request = req(prefix_key="auto:abc")
+    request = req(prefix_key="auto:abc", shared_prefix_tokens=4500)
     cold = energy(snapshot, request)
     warm = with_warmth(snapshot, {"auto:abc": (WarmPrefix("north", "a100", 4000, NOW - 5),)})
     credited = energy(warm, request)
@@ -59,13 +59,40 @@ def test_a_published_hit_credits_the_avoided_prefill_on_that_candidate_only(make
     coefficients = snapshot.perf[candidate.index].energy
     assert cold["north/a100"] - credited["north/a100"] == pytest.approx(coefficients.avoided_j(6000, 4000), rel=1e-9)
     # A key the snapshot does not hold warm credits nothing.
-    assert energy(warm, req(prefix_key="auto:other")) == cold
+    assert energy(warm, req(prefix_key="auto:other", shared_prefix_tokens=4500)) == cold
+
+
+def test_a_hit_is_credited_only_up_to_the_prefix_the_request_shares(make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    """A chain cached 11,000 tokens under its system prompt's key: an unrelated request with the
+    same system prompt shares only the key's head (the policy's prefix_key_tokens), a fan-out
+    sibling what it declares, and the chain's next step its own last prompt on its pool."""
+    snapshot = make_snapshot(REGIONS, carbon_signals=SIGNALS)
+    hit = {"auto:sys": (WarmPrefix("north", "a100", 11000, NOW - 1),)}
+    a100 = next(c for c in snapshot.candidates if c.key == "north/a100")
+    coefficients = snapshot.perf[a100.index].energy
+    head = snapshot.policy.prefix_key_tokens
+
+    def credit(request: Request, workflows: dict[str, WarmPrefix] | None = None) -> float:
+        cold = energy(with_warmth(snapshot, {}, workflows), request)["north/a100"]
+        return cold - energy(with_warmth(snapshot, hit, workflows), request)["north/a100"]
+
+    unrelated = req(prompt=12000, prefix_key="auto:sys")
+    assert credit(unrelated) == pytest.approx(coefficients.avoided_j(12000, head), rel=1e-9)
+    sibling = req(prompt=12000, prefix_key="auto:sys", workflow_id="f", workflow_shape="fanout",
+                  shared_prefix_tokens=3000)
+    assert credit(sibling) == pytest.approx(coefficients.avoided_j(12000, 3000), rel=1e-9)
+    step = req(prompt=12000, prefix_key="auto:sys", workflow_id="c", workflow_shape="chain")
+    home = {"c": WarmPrefix("north", "a100", 11000, NOW - 1, source="workflow")}
+    assert credit(step) == pytest.approx(coefficients.avoided_j(12000, head), rel=1e-9)  # another chain's hit
+    cold = energy(snapshot, step)["north/a100"]
+    assert cold - energy(with_warmth(snapshot, {}, home), step)["north/a100"] == pytest.approx(
+        coefficients.avoided_j(12000, 11000), rel=1e-9)  # its own history
 
 
 def test_the_credit_moves_the_choice_and_the_decision_predicts_the_warm_energy(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
     snapshot = make_snapshot(REGIONS, carbon_signals=SIGNALS)
     # Prefill-heavy: 12k prompt tokens, 2 output tokens.
-    request = req(prompt=12000, out=2, prefix_key="auto:sys")
+    request = req(prompt=12000, out=2, prefix_key="auto:sys", shared_prefix_tokens=11000)
     cold = scheduler.schedule(request, snapshot)
     assert cold.ranked_candidates[0].key == "north/h200"
     warm = with_warmth(snapshot, {"auto:sys": (WarmPrefix("north", "a100", 11000, NOW - 1),)})

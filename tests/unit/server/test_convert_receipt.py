@@ -11,9 +11,9 @@ from scheduler import errors
 from scheduler.client.common import build_request
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.region_receipt import UPPER_BOUND_G_PER_KWH
 from scheduler.server import convert
 from scheduler.server.receipt import ReceiptInputs, build_receipt
+from scheduler.signal_check import UPPER_BOUND_G_PER_KWH
 from scheduler.types import FleetSnapshot, Signal
 
 NOW = 1_780_000_000.0
