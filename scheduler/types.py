@@ -110,6 +110,11 @@ class Signal:
     # How the provider estimated the value when ``is_estimated`` (e.g. Electricity Maps'
     # ``estimationMethod``); None when measured or unknown.
     estimation_method: str | None = None
+    # What a carbon-intensity value describes: "average" (the grid mix's mean) or "marginal"
+    # (the plants that answer one more kWh); its emission factors: "lifecycle" (plants' build,
+    # fuel supply and operation) or "direct" (combustion only). "": the provider does not say.
+    signal_type: str = ""
+    emission_factors: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,3 +578,8 @@ class EnergyReceipt:
     # ("<reason>: <explanation>", as in the decision that held it; docs/deferral.md).
     released_at: float | None = None
     deferral: str = ""
+    # The GPUs' embodied carbon for the request's share of its replica's GPU-seconds
+    # (scheduler.energy.embodied), and the catalogue entry it rests on. Its own line: in
+    # carbon_g only when the policy says so (``embodied_in_carbon``).
+    embodied_g: float | None = None
+    embodied_basis: str = ""

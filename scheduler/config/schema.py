@@ -467,6 +467,9 @@ class PolicyConfig(Strict):
     prefix_key_tokens: int = Field(default=256, ge=16, le=131072)
     # A candidate policy on a share of the traffic, rolled back when it does worse (docs/canary.md).
     canary: CanaryConfig | None = None
+    # Receipts always show the GPUs' embodied carbon as its own line (embodied_g); true also adds
+    # it to carbon_g, which budgets and the ledger's grams count (docs/billing.md).
+    embodied_in_carbon: bool = False
 
     def slo_for(self, workload_class: str) -> SloClass:
         slo: SloClass = getattr(self.slo, workload_class)

@@ -36,6 +36,11 @@ class CarbonCsvError(ValueError):
     pass
 
 
+def factors_of(column: str) -> str:
+    """The emission factors of an Electricity Maps CSV column: "lifecycle" or "direct"."""
+    return "direct" if column == DIRECT_COLUMN else "lifecycle"
+
+
 @dataclass(frozen=True)
 class ZoneSeries:
     zone: str
@@ -43,6 +48,8 @@ class ZoneSeries:
     times: tuple[float, ...]
     values: tuple[float, ...]
     estimated: tuple[bool, ...]
+    # the column the values came from (lifecycle or direct emission factors)
+    column: str = LCA_COLUMN
 
     def at(self, t: float, fetched_at: float | None = None) -> Signal | None:
         """The signal describing the hour that contains ``t`` (None before the first row)."""
@@ -96,6 +103,8 @@ class ZoneSeries:
             fetched_at=fetched_at,
             source=f"csv:{self.path.name}",
             is_estimated=self.estimated[i],
+            signal_type="average",
+            emission_factors=factors_of(self.column),
         )
 
 
@@ -140,4 +149,4 @@ def load_zone(path: Path, zone: str, column: str = LCA_COLUMN) -> ZoneSeries:
             estimated.append(row.get("Data Estimated", "").strip().lower() == "true")
     if not times:
         raise CarbonCsvError(f"{path}: no rows with a value in {column!r}")
-    return ZoneSeries(zone, path, tuple(times), tuple(values), tuple(estimated))
+    return ZoneSeries(zone, path, tuple(times), tuple(values), tuple(estimated), column)

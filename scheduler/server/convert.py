@@ -359,14 +359,16 @@ def fill_decision(message: pb.Decision, decision: Decision, decision_id: str, in
 def carbon_to_proto(used: CarbonUsed) -> pb.CarbonSignal:
     s = used.signal
     return pb.CarbonSignal(zone=s.key, value=s.value, unit=s.unit, observed_at_unix_s=s.observed_at,
-                           source=s.source, age_s=used.age_s, stale=used.stale)
+                           source=s.source, age_s=used.age_s, stale=used.stale, signal_type=s.signal_type,
+                           emission_factors=s.emission_factors, estimated=s.is_estimated,
+                           estimation_method=s.estimation_method or "")
 
 
 # Receipt fields that are optional in the proto: set only when something measured them.
 _OPTIONAL_RECEIPT_FIELDS = (
     "energy_j", "energy_j_low", "energy_j_high", "confidence", "waiting_j", "prefill_j", "decode_j",
     "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens",
-    "reused_tokens", "avoided_j", "carbon_g", "ttft_ms", "carbon_intensity_g_per_kwh",
+    "reused_tokens", "avoided_j", "carbon_g", "ttft_ms", "carbon_intensity_g_per_kwh", "embodied_g",
 )
 
 
@@ -399,6 +401,7 @@ def receipt_to_proto(receipt: EnergyReceipt) -> pb.EnergyReceipt:
         precision=receipt.precision,
         canary_arm=receipt.canary_arm,
         deferral=receipt.deferral,
+        embodied_basis=receipt.embodied_basis,
     )
     for name in _OPTIONAL_RECEIPT_FIELDS:
         value = getattr(receipt, name)

@@ -279,7 +279,7 @@ def generate_request(body: Any, headers: Mapping[str, str], chat: bool) -> tuple
 _RECEIPT_OPTIONAL = (
     "energy_j", "energy_j_low", "energy_j_high", "confidence", "waiting_j", "prefill_j", "decode_j",
     "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens",
-    "reused_tokens", "avoided_j", "carbon_g", "ttft_ms", "carbon_intensity_g_per_kwh",
+    "reused_tokens", "avoided_j", "carbon_g", "ttft_ms", "carbon_intensity_g_per_kwh", "embodied_g",
 )
 
 
@@ -296,6 +296,8 @@ def receipt_object(receipt: EnergyReceipt) -> dict[str, Any]:
         out["config_version"] = receipt.config_version
     if receipt.canary_arm:
         out["canary_arm"] = receipt.canary_arm
+    if receipt.embodied_basis:
+        out["embodied_basis"] = receipt.embodied_basis
     for name in _RECEIPT_OPTIONAL:
         value = getattr(receipt, name)
         if value is not None:
@@ -304,10 +306,14 @@ def receipt_object(receipt: EnergyReceipt) -> dict[str, Any]:
         signal = receipt.carbon.signal
         out["carbon_signal"] = {"zone": signal.key, "value": signal.value, "unit": signal.unit,
                                 "observed_at_unix_s": signal.observed_at, "source": signal.source,
-                                "age_s": receipt.carbon.age_s, "stale": receipt.carbon.stale}
+                                "age_s": receipt.carbon.age_s, "stale": receipt.carbon.stale,
+                                "signal_type": signal.signal_type, "emission_factors": signal.emission_factors,
+                                "estimated": signal.is_estimated,
+                                "estimation_method": signal.estimation_method or ""}
     if receipt.fallbacks:
         out["fallbacks"] = [{"signal": f.signal, "scorer": f.scorer, "age_s": f.age_s, "max_age_s": f.max_age_s,
-                             "detail": f.detail} for f in receipt.fallbacks]
+                             "detail": f.detail, "key": f.key, "bound": f.bound, "bound_unit": f.bound_unit,
+                             "candidates": list(f.candidates)} for f in receipt.fallbacks]
     if receipt.failovers:
         out["failovers"] = [{"region": a.region, "pool": a.pool, "error": a.error, "http_status": a.http_status}
                             for a in receipt.failovers]

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.energy.embodied import EMBODIED_CATALOGUE
 from scheduler.energy.output_budget import OutputBudget
 from scheduler.errors import Attempt
 from scheduler.region_receipt import J_PER_KWH, energy_fields, number
@@ -127,6 +128,9 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
     carbon_g = None
     if energy["energy_j"] is not None:
         carbon_g = energy["energy_j"] / J_PER_KWH * intensity * candidate.region.pue
+    embodied_g, embodied_basis = _embodied(inputs, energy.get("batch_size"))
+    if embodied_g is not None and carbon_g is not None and snapshot.policy.embodied_in_carbon:
+        carbon_g += embodied_g
     return EnergyReceipt(
         decision_id=inputs.decision_id,
         request_id=inputs.request_id,
@@ -154,5 +158,23 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         output_budget=inputs.output_budget,
         released_at=inputs.released_at,
         deferral=inputs.deferral,
+        embodied_g=embodied_g,
+        embodied_basis=embodied_basis,
         **energy,
     )
+
+
+def _embodied(inputs: ReceiptInputs, batch: float | None) -> tuple[float | None, str]:
+    """The request's share of its replica's embodied carbon (scheduler.energy.embodied): its
+    GPUs for the stream's duration, shared with the batch it ran in (the reported one, else the
+    decision's prediction)."""
+    candidate = inputs.candidate
+    entry = EMBODIED_CATALOGUE.get(candidate.gpu.name)
+    if entry is None:
+        return None, ""
+    if batch is None:
+        batch = inputs.snapshot.perf[candidate.index].batch
+    tensor_parallel = candidate.deployment.tensor_parallel
+    duration_s = inputs.duration_ms / 1000.0
+    grams = entry.grams(tensor_parallel, duration_s, batch)
+    return grams, f"{entry.describe()}; {tensor_parallel} GPU x {duration_s:.3g} s / batch {max(batch, 1.0):.3g}"

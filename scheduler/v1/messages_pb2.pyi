@@ -318,7 +318,7 @@ class TokenChunk(_message.Message):
     def __init__(self, text: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class CarbonSignal(_message.Message):
-    __slots__ = ("zone", "value", "unit", "observed_at_unix_s", "source", "age_s", "stale")
+    __slots__ = ("zone", "value", "unit", "observed_at_unix_s", "source", "age_s", "stale", "signal_type", "emission_factors", "estimated", "estimation_method")
     ZONE_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +326,10 @@ class CarbonSignal(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EMISSION_FACTORS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATION_METHOD_FIELD_NUMBER: _ClassVar[int]
     zone: str
     value: float
     unit: str
@@ -333,7 +337,11 @@ class CarbonSignal(_message.Message):
     source: str
     age_s: float
     stale: bool
-    def __init__(self, zone: _Optional[str] = ..., value: _Optional[float] = ..., unit: _Optional[str] = ..., observed_at_unix_s: _Optional[float] = ..., source: _Optional[str] = ..., age_s: _Optional[float] = ..., stale: _Optional[bool] = ...) -> None: ...
+    signal_type: str
+    emission_factors: str
+    estimated: bool
+    estimation_method: str
+    def __init__(self, zone: _Optional[str] = ..., value: _Optional[float] = ..., unit: _Optional[str] = ..., observed_at_unix_s: _Optional[float] = ..., source: _Optional[str] = ..., age_s: _Optional[float] = ..., stale: _Optional[bool] = ..., signal_type: _Optional[str] = ..., emission_factors: _Optional[str] = ..., estimated: _Optional[bool] = ..., estimation_method: _Optional[str] = ...) -> None: ...
 
 class Failover(_message.Message):
     __slots__ = ("region", "pool", "error", "http_status")
@@ -348,7 +356,7 @@ class Failover(_message.Message):
     def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., error: _Optional[str] = ..., http_status: _Optional[int] = ...) -> None: ...
 
 class EnergyReceipt(_message.Message):
-    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms", "partial", "end_reason", "carbon_basis", "carbon_intensity_g_per_kwh", "config_version", "canary_arm", "precision", "output_budget", "released_at_unix_s", "deferral")
+    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms", "partial", "end_reason", "carbon_basis", "carbon_intensity_g_per_kwh", "config_version", "canary_arm", "precision", "output_budget", "released_at_unix_s", "deferral", "embodied_g", "embodied_basis")
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_LOW_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_HIGH_FIELD_NUMBER: _ClassVar[int]
@@ -388,6 +396,8 @@ class EnergyReceipt(_message.Message):
     OUTPUT_BUDGET_FIELD_NUMBER: _ClassVar[int]
     RELEASED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     DEFERRAL_FIELD_NUMBER: _ClassVar[int]
+    EMBODIED_G_FIELD_NUMBER: _ClassVar[int]
+    EMBODIED_BASIS_FIELD_NUMBER: _ClassVar[int]
     energy_j: float
     energy_j_low: float
     energy_j_high: float
@@ -427,7 +437,9 @@ class EnergyReceipt(_message.Message):
     output_budget: OutputBudget
     released_at_unix_s: float
     deferral: str
-    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., partial: _Optional[bool] = ..., end_reason: _Optional[str] = ..., carbon_basis: _Optional[str] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., precision: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ..., released_at_unix_s: _Optional[float] = ..., deferral: _Optional[str] = ...) -> None: ...
+    embodied_g: float
+    embodied_basis: str
+    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., partial: _Optional[bool] = ..., end_reason: _Optional[str] = ..., carbon_basis: _Optional[str] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., precision: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ..., released_at_unix_s: _Optional[float] = ..., deferral: _Optional[str] = ..., embodied_g: _Optional[float] = ..., embodied_basis: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("decision", "chunk", "receipt")

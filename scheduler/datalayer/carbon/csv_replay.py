@@ -26,6 +26,7 @@ from scheduler.datalayer.carbon_csv import (
     SHIPPED_CARBON_DIR,
     CarbonCsvError,
     ZoneSeries,
+    factors_of,
     load_zone,
     zone_file,
 )
@@ -99,7 +100,8 @@ class CsvReplayProvider:
                     kind="carbon_intensity", key=zone, value=series.values[i], unit="gCO2eq/kWh",
                     observed_at=self._to_wall(observed_at, replay_now, now), fetched_at=now,
                     source=self._source(series, " (file's next hours)" if ahead else ""), is_forecast=ahead,
-                    is_estimated=series.estimated[i],
+                    is_estimated=series.estimated[i], signal_type="average",
+                    emission_factors=factors_of(series.column),
                 )
             )
         return out

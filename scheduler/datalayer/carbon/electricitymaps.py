@@ -66,6 +66,8 @@ def point_signal(point: Mapping[str, Any], zone: str, endpoint: str, where: str,
         is_forecast=is_forecast,
         is_estimated=estimated,
         estimation_method=f.optional_text(point, "estimationMethod", where) if estimated else None,
+        signal_type="average",
+        emission_factors=EMISSION_FACTOR_TYPE,
     )
 
 

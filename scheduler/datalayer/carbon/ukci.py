@@ -55,6 +55,9 @@ def period_signal(period: Mapping[str, Any], zone: str, endpoint: str, where: st
         is_forecast=use_forecast,
         is_estimated=use_forecast,
         estimation_method="ukci-forecast" if use_forecast else None,
+        # the national grid's average, from generators' direct (operational) emission factors
+        signal_type="average",
+        emission_factors="direct",
     )
 
 

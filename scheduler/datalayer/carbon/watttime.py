@@ -100,6 +100,9 @@ def parse_moer(body: Any, region: str, fetched_at: float, endpoint: str) -> list
                 kind=KIND, key=region, value=_grams(p, f"data[{i}]"), unit=UNIT,
                 observed_at=f.timestamp(p, "point_time", f"data[{i}]"), fetched_at=fetched_at,
                 source=f"{NAME}:{endpoint}", is_forecast=endpoint == FORECAST,
+                # the marginal operating emissions rate: the plants that answer one more kWh,
+                # combustion only
+                signal_type="marginal", emission_factors="direct",
             )
             for i, p in enumerate(points)
         ]
@@ -111,7 +114,8 @@ def nowcast(forecast: list[Signal]) -> Signal:
     return Signal(
         kind=first.kind, key=first.key, value=first.value, unit=first.unit, observed_at=first.observed_at,
         fetched_at=first.fetched_at, source=first.source, is_estimated=True,
-        estimation_method="watttime-forecast-current-interval",
+        estimation_method="watttime-forecast-current-interval", signal_type=first.signal_type,
+        emission_factors=first.emission_factors,
     )
 
 

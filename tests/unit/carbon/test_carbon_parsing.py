@@ -58,6 +58,7 @@ def test_electricitymaps_latest():
     assert (s.kind, s.key, s.value, s.unit) == ("carbon_intensity", "DE", 302.0, "gCO2eq/kWh")
     assert s.observed_at == ts("2019-05-21T00:00:00+00:00") and s.fetched_at == 5.0
     assert s.is_estimated and s.estimation_method == "TIME_SLICER_AVERAGE" and not s.is_forecast
+    assert (s.signal_type, s.emission_factors) == ("average", "lifecycle")
 
 
 def test_electricitymaps_measured_value_has_no_estimation_method():
@@ -82,6 +83,8 @@ def test_watttime_forecast_in_grams_per_kwh():
     assert all(s.is_forecast and s.unit == "gCO2eq/kWh" for s in signals)
     now = watttime.nowcast(signals)
     assert now.value == signals[0].value and now.is_estimated and not now.is_forecast
+    # WattTime's MOER: the marginal plants' combustion emissions.
+    assert {(x.signal_type, x.emission_factors) for x in [*signals, now]} == {("marginal", "direct")}
 
 
 @pytest.mark.parametrize(
@@ -110,6 +113,7 @@ def test_watttime_percentile_never_parsed_as_grams():
 def test_ukci_null_actual_uses_forecast():
     (s,) = ukci.parse_periods(UKCI_NOW, "GB", 0.0, ukci.INTENSITY, ahead=False)
     assert s.value == 266.0 and s.is_forecast and s.is_estimated and s.estimation_method == "ukci-forecast"
+    assert (s.signal_type, s.emission_factors) == ("average", "direct")
     assert s.observed_at == ts("2018-01-20T12:00:00+00:00")
 
 

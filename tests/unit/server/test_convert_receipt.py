@@ -11,6 +11,8 @@ from scheduler import errors
 from scheduler.client.common import build_request
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.energy.embodied import EMBODIED_CATALOGUE
+from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.server import convert
 from scheduler.server.receipt import ReceiptInputs, build_receipt
 from scheduler.signal_check import UPPER_BOUND_G_PER_KWH
@@ -129,3 +131,41 @@ def test_a_partial_receipt_bills_the_relayed_events_when_the_region_sent_no_usag
     assert receipt.measurement_source == "model" and receipt.energy_j == pytest.approx(expected.energy_j)
     message = convert.receipt_to_proto(receipt)
     assert message.partial and message.end_reason == "cancelled" and message.completion_tokens == 7
+
+
+def test_the_receipt_says_what_its_carbon_figure_is_and_its_embodied_line() -> None:
+    fleet = load_fleet()
+    carbon = {r.grid_zone: Signal("carbon_intensity", r.grid_zone, 100.0, "gCO2eq/kWh", NOW - 600, NOW,
+                                  "electricitymaps:/v3/carbon-intensity/latest", is_estimated=True,
+                                  estimation_method="TIME_SLICER_AVERAGE", signal_type="average",
+                                  emission_factors="lifecycle") for r in fleet.regions}
+    snap = SnapshotBuilder(fleet.regions, fleet.policy("default")).build(NOW, carbon=carbon)
+    receipt = build_receipt(_inputs(snap, None))
+    message = convert.receipt_to_proto(receipt).carbon_signal
+    assert (message.signal_type, message.emission_factors, message.estimated, message.estimation_method) == (
+        "average", "lifecycle", True, "TIME_SLICER_AVERAGE")
+    # Embodied carbon: the GPU's catalogue entry, 80 ms of its GPUs shared with the predicted
+    # batch; its own line, not in carbon_g under the default policy.
+    candidate = snap.candidates_by_model["llama-3.1-8b"][0]
+    entry = EMBODIED_CATALOGUE[candidate.gpu.name]
+    batch = snap.perf[candidate.index].batch
+    assert receipt.embodied_g == pytest.approx(entry.grams(candidate.deployment.tensor_parallel, 0.080, batch))
+    assert candidate.gpu.name in receipt.embodied_basis and entry.method in receipt.embodied_basis
+    operational = receipt.energy_j / 3.6e6 * 100.0 * candidate.region.pue  # type: ignore[operator]
+    assert receipt.carbon_g == pytest.approx(operational)
+    assert convert.receipt_to_proto(receipt).embodied_g == pytest.approx(receipt.embodied_g)
+    # A policy that counts it adds it to carbon_g.
+    counting = fleet.policy("default").model_copy(update={"embodied_in_carbon": True})
+    snap = SnapshotBuilder(fleet.regions, counting).build(NOW, carbon=carbon)
+    with_embodied = build_receipt(_inputs(snap, None))
+    assert with_embodied.carbon_g == pytest.approx(operational + receipt.embodied_g)
+
+
+def test_embodied_catalogue_covers_every_gpu_and_amortises_over_its_lifetime() -> None:
+    assert set(EMBODIED_CATALOGUE) == set(GPU_CATALOGUE)
+    a100 = EMBODIED_CATALOGUE["A100-40GB"]
+    assert a100.method == "cited" and a100.kg_co2e == 318.0
+    # 318 kg over 5 years: 2.0 mg per GPU-second; a request alone on 2 GPUs for 10 s: 40 mg.
+    assert a100.g_per_gpu_second == pytest.approx(318_000 / (5 * 365.25 * 86400))
+    assert a100.grams(2, 10.0, 1.0) == pytest.approx(20 * a100.g_per_gpu_second)
+    assert a100.grams(2, 10.0, 4.0) == pytest.approx(5 * a100.g_per_gpu_second)
