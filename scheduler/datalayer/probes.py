@@ -7,9 +7,10 @@ the stub region answers 200), with a short ``timeout_s``, and keeps each region'
 the request path never probes.
 
 Why: the regions' published live state reaches the router only through the shared store. When
-the store cannot be read, that state ages past ``max_age.region_state`` and, without another
-source, every region would count as down: a store outage would become a fleet outage. The
-probes are that other source. They are judged only while the store is unreachable
+the store cannot be read, or cannot be written (full, read-only after a failover, a region's
+ACL user refused), that state ages past ``max_age.region_state`` and, without another source,
+every region would count as down: a store fault would become a fleet outage. The probes are
+that other source. They are judged whenever a region's state is not fresh
 (scheduler.plugins.filters.region_health): a region last known healthy whose probe answers
 stays up; one whose probe fails is down.
 

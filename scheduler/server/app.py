@@ -295,6 +295,11 @@ def router_gauges(deps: RouterDeps) -> list[Sample]:
     for region in snapshot.regions:
         healthy = region_verdict(snapshot, region.name) is None
         samples.append(("scheduler_router_region_healthy", {"region": region.name}, float(healthy)))
+        state = snapshot.live.get(region.name)
+        published = state.observed_at if state is not None else snapshot.last_seen.get(region.name)
+        if published is not None:  # (a region never seen has no age)
+            samples.append(("scheduler_router_region_state_age_seconds", {"region": region.name},
+                            snapshot.now - published))
     samples.extend(deps.limiter.samples())
     samples.extend(deps.slots.samples())
     for gauge in deps.gauges:

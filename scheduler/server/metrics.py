@@ -9,6 +9,7 @@ Counters (monotonic, since the process started):
 Gauges (read from the router's state at scrape time):
   scheduler_router_energy_routing_enabled, scheduler_router_active_streams,
   scheduler_carbon_signal_age_seconds{zone}, scheduler_router_region_healthy{region},
+  scheduler_router_region_state_age_seconds{region} (since its last published state),
   scheduler_ledger_pending_receipts, plus the carbon pollers' counters and the config
   reloader's (scheduler_config_*: the version in use, reloads by trigger and result, and each
   problem of the last refused reload by file and field; scheduler.server.config_reload).

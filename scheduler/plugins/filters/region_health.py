@@ -1,5 +1,5 @@
 """Health filter: the region is up, as its last published live state, its last-seen record
-and, while the store is unreachable, the router's own probe of it say.
+and, whenever that state is not fresh, the router's own probe of it say.
 
 While the store answers (or there is none: simulator, offline tools):
   keep  iff  live[region] is fresh (age <= policy.max_age.region_state) and healthy,
@@ -15,6 +15,11 @@ max_age.region_state:
   drop  if   the probe failed (whatever the last known state says);
   keep  if   the probe answered and the last known state said healthy (however old it is);
   else       as above.
+While the store answers but the region's own state is not fresh (stale, expired or never seen:
+the region cannot publish, as when the store is full, read-only after a failover, or refuses
+its ACL user, while routers can still read), the same probe decides the same way, except that
+a region never seen counts as last known healthy (its /health answers 200 only while one of its
+pools' engines answers). A store that refuses writes is then not a fleet outage.
 Reads: snapshot.live (observed_at, healthy), snapshot.last_seen, snapshot.probes,
 snapshot.store, snapshot.live_since, snapshot.now, policy.max_age.region_state,
 policy.unknown_region_state. Judged once per region per snapshot (prepare), spread to its
@@ -95,7 +100,7 @@ def _all_fresh_and_healthy(snapshot: FleetSnapshot) -> bool:
 def region_verdicts(snapshot: FleetSnapshot) -> list[Verdict]:
     """``region_verdict`` of every region (``snapshot.regions`` order), with what they share
     looked up once: while the store answers and no recovery is recent, a region whose state is
-    fresh and healthy may take requests, and any other is judged by ``_by_state``."""
+    fresh and healthy may take requests, and any other is judged by ``region_verdict``."""
     store = snapshot.store
     now = snapshot.now
     max_age = snapshot.policy.max_age.region_state
@@ -105,7 +110,7 @@ def region_verdicts(snapshot: FleetSnapshot) -> list[Verdict]:
         return [region_verdict(snapshot, r.name) for r in snapshot.regions]
     get = snapshot.live.get
     return [None if (state := get(r.name)) is not None and state.healthy and now - state.observed_at <= max_age
-            else _by_state(snapshot, r.name) for r in snapshot.regions]
+            else region_verdict(snapshot, r.name) for r in snapshot.regions]
 
 
 def region_verdict(snapshot: FleetSnapshot, region: str) -> Verdict:
@@ -115,16 +120,23 @@ def region_verdict(snapshot: FleetSnapshot, region: str) -> Verdict:
     state = snapshot.live.get(region)
     outage_s = snapshot.store_outage_s
     back_s = _back_without_news(snapshot, state, max_age)
-    if outage_s is not None or back_s is not None:
+    stale = state is None or snapshot.now - state.observed_at > max_age
+    if outage_s is not None or back_s is not None or stale:
         probe = snapshot.probes.get(region)
         if probe is not None and snapshot.now - probe.checked_at <= max_age:
             if not probe.ok:
                 if outage_s is not None:
                     return ("state store unreachable for {:.0f} s and the router's probe failed: {}",
                             (outage_s, probe.detail))
-                return ("no state since the store answered again {:.1f} s ago and the router's probe failed: {}",
-                        (back_s, probe.detail))
-            if state is not None and state.healthy:
+                if back_s is not None:
+                    return ("no state since the store answered again {:.1f} s ago and the router's probe failed: {}",
+                            (back_s, probe.detail))
+                by_state = _by_state(snapshot, region)
+                if by_state is None:
+                    return ("the router's probe failed: {}", (probe.detail,))
+                return (by_state[0] + "; the router's probe failed: {}", (*by_state[1], probe.detail))
+            last_known_healthy = state.healthy if state is not None else outage_s is None and back_s is None
+            if last_known_healthy:
                 return None
     return _by_state(snapshot, region)
 

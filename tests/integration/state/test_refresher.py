@@ -182,8 +182,8 @@ async def test_redis_down_keeps_the_last_inputs_and_routes_on_the_routers_own_pr
     assert "us-east" in down_regions and "eu-north" not in down_regions
 
     # Redis answers again, with the states of three hours ago: until a region publishes, its
-    # probe still vouches for it for max_age.region_state (its publisher may be reconnecting),
-    # so the store's return is no fleet outage either.
+    # probe still vouches for it (its publisher may be reconnecting, or the store may refuse
+    # its writes), so the store's return is no fleet outage either.
     async with StubRegion(StubRegionSettings(name="eu-north")) as alive_again:
         probes.endpoints = {**endpoints, "eu-north": alive_again.endpoint}
         refresher.store = redis_store
@@ -195,8 +195,13 @@ async def test_redis_down_keeps_the_last_inputs_and_routes_on_the_routers_own_pr
         assert {c.region.name for c in kept.ranked_candidates} == {"eu-north"}, kept.rejected
         clock.t += back.policy.max_age.region_state + 1  # the window is over, still no state
         await probes.probe_all()
-        over = scheduler.schedule(request, await refresher.refresh())
-        await probes.stop()
+        still = scheduler.schedule(request, await refresher.refresh())
+        assert {c.region.name for c in still.ranked_candidates} == {"eu-north"}, still.rejected
+    # Its probe then fails: down.
+    clock.t += 1
+    await probes.probe_all()
+    over = scheduler.schedule(request, await refresher.refresh())
+    await probes.stop()
     assert not over.schedulable
 
 

@@ -1,6 +1,7 @@
-"""``region_verdict`` beyond a fresh live state: a store outage is not a region outage (the
-router's own probes decide while the store is unreachable), a region whose state key expired
-is stale (its last-seen record), and never-seen regions are trusted only during the warm-up."""
+"""``region_verdict`` beyond a fresh live state: a store outage is not a region outage, and
+neither is a store that refuses writes (the router's own probes decide whenever a region's
+state is not fresh), a region whose state key expired is stale (its last-seen record), and
+never-seen regions are trusted only during the warm-up or while their probe answers."""
 
 from __future__ import annotations
 
@@ -50,12 +51,27 @@ class Case:
 
 
 CASES = [
-    # The store answers: the published state decides, probes are not consulted.
+    # The store answers and the state is fresh: the published state decides.
     Case("fresh and healthy", True, live=live()),
     Case("fresh and healthy, probe failing, store up: the state decides", True, live=live(),
          probes={"a": probe(False)}),
-    Case("stale, store up: down even if the probe answers", False, "old > limit", live=live(age_s=60),
+    # The store answers reads but the region's state is stale: it cannot publish (a full store,
+    # a read-only replica after a failover, its ACL user refused). The router's probe decides.
+    Case("stale, store up, probe answers: up (the region cannot publish)", True, live=live(age_s=60),
          probes={"a": probe(True)}),
+    Case("stale, store up, probe fails: down", False, "old > limit 5.0 s; the router's probe failed",
+         live=live(age_s=60), probes={"a": probe(False)}),
+    Case("stale, store up, no probe: the state's age decides", False, "old > limit", live=live(age_s=60)),
+    Case("stale, store up, probe itself stale: the state's age decides", False, "old > limit",
+         live=live(age_s=60), probes={"a": probe(True, age_s=30)}),
+    Case("stale and last known unhealthy, store up, probe answers: down", False, "old > limit",
+         live=live(healthy=False, age_s=60), probes={"a": probe(True)}),
+    Case("state key expired, store up, probe answers: up", True, last_seen={"a": NOW - 600},
+         probes={"a": probe(True)}),
+    Case("never seen, warm-up over, store up, probe answers: up (its /health needs a live engine)", True,
+         probes={"a": probe(True)}, uptime_s=31.0),
+    Case("never seen, warm-up over, store up, probe fails: down", False, "probe failed",
+         probes={"a": probe(False)}, uptime_s=31.0),
     # The store is unreachable: last known state + the router's own probe.
     Case("store down 60 s, last known healthy (stale), probe answers: up", True, live=live(age_s=60),
          store=down_for(60), probes={"a": probe(True)}),
@@ -80,8 +96,10 @@ CASES = [
          live=live(age_s=61), store=back_for(1), probes={"a": probe(False)}),
     Case("store back 1 s, no state since, no probe: the state's age decides", False, "old > limit",
          live=live(age_s=61), store=back_for(1)),
-    Case("store back 6 s (over max_age 5 s), still no state: the state's age decides", False, "old > limit",
+    Case("store back 6 s (over max_age 5 s), still no state, probe answers: up, as any stale region", True,
          live=live(age_s=66), store=back_for(6), probes={"a": probe(True)}),
+    Case("store back 6 s, still no state, no probe: the state's age decides", False, "old > limit",
+         live=live(age_s=66), store=back_for(6)),
     Case("store back 3 s, region published since, probe failing: its fresh state decides", True,
          live=live(age_s=1), store=back_for(3), probes={"a": probe(False)}),
     Case("store back 1 s, last known unhealthy, probe answers: still down", False, "unhealthy",
