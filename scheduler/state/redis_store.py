@@ -1,7 +1,22 @@
 """``RedisStore``: the shared ``StateStore`` every router, region and poller uses in production.
 
-Every key is prefixed ``sched:{namespace}:`` here, so callers pass the relative names of
-``scheduler.state.keys``. Locks are ``SET NX PX`` plus Lua compare-and-extend and
+Every key is prefixed ``sched:<namespace>:`` here, so callers pass the relative names of
+``scheduler.state.keys``. Three deployments of Redis (``from_url``, by the URL's scheme):
+
+- one server (``redis://``, ``rediss://`` for TLS, ``unix://``), ACL users as
+  ``redis://USER:PASSWORD@host``;
+- Sentinel (``redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]``, or
+  ``rediss+sentinel://``): the current master of SERVICE, found again after a failover;
+- Cluster (``redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]``, ``rediss+cluster://``):
+  keys are prefixed ``sched:{<namespace>}:``, a hash tag, so every key of a namespace maps to
+  one slot. MGET and the scripts that touch two keys (the ledger and its marker, a stream and
+  its marker) then work unchanged. The trade-off: one namespace lives on one shard (its
+  primary and replicas, with the cluster's failover); the store's working set is bounded by
+  design (docs/state-keys.md) and far below one shard's capacity, and separate namespaces
+  spread over the shards.
+
+TLS options ride on the URL's query as redis-py reads them (``?ssl_ca_certs=/path&
+ssl_certfile=...&ssl_keyfile=...``). Locks are ``SET NX PX`` plus Lua compare-and-extend and
 compare-and-delete, so only the owner extends or releases a lock. Connection failures,
 timeouts and error answers (OOM, READONLY ...) surface as ``StateUnavailable``; callers
 decide whether to keep their last value (the snapshot refresher) or queue (the ledger).
@@ -11,9 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
 
 from scheduler.state import keys
 from scheduler.state.store import StateUnavailable
@@ -68,10 +86,10 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
 return {granted, tostring(tokens)}
 """
 
-# KEYS[1] ledger hash; KEYS[2] once marker ('' none); ARGV[1] marker ttl ms; ARGV[2..] field,
-# amount pairs. The marker and every increment land together or not at all.
+# KEYS[1] ledger hash; KEYS[2] once marker (absent: none); ARGV[1] marker ttl ms; ARGV[2..]
+# field, amount pairs. The marker and every increment land together or not at all.
 _LEDGER_ADD = """
-if KEYS[2] ~= '' and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then
+if #KEYS > 1 and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then
   return 0
 end
 for i = 2, #ARGV, 2 do
@@ -80,11 +98,12 @@ end
 return 1
 """
 
-# KEYS[1] window hash; KEYS[2] once marker ('' none); ARGV[1] hash ttl ms; ARGV[2] marker ttl
-# ms; ARGV[3..] field, amount pairs. The counters of one time window: added together (or not at
-# all, once per marker), and the hash expires with its window.
+# KEYS[1] window hash; KEYS[2] once marker (absent: none); ARGV[1] hash ttl ms; ARGV[2] marker
+# ttl ms; ARGV[3..] field, amount pairs. The counters of one time window: added together (or not
+# at all, once per marker), and the hash expires with its window. (No empty key for "none": a
+# cluster hashes every key passed to a script, and all must share one slot.)
 _WINDOW_ADD = """
-if KEYS[2] ~= '' and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then
+if #KEYS > 1 and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then
   return 0
 end
 for i = 3, #ARGV, 2 do
@@ -118,10 +137,10 @@ class RedisStore:
     """A ``StateStore`` over one ``redis.asyncio.Redis`` client (its connection pool is shared
     by every caller in the process)."""
 
-    def __init__(self, client: aioredis.Redis, namespace: str) -> None:
+    def __init__(self, client: aioredis.Redis | RedisCluster, namespace: str, *, hash_tag: bool = False) -> None:
         self.namespace = namespace
         self._client = client
-        self._prefix = f"sched:{namespace}:"
+        self._prefix = key_prefix(namespace, hash_tag)
         self._extend = client.register_script(_EXTEND_IF_OWNER)
         self._delete_if_owner = client.register_script(_DELETE_IF_OWNER)
         self._incr_window = client.register_script(_INCR_WINDOW)
@@ -132,16 +151,17 @@ class RedisStore:
 
     @classmethod
     def from_url(cls, url: str, namespace: str, timeout_s: float = 3.0, connect_timeout_s: float = 1.0) -> RedisStore:
-        """``redis://host:port/db``. A dead Redis fails fast (connect timeout); a slow answer
-        gets ``timeout_s``: every store call is off the request path, and on a loaded host a
-        1 s read timeout turned scheduling hiccups into spurious "store unavailable"."""
-        client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=connect_timeout_s,
-            health_check_interval=30,
-            decode_responses=False,
-        )
+        """A store on the Redis deployment ``url`` names (the module docstring). A dead Redis
+        fails fast (connect timeout); a slow answer gets ``timeout_s``: every store call is off
+        the request path, and on a loaded host a 1 s read timeout turned scheduling hiccups
+        into spurious "store unavailable"."""
+        scheme, _, rest = url.partition("://")
+        options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": connect_timeout_s}
+        if scheme.endswith("+cluster"):
+            return cls(_cluster_client(scheme, rest, options), namespace, hash_tag=True)
+        if scheme.endswith("+sentinel"):
+            return cls(_sentinel_client(scheme, rest, options), namespace)
+        client = aioredis.Redis.from_url(url, health_check_interval=30, decode_responses=False, **options)
         return cls(client, namespace)
 
     def _key(self, key: str) -> str:
@@ -207,8 +227,8 @@ class RedisStore:
         args: list[Any] = [_ms(ttl_s), _ms(once_ttl_s)]
         for name, amount in fields.items():
             args += [name, repr(float(amount))]
-        marker = "" if once_key is None else self._key(once_key)
-        added = await self._call(lambda: self._window_add(keys=[self._key(key), marker], args=args))
+        keys_ = [self._key(key)] if once_key is None else [self._key(key), self._key(once_key)]
+        added = await self._call(lambda: self._window_add(keys=keys_, args=args))
         return bool(added)
 
     async def acquire_lock(self, name: str, owner: str, ttl_s: float) -> bool:
@@ -267,8 +287,8 @@ class RedisStore:
         args: list[Any] = [_ms(once_ttl_s)]
         for name, amount in fields.items():
             args += [name, repr(float(amount))]
-        marker = "" if once_key is None else self._key(once_key)
-        added = await self._call(lambda: self._ledger_add(keys=[self._key(key), marker], args=args))
+        keys_ = [self._key(key)] if once_key is None else [self._key(key), self._key(once_key)]
+        added = await self._call(lambda: self._ledger_add(keys=keys_, args=args))
         return bool(added)
 
 
@@ -276,13 +296,61 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def key_prefix(namespace: str, hash_tag: bool = False) -> str:
+    """``sched:<namespace>:``, or with the namespace as a hash tag (Redis Cluster)."""
+    return f"sched:{{{namespace}}}:" if hash_tag else f"sched:{namespace}:"
+
+
+def _hosts(rest: str) -> tuple[str, str, list[tuple[str, int]], str]:
+    """(user, password, [(host, port)...], path) of ``[USER:PASSWORD@]H:P[,H:P...][/PATH]``."""
+    userinfo, _, hosts_path = rest.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    hosts, _, path = hosts_path.partition("/")
+    path, _, _query = path.partition("?")
+    nodes = []
+    for entry in hosts.split(","):
+        host, _, port = entry.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"state URL: expected HOST:PORT, got {entry!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    return unquote(user), unquote(password), nodes, path
+
+
+def _tls(scheme: str, rest: str) -> dict[str, Any]:
+    """TLS options of a ``rediss+...`` URL: on, with the CA and client files its query names."""
+    if not scheme.startswith("rediss"):
+        return {}
+    query = parse_qs(rest.partition("?")[2])
+    allowed = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+    return {"ssl": True, **{name: query[name][0] for name in allowed if name in query}}
+
+
+def _cluster_client(scheme: str, rest: str, options: dict[str, Any]) -> RedisCluster:
+    user, password, nodes, _ = _hosts(rest)
+    return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in nodes], username=user or None,
+                        password=password or None, decode_responses=False, **_tls(scheme, rest), **options)
+
+
+def _sentinel_client(scheme: str, rest: str, options: dict[str, Any]) -> aioredis.Redis:
+    user, password, nodes, path = _hosts(rest)
+    service, _, db = path.partition("/")
+    if not service:
+        raise ValueError("state URL: redis+sentinel:// needs the service name: HOST:PORT/SERVICE[/DB]")
+    auth: dict[str, Any] = {"username": user or None, "password": password or None}
+    sentinel = Sentinel(nodes, sentinel_kwargs={**auth, **options}, **_tls(scheme, rest), **options)
+    master: aioredis.Redis = sentinel.master_for(service, db=int(db or 0), decode_responses=False, **auth)
+    return master
+
+
 async def delete_namespace(url: str, namespace: str) -> int:
     """Delete every key of ``namespace`` at ``url`` (what a local stack or a test leaves); how many."""
-    client = aioredis.Redis.from_url(url)
+    store = RedisStore.from_url(url, namespace)
+    client = store._client
+    pattern = store._prefix.translate(_GLOB_SPECIAL) + "*"
     try:
-        found = [key async for key in client.scan_iter(match=f"sched:{namespace}:*", count=1000)]
-        if found:
-            await client.delete(*found)
+        found = [key async for key in client.scan_iter(match=pattern, count=1000)]
+        for key in found:  # one by one: a cluster refuses a DEL of keys in several slots
+            await client.delete(key)
         return len(found)
     finally:
-        await client.aclose()
+        await store.close()

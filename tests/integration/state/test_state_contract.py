@@ -1,4 +1,6 @@
-"""The ``StateStore`` contract: ``MemoryStore`` and ``RedisStore`` behave the same."""
+"""The ``StateStore`` contract: ``MemoryStore`` and ``RedisStore`` behave the same, and
+``RedisStore`` the same on one server, on a 3-node Redis Cluster and behind Sentinel (each
+started by the fixtures: ``tests.redis_deployments``)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import asyncio
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -15,8 +17,10 @@ import redis.asyncio as aioredis
 from scheduler.state import keys
 from scheduler.state.factory import open_store
 from scheduler.state.memory_store import MemoryStore
-from scheduler.state.redis_store import RedisStore
+from scheduler.state.redis_store import RedisStore, delete_namespace
 from scheduler.state.store import StateStore, StateUnavailable
+from tests.integration.router.conftest import _write_certs as write_certs
+from tests.redis_deployments import PrivateCluster, PrivateSentinel, PrivateTlsRedis
 
 REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_ROUTER", "redis://127.0.0.1:6379/1")
 
@@ -36,17 +40,39 @@ class StoreUnderTest:
     advance: Callable[[float], Awaitable[None]]
 
 
-async def delete_namespace(url: str, namespace: str) -> None:
-    client = aioredis.Redis.from_url(url)
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateCluster]:
+    cluster = PrivateCluster(tmp_path_factory.mktemp("cluster"))
     try:
-        found = [key async for key in client.scan_iter(match=f"sched:{namespace}:*", count=1000)]
-        if found:
-            await client.delete(*found)
+        yield cluster.start()
     finally:
-        await client.aclose()
+        cluster.stop()
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.integration)])
+@pytest.fixture(scope="module")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSentinel]:
+    sentinel = PrivateSentinel(tmp_path_factory.mktemp("sentinel"))
+    try:
+        yield sentinel.start()
+    finally:
+        sentinel.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateTlsRedis]:
+    folder = tmp_path_factory.mktemp("tls")
+    certs = write_certs(folder)
+    server = PrivateTlsRedis(folder)
+    try:
+        yield server.start(certs.ca, certs.server_cert, certs.server_key)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.integration),
+                        pytest.param("redis-cluster", marks=pytest.mark.integration),
+                        pytest.param("redis-sentinel", marks=pytest.mark.integration),
+                        pytest.param("redis-tls-acl", marks=pytest.mark.integration)])
 async def subject(request: pytest.FixtureRequest) -> AsyncIterator[StoreUnderTest]:
     namespace = f"test-{uuid.uuid4().hex[:12]}"
     if request.param == "memory":
@@ -57,12 +83,15 @@ async def subject(request: pytest.FixtureRequest) -> AsyncIterator[StoreUnderTes
 
         yield StoreUnderTest(MemoryStore(namespace=namespace, clock=clock), advance_clock)
         return
-    store = RedisStore.from_url(REDIS_URL, namespace)
+    url = {"redis": lambda: REDIS_URL, "redis-cluster": lambda: request.getfixturevalue("redis_cluster").url,
+           "redis-sentinel": lambda: request.getfixturevalue("redis_sentinel").url,
+           "redis-tls-acl": lambda: request.getfixturevalue("redis_tls").url}[request.param]()
+    store = RedisStore.from_url(url, namespace)
     try:
         yield StoreUnderTest(store, asyncio.sleep)
     finally:
         await store.close()
-        await delete_namespace(REDIS_URL, namespace)
+        assert await delete_namespace(url, namespace) >= 0
 
 
 async def test_ping(subject: StoreUnderTest) -> None:
@@ -276,8 +305,30 @@ async def test_open_store_urls() -> None:
         assert await store.ping()
     finally:
         await store.close()
-    with pytest.raises(ValueError, match="expected 'memory' or redis://"):
+    with pytest.raises(ValueError, match="expected 'memory', redis://"):
         open_store("postgres://x", "ns")
+    with pytest.raises(ValueError, match="needs the service name"):
+        open_store("redis+sentinel://127.0.0.1:26379", "ns")
+    with pytest.raises(ValueError, match="expected HOST:PORT"):
+        open_store("redis+cluster://127.0.0.1", "ns")
+
+
+@pytest.mark.integration
+async def test_cluster_keys_share_the_namespaces_slot(redis_cluster: PrivateCluster) -> None:
+    """On a cluster every key of a namespace carries it as a hash tag: one slot, so MGET and the
+    two-key scripts work; the raw key names say so."""
+    namespace = f"test-{uuid.uuid4().hex[:12]}"
+    store = RedisStore.from_url(redis_cluster.url, namespace)
+    try:
+        await store.set("region:a:state", b"1")
+        await store.set("signal:carbon_intensity:DE", b"2")
+        assert await store.mget(["region:a:state", "signal:carbon_intensity:DE", "missing"]) == [b"1", b"2", None]
+        assert await store.keys("region:") == ["region:a:state"]
+        raw = store._client
+        assert await raw.get(f"sched:{{{namespace}}}:region:a:state") == b"1"
+    finally:
+        await store.close()
+        assert await delete_namespace(redis_cluster.url, namespace) == 2
 
 
 @pytest.mark.integration
