@@ -15,7 +15,7 @@ Two sources, one shape (see shared formats, "Region OpenAI-compatible streaming 
   with ratio_error the spread of the energy model's held-out residuals on the pool's GPU
   class (``scheduler.energy.validate.ratio_error``) and the meter's resolution from
   ``scheduler.energy.nvml``; confidence = 1 - half-width / energy_j. A request alone on its
-  GPU is measured to the meter's resolution; one among many as well as the model's relative
+  GPU is measured to the meter's resolution; one among many only as well as the model's relative
   costs are known.
 - ``model``: nothing metered it (CPU replicas, laptops, CI, a replica on another node). The
   prediction of the router's energy model (``ProfileEnergyModel.rated_costs`` and
