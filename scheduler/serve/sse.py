@@ -10,8 +10,8 @@ has ``"choices": []`` and the usage. ``StreamAssembler``:
   once the request is over) before ``[DONE]``;
 - tells ``on_progress`` the token counts each content chunk carries (the gateway asks the
   engine for vLLM's continuous usage: prompt tokens and completion tokens so far, on every
-  chunk) and drops them from the chunk unless the client asked for them itself
-  (``keep_progress``);
+  chunk) and takes them off the chunk (``"usage": null``) unless the client asked for them
+  itself (``keep_progress``);
 - notes when the first content chunk passed (time to first token).
 """
 
@@ -86,7 +86,7 @@ class StreamAssembler:
         progress = chunk.get("usage")
         if isinstance(progress, dict):
             if not self.keep_progress:
-                del chunk["usage"]
+                chunk["usage"] = None  # as the engine sends it without continuous usage
             if self.on_progress is not None:
                 self.on_progress(int(progress.get("prompt_tokens") or 0), int(progress.get("completion_tokens") or 0))
         if self.first_token_at is None and chunk.get("choices"):

@@ -115,7 +115,7 @@ def test_token_counts_on_content_chunks_go_to_the_accounts_not_to_a_client_that_
                                 on_progress=lambda prompt, done: seen.append((prompt, done)))
     chunks = [json.loads(events(o)[0]) for o in (assembler.feed(e) for e in PROGRESS) if o is not None]
     assert seen == [(200, 1), (200, 3)]
-    assert all("usage" not in chunk for chunk in chunks)
+    assert all(chunk["usage"] is None for chunk in chunks)
     assert [c["choices"][0]["text"] for c in chunks] == [" grid", " carbon"]
     assert assembler.feed(USAGE) is None and assembler.usage == Usage(200, 16, 128)
 
