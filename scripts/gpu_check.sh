@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On an NVIDIA GPU machine (Volta or newer for NVML's energy counter): install the CUDA build
-# of vLLM, then run one region on one GPU, send it one real request, and print the joules
-# NVML measured (the node's GPU energy over the request and the gateway's per-request bill).
+# of vLLM, then run one region on one GPU, send it real requests (one alone, then eight
+# together), and print what NVML measured: the counter's update period, the GPUs the replica
+# claims, every meter interval's measured / attributed / idle joules (rule
+# predicted-share-v1 conserves them), each request's bill with its interval and batch.
 # Cannot run on CPU-only machines (exit 2 there).  Usage: scripts/gpu_check.sh [VENV]
 set -euo pipefail
 venv=${1:-.venv-gpu}

@@ -1,8 +1,38 @@
 """Dividing a GPU's metered energy among the requests it served, by a versioned rule.
 
-Input: the replica's energy trace (cumulative joules over time, e.g. NVML's counter summed
-over its GPUs) and each request's timeline (arrived, started, first token, finished, token
-counts). For every interval between two readings with metered energy dE:
+Two forms. Every receipt and ledger entry stores the version of the rule that made it, so
+that old bills can be recomputed.
+
+**Online, rule "predicted-share-v1"** (``split_interval``; the region's gateway applies it
+while requests run, ``scheduler.serve.inflight``). For every meter interval of every GPU,
+with measured joules J and the requests on the replicas that run on that GPU, request i
+weighed by the step model's energy of the tokens it processed in the interval
+(``scheduler.energy.step``, at its replica's running batch B):
+
+    p_i = prefill_i + decode_i
+    prefill_i = E_prefill(prompt_i)                   in the interval of its first token
+    decode_i  = E_decode(prompt_i, n1) - E_decode(prompt_i, n0)   completion tokens n0 -> n1
+    share_i   = J x p_i / sum_k p_k                   (its prefill and decode parts likewise)
+
+When no request on the GPU reported work in the interval (a prefill still running, tokens
+not yet streamed), J is split by time on the replica in the interval instead (equally when
+that is 0 too). An interval with no request on the GPU is idle: J goes to ``idle_j`` and to
+no request. So sum_i share_i + idle_j = J in every interval (float rounding apart).
+
+The half-width the split adds to a share: if p_i is off by a factor (1 + e) against the
+others, share_i moves by share_i x e x (1 - f_i) to first order (f_i = share_i / J), so
+
+    model_error_i = share_i x ratio_error_i x (1 - f_i)     (share_i x (1 - f_i) for a split by time)
+
+with ratio_error the bound on one prediction's error against another's
+(``scheduler.energy.validate.ratio_error``: the spread of the held-out residuals). A request
+alone on its GPU gets the measurement exactly; the meter's own resolution is added by the
+caller (``scheduler.energy.nvml``).
+
+**Offline** (``attribute``, rules "equal-v1", "shared-v1", "marginal-v1": a replica's whole
+trace after the fact). Input: the replica's energy trace (cumulative joules over time, e.g.
+NVML's counter summed over its GPUs) and each request's timeline (arrived, started, first
+token, finished, token counts). For every interval between two readings with metered energy dE:
 
   floor   = min(dE, floor_w x dt)   the execution-idle floor: fixed base share, split among the
                                     requests in flight by their time in the interval
@@ -16,9 +46,6 @@ requests in proportion to their time in flight (``idle_allocation_j``); with no 
 it stays ``unattributed_j``. A share with nothing to weigh by (no tokens, no model) falls back
 to the next (marginal -> activity -> time). So the joules given out always add up to the
 metered total: nothing created, nothing lost.
-
-The rule's version is stored with every receipt and ledger entry so that old bills can be
-recomputed.
 """
 
 from __future__ import annotations
@@ -57,6 +84,77 @@ RULES: Mapping[str, AttributionRule] = MappingProxyType(
     }
 )
 DEFAULT_RULE = RULES["shared-v1"]
+ONLINE_RULE = "predicted-share-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What one request did on one GPU during one meter interval (module doc)."""
+
+    # The step model's energy of the prompt it prefilled and of the tokens it decoded (J).
+    prefill_j: float
+    decode_j: float
+    # Its time on the replica in the interval (s): the weight when no request reported work.
+    seconds: float
+    # Whether its first token came (a time share is then decode, else prefill).
+    decoding: bool
+    # Bound on the relative error of its prediction against the others' on the GPU.
+    ratio_error: float
+
+    @property
+    def predicted_j(self) -> float:
+        return self.prefill_j + self.decode_j
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    prefill_j: float
+    decode_j: float
+    # Of the interval's measured joules.
+    fraction: float
+    # The half-width the split adds (module doc).
+    model_error_j: float
+
+    @property
+    def energy_j(self) -> float:
+        return self.prefill_j + self.decode_j
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalSplit:
+    measured_j: float
+    shares: Mapping[str, Share]
+    idle_j: float
+    # "predicted", "time" or "idle": what the shares were weighed by.
+    weighed_by: str
+
+    @property
+    def attributed_j(self) -> float:
+        return sum(s.energy_j for s in self.shares.values())
+
+
+def split_interval(measured_j: float, work: Mapping[str, Work]) -> IntervalSplit:
+    """One GPU's joules of one interval among the requests on it by rule "predicted-share-v1"
+    (module doc)."""
+    if not work:
+        return IntervalSplit(measured_j, MappingProxyType({}), measured_j, "idle")
+    predicted = sum(w.predicted_j for w in work.values())
+    shares: dict[str, Share] = {}
+    if predicted > 0.0:
+        for request_id, w in work.items():
+            fraction = w.predicted_j / predicted
+            energy = measured_j * fraction
+            shares[request_id] = Share(prefill_j=measured_j * w.prefill_j / predicted,
+                                       decode_j=measured_j * w.decode_j / predicted, fraction=fraction,
+                                       model_error_j=energy * w.ratio_error * (1.0 - fraction))
+        return IntervalSplit(measured_j, MappingProxyType(shares), 0.0, "predicted")
+    seconds = sum(w.seconds for w in work.values())
+    for request_id, w in work.items():
+        fraction = w.seconds / seconds if seconds > 0.0 else 1.0 / len(work)
+        energy = measured_j * fraction
+        shares[request_id] = Share(prefill_j=0.0 if w.decoding else energy, decode_j=energy if w.decoding else 0.0,
+                                   fraction=fraction, model_error_j=energy * (1.0 - fraction))
+    return IntervalSplit(measured_j, MappingProxyType(shares), 0.0, "time")
 
 
 @dataclass(frozen=True, slots=True)

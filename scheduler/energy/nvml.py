@@ -9,6 +9,16 @@
 
 ``delta_mj(before, after)`` turns two readings into per-GPU joules spent in between.
 
+Resolution (``boundary_error_j``): the counter counts mJ, but the driver updates it every
+20-100 ms on current GPUs (PETSc's notes on ``nvmlDeviceGetTotalEnergyConsumption``,
+petsc.org ``PetscLogGpuEnergyMeter``), and ``nvmlDeviceGetPowerUsage`` is a 1 s average on
+Ampere and newer (NVML API reference). So the energy drawn within one update period of a
+reading may be counted on either side of it:
+
+    boundary_error_j = power_w x READING_LAG_S[method] + COUNTER_QUANTUM_J     per GPU and reading
+
+``python -m scheduler.serve.gpu_check`` prints the update period a GPU really shows.
+
 Without a GPU (no driver, no library: ``NVMLError_LibraryNotFound`` and friends) the meter
 is simply unavailable: ``read()`` returns None, and one log line says that energy is
 estimated by the energy model instead. The NVML library is injected so that tests run the
@@ -30,6 +40,10 @@ NVML_ERROR_NOT_SUPPORTED = 3
 
 COUNTER = "counter"
 POWER_POLL = "power-poll"
+# How far from a reading the energy it counts may have been drawn (module doc): the counter's
+# slowest update period, the power average's window.
+READING_LAG_S = {COUNTER: 0.1, POWER_POLL: 1.0}
+COUNTER_QUANTUM_J = 0.001
 
 
 class NvmlLibrary(Protocol):
@@ -62,6 +76,11 @@ class GpuEnergyReading:
     @property
     def total_power_w(self) -> float:
         return sum(self.power_w)
+
+
+def boundary_error_j(reading: GpuEnergyReading, gpu: int) -> float:
+    """Energy of GPU ``gpu`` that may fall on either side of ``reading`` (module doc)."""
+    return reading.power_w[gpu] * READING_LAG_S[reading.methods[gpu]] + COUNTER_QUANTUM_J
 
 
 def delta_mj(before: GpuEnergyReading, after: GpuEnergyReading) -> tuple[float, ...]:

@@ -1,4 +1,4 @@
-"""The vLLM replica of a region: Ray Serve LLM's ``LLMServer`` plus two things we need.
+"""The vLLM replica of a region: Ray Serve LLM's ``LLMServer`` plus three things we need.
 
 1. Live engine state in real time. Ray exports vLLM's metrics only every report interval
    (10 s), too slow for a router that judges freshness in seconds, so ``RegionLLMServer``
@@ -10,6 +10,13 @@
    its requests in flight), and ``tests/integration/serve`` fails.
 2. Raw-dict streaming methods, so that the region's gateway never imports vLLM (an ingress
    without vLLM stays at ~210 MB instead of ~625 MB per region).
+3. The replica's report (``scheduler.serve.replica_report``) as the first and last item of
+   every stream: its id, the node and GPUs its engine's workers run on (asked once at start
+   through vLLM's ``collective_rpc("get_node_and_physical_gpu_ids")``, a method of the Ray
+   executor's workers; none on CPU), and its engine's running sequences and their integral
+   over time (kept by the stat logger of 1.). The gateway bills each request with the batch
+   of the replica that ran it, and splits the GPU energy it meters among the requests on
+   each GPU.
 
 This module imports vLLM and Ray Serve LLM: only the replica process loads it.
 """
@@ -21,14 +28,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import ValidationError
+from ray import serve
 from ray.serve.llm import LLMServer
 from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 from vllm.v1.metrics.stats import CachingMetrics
 
+from scheduler.serve.replica_report import ReplicaReport, RunningIntegral
+
 log = logging.getLogger(__name__)
 
 LIVE_STATS_PATH = "LLMServer.engine._engine_client.logger_manager.stat_loggers"
+# How long the engine's workers get to say which GPUs they hold.
+GPU_QUERY_TIMEOUT_S = 30.0
 
 
 class LiveStatsLogger(AggregateStatLoggerBase):  # type: ignore[misc]
@@ -42,6 +54,7 @@ class LiveStatsLogger(AggregateStatLoggerBase):  # type: ignore[misc]
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.steps = 0
+        self.running_integral = RunningIntegral()
 
     def record(
         self,
@@ -53,6 +66,7 @@ class LiveStatsLogger(AggregateStatLoggerBase):  # type: ignore[misc]
         if scheduler_stats is not None:
             self.steps += 1
             self.running = scheduler_stats.num_running_reqs
+            self.running_integral.update(self.running)
             self.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
             self.kv_cache_usage = scheduler_stats.kv_cache_usage
             self.prefix_cache.observe(scheduler_stats.prefix_cache_stats)
@@ -104,8 +118,30 @@ def _plain(item: Any) -> str | dict[str, Any]:
     return dumped
 
 
+async def engine_gpus(engine: Any) -> tuple[str, tuple[int, ...]]:
+    """The Ray node and GPU ids of a started ``VLLMEngine``'s workers; ("", ()) where they
+    cannot tell (the CPU build's workers have no ``get_node_and_physical_gpu_ids``)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return "", ()
+    client = getattr(engine, "_engine_client", None)
+    try:
+        answers = await client.collective_rpc(  # type: ignore[union-attr]
+            "get_node_and_physical_gpu_ids", timeout=GPU_QUERY_TIMEOUT_S)
+        nodes = {str(node) for node, _ in answers}
+        gpus = tuple(sorted({int(gpu) for _, ids in answers for gpu in ids}))
+    except Exception as exc:  # the report then says "unknown GPUs"; the replica serves on
+        log.error("the engine's workers did not say which GPUs they hold (%s: %s): the gateway shares "
+                  "the GPUs no replica claims among such replicas", type(exc).__name__, exc)
+        return "", ()
+    # Tensor parallelism across nodes: the GPUs are not one node's.
+    return (nodes.pop(), gpus) if len(nodes) == 1 else ("", ())
+
+
 class RegionLLMServer(LLMServer):  # type: ignore[misc]
-    """``LLMServer`` with real-time live stats and raw-dict streaming for the gateway."""
+    """``LLMServer`` with real-time live stats, raw-dict streaming and replica reports for
+    the gateway."""
 
     async def start(self) -> None:
         await super().start()  # type: ignore[no-untyped-call]
@@ -113,7 +149,21 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
         try:
             self._live_stats = attach_live_stats(self.engine)
         except RuntimeError as exc:
-            log.error("%s; publishing without engine figures", exc)
+            log.error("%s; publishing without engine figures and streaming without replica reports", exc)
+        self._replica_id = serve.get_replica_context().replica_id.to_full_id_str()
+        self._node, self._gpus = await engine_gpus(self.engine)
+        log.info("replica %s: node %s, GPUs %s", self._replica_id, self._node or "unknown", list(self._gpus))
+
+    def _report(self) -> list[str | dict[str, Any]]:
+        """The replica's report as a stream batch (none without the stat logger: the gateway
+        then bills at batch 1)."""
+        if self._live_stats is None:
+            return []
+        integral = self._live_stats.running_integral
+        at, running_s = integral.read()
+        report = ReplicaReport(replica=self._replica_id, node=self._node, gpus=self._gpus,
+                               running=integral.running, running_s=running_s, at=at)
+        return [report.as_item()]
 
     async def live_stats(self) -> dict[str, float]:
         # Raises when the engine is dead: the gateway leaves the pool out of its state then.
@@ -142,6 +192,8 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
     async def _stream(
         self, request_cls: Any, method: str, body: dict[str, Any]
     ) -> AsyncIterator[list[str | dict[str, Any]]]:
+        if report := self._report():
+            yield report
         try:
             request = request_cls.model_validate(body)
         except ValidationError as exc:
@@ -151,3 +203,5 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
         async for batch in stream:
             items = batch if isinstance(batch, list) else [batch]
             yield [_plain(item) for item in items]
+        if report := self._report():
+            yield report

@@ -12,8 +12,12 @@ of one vLLM deployment per pool (``RegionLLMServer``, reached through a ``Deploy
   serve (404 ``pool_not_served`` / ``model_not_found``);
 - maps the requested model (e.g. ``llama-3.1-8b``) to the model the pool's engine runs
   (locally the tiny model) and back in every chunk;
-- tracks the requests in flight per pool (``InFlight``) and, where NVML sees GPUs, shares
-  the measured energy among them;
+- tracks the requests in flight (``InFlight``): the replica each runs on and that replica's
+  running batch (the replica's reports, first and last item of every stream), the token
+  counts the engine streams, and, where NVML sees this node's GPUs, each GPU's measured
+  energy split among the requests on it by rule "predicted-share-v1"
+  (``scheduler.energy.attribution``; idle intervals apart, per pool; ``GET /energy`` shows
+  the recent intervals);
 - adds the ``energy`` object to the final usage event (``energy_report``); for a direct-mode
   ticket it also signs a receipt and appends it to the store's ``receipts`` stream;
 - publishes the region's live state (per pool: load, models served and their context
@@ -40,6 +44,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import ray
 from ray import serve
 from ray.exceptions import ActorDiedError, RayTaskError
 from starlette.requests import Request
@@ -47,13 +52,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from scheduler import region_receipt, tickets
 from scheduler.config.schema import PoolConfig, RegionConfig
-from scheduler.energy.nvml import NvmlMeter, delta_mj
-from scheduler.serve.energy_report import PoolEnergyProfile, energy_object
-from scheduler.serve.inflight import InFlight
+from scheduler.energy.nvml import NvmlMeter
+from scheduler.serve.energy_report import PoolEnergyProfile, RegionPricing, energy_object
+from scheduler.serve.inflight import InFlight, RequestShare
 from scheduler.serve.metrics import GatewayMetrics
 from scheduler.serve.power_caps import PowerCapper, RegionCapReport, apply_region_caps
 from scheduler.serve.prefix_publisher import PrefixWarmPublisher
 from scheduler.serve.publisher import RegionStatePublisher
+from scheduler.serve.replica_report import ReplicaReport
 from scheduler.serve.sse import StreamAssembler, sse_event
 from scheduler.state import codec
 from scheduler.state.prefix_warm import PrefixHits
@@ -211,7 +217,6 @@ class RegionGateway:
         self._settings = settings
         self._profiles = {name: PoolEnergyProfile.of(configs[name]) for name in settings.pools}
         self._models = {name: served_models(configs[name], engine) for name, engine in settings.pools.items()}
-        self._in_flight = {name: InFlight(clock=time.monotonic) for name in settings.pools}
         self._metrics = GatewayMetrics(region.name)
         self._keys = self._load_keys()
         self._meter = NvmlMeter()
@@ -227,8 +232,11 @@ class RegionGateway:
             targets = {p.pool: p.target_w for p in self._power_caps.pools}
             self._profiles = {name: PoolEnergyProfile.of(configs[name], cap_w=targets.get(name))
                               for name in settings.pools}
+        # The GPUs NVML sees are this Ray node's ("" outside Ray: tests).
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        self._flight = InFlight(clock=time.monotonic, node=node, on_idle=self._metrics.idle,
+                                pricing=RegionPricing(self._profiles) if self._meter.available else None)
         self._power_w: float | None = None
-        self._measured_j_total = 0.0
         self._last_rate: tuple[float, float] | None = None  # (measured J, generated tokens)
         self._engine_answers = EngineAnswers(settings.engine_grace_s)
         self._last_arrivals: dict[str, tuple[float, int, float]] = {}  # pool -> (monotonic s, requests, prompt tokens)
@@ -263,6 +271,7 @@ class RegionGateway:
             ("GET", "/health"): self._health,
             ("GET", "/state"): self._state,
             ("GET", "/power-caps"): self._power_caps_view,
+            ("GET", "/energy"): self._energy_view,
         }
 
     def _load_keys(self) -> RegionKeys | None:
@@ -339,16 +348,18 @@ class RegionGateway:
             self._metrics.refused_request(403)
             log.warning("region %s: refused a replayed ticket (decision %s)", region, ticket.decision_id)
             return refusal(TicketRejected(403, f"ticket already used (decision {ticket.decision_id})"))
+        asked_options = body.get("stream_options") or {}
+        # Usage on every chunk: the token counts the measured energy is split by (InFlight).
         engine_body = {**body, "model": self._settings.pools[pool].served_model,
-                       "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+                       "stream_options": {**asked_options, "include_usage": True, "continuous_usage_stats": True}}
         request_id = uuid.uuid4().hex
         hinted = scheduler_info.get("prefix_key") if isinstance(scheduler_info, dict) else None
         prefix_key = hinted if isinstance(hinted, str) and hinted else None
-        self._start(pool, request_id)
+        self._start(pool, request_id, model)
         try:
             # The prefix key picks the pool's replica (scheduler.serve.prefix_router).
             stream = getattr(self._llms[pool].options(stream=True), method).remote(engine_body, prefix_key=prefix_key)
-            first = await stream.__anext__()
+            first = await self._first_batch(request_id, stream)
         except Exception as exc:
             self._end(pool, request_id)
             self._metrics.failed(pool)
@@ -360,11 +371,35 @@ class RegionGateway:
             self._metrics.failed(pool)
             status = error.get("error", {}).get("code", 500)
             return JSONResponse(error, status_code=status if isinstance(status, int) else 500)
-        assembler = StreamAssembler(requested_model=model, clock=time.monotonic)
+        assembler = StreamAssembler(requested_model=model, clock=time.monotonic,
+                                    on_progress=lambda prompt, completion: self._flight.progress(
+                                        request_id, prompt, completion),
+                                    keep_progress=bool(isinstance(asked_options, dict)
+                                                       and asked_options.get("continuous_usage_stats")))
         return StreamingResponse(
-            self._relay(pool, request_id, model, ticket, first, stream, assembler, time.monotonic(), prefix_key),
+            self._relay(pool, request_id, model, ticket, first, self._reported(request_id, stream), assembler,
+                        time.monotonic(), prefix_key),
             media_type="text/event-stream", headers={"x-scheduler-pool": pool},
         )
+
+    async def _first_batch(self, request_id: str, stream: Any) -> list[Any]:
+        """The stream's first batch after the replica's report, which places the request."""
+        first: list[Any] = await stream.__anext__()
+        report = ReplicaReport.of_batch(first)
+        if report is None:
+            return first
+        self._flight.report(request_id, report)
+        following: list[Any] = await stream.__anext__()
+        return following
+
+    async def _reported(self, request_id: str, stream: Any) -> AsyncIterator[list[Any]]:
+        """The stream without the replica's closing report, which goes to the accounts."""
+        async for items in stream:
+            report = ReplicaReport.of_batch(items)
+            if report is None:
+                yield items
+            else:
+                self._flight.report(request_id, report)
 
     async def _relay(
         self, pool: str, request_id: str, model: str, ticket: Ticket | None, first: list[Any], stream: Any,
@@ -440,15 +475,14 @@ class RegionGateway:
                     continue
                 self._outbox.popleft()
 
-    def _start(self, pool: str, request_id: str) -> None:
-        flight = self._in_flight[pool]
-        flight.start(request_id)
-        self._metrics.set_in_flight(pool, flight.count)
+    def _start(self, pool: str, request_id: str, model: str) -> None:
+        self._flight.start(pool, request_id, model)
+        self._metrics.set_in_flight(pool, self._flight.count(pool))
 
-    def _end(self, pool: str, request_id: str) -> Any:
-        flight = self._in_flight[pool]
-        share = flight.finish(request_id)
-        self._metrics.set_in_flight(pool, flight.count)
+    def _end(self, pool: str, request_id: str) -> RequestShare:
+        # Its GPUs' intervals close now, so its last tokens are weighed in its bill.
+        share = self._flight.finish(request_id, self._meter.read() if self._flight.pricing is not None else None)
+        self._metrics.set_in_flight(pool, self._flight.count(pool))
         return share
 
     async def _list_models(self, request: Request) -> Response:
@@ -466,6 +500,9 @@ class RegionGateway:
     async def _state(self, request: Request) -> Response:
         state = await self.live_state()
         return Response(codec.encode_region_state(state), media_type="application/json")
+
+    async def _energy_view(self, request: Request) -> Response:
+        return JSONResponse(self._flight.as_dict())
 
     async def _power_caps_view(self, request: Request) -> Response:
         if self._power_caps is None:
@@ -506,8 +543,11 @@ class RegionGateway:
     def _pool_state(self, name: str, stats: Mapping[str, float], fresh: bool) -> PoolLiveState:
         """The pool's published state from its engine's answer (``fresh``: this call's, else
         the last one standing) and the gateway's own counts."""
-        in_flight = self._in_flight[name].count
-        running = min(int(stats.get("running", 0)), in_flight)
+        in_flight = self._flight.count(name)
+        # The running count each replica of the pool reported in its streams; before any did,
+        # the engine's answer (one replica's).
+        reported = self._flight.running(name)
+        running = min(int(stats.get("running", 0)) if reported is None else reported, in_flight)
         # The rates move only with a fresh answer: the standing one's prompt-token total would
         # count as no prompt tokens arriving; the next answer's window spans the gap.
         arrival_rate, prompt_rate = (self._arrival_rates(name, stats.get("prompt_tokens_total")) if fresh
@@ -531,7 +571,7 @@ class RegionGateway:
     def _arrival_rates(self, pool: str, prompt_total: float | None) -> tuple[float, float]:
         """Requests started and prompt tokens the engine prefilled per second, averaged
         exponentially over ``RATE_WINDOW_S`` (one publication interval alone is too noisy)."""
-        now, started = time.monotonic(), self._in_flight[pool].started_total
+        now, started = time.monotonic(), self._flight.started_total(pool)
         previous = self._last_arrivals.get(pool)
         self._last_arrivals[pool] = (now, started, prompt_total or 0.0)
         rates = self._rates.get(pool, (0.0, 0.0))
@@ -549,28 +589,18 @@ class RegionGateway:
         """Measured J per generated token since the previous publication (None unmeasured)."""
         if not self._meter.available or generated_total is None:
             return None
-        previous, self._last_rate = self._last_rate, (self._measured_j_total, generated_total)
+        previous, self._last_rate = self._last_rate, (self._flight.attributed_j, generated_total)
         if previous is None or generated_total <= previous[1]:
             return None
-        return (self._measured_j_total - previous[0]) / (generated_total - previous[1])
+        return (self._flight.attributed_j - previous[0]) / (generated_total - previous[1])
 
     async def _meter_loop(self) -> None:
-        before = self._meter.read()
         while True:
+            reading = self._meter.read()
+            if reading is not None:  # a failed read: the next one's counters hold its energy
+                self._power_w = reading.total_power_w
+                self._flight.meter(reading)
             await asyncio.sleep(self._settings.meter_interval_s)
-            after = self._meter.read()
-            if before is not None and after is not None:
-                joules = sum(delta_mj(before, after)) / 1000.0
-                self._power_w = after.total_power_w
-                # The node's GPUs serve every pool here: their joules are shared among the
-                # requests in flight, whichever pool runs them.
-                counts = {name: flight.count for name, flight in self._in_flight.items()}
-                total = sum(counts.values())
-                if total:
-                    self._measured_j_total += joules
-                    for name, flight in self._in_flight.items():
-                        flight.add_measured_energy(joules * counts[name] / total)
-            before = after if after is not None else before
 
     async def __del__(self) -> None:
         for task in self._tasks:

@@ -38,6 +38,11 @@ class GatewayMetrics:
         self.completion_tokens = metrics.Counter(
             "scheduler_region_completion_tokens", description="Tokens generated.", tag_keys=keys
         )
+        self.idle_j = metrics.Counter(
+            "scheduler_region_idle_energy_joules",
+            description="Metered GPU energy of intervals nothing ran in, by the pools that claim the GPU (J).",
+            tag_keys=keys,
+        )
         self.in_flight = metrics.Gauge(
             "scheduler_region_in_flight", description="Requests in flight at the gateway.", tag_keys=keys
         )
@@ -61,6 +66,9 @@ class GatewayMetrics:
             self._inc(self.energy_j, energy_j, tags)
         if ttft_s is not None:
             self.ttft_s.observe(ttft_s, tags=tags)
+
+    def idle(self, pool: str, joules: float) -> None:
+        self._inc(self.idle_j, joules, self._tags(pool))
 
     def failed(self, pool: str) -> None:
         self._inc(self.errors, 1, self._tags(pool))

@@ -8,6 +8,10 @@ has ``"choices": []`` and the usage. ``StreamAssembler``:
   local replica serves the tiny model standing for it);
 - holds the usage chunk back, so that the gateway can add the ``energy`` object (computed
   once the request is over) before ``[DONE]``;
+- tells ``on_progress`` the token counts each content chunk carries (the gateway asks the
+  engine for vLLM's continuous usage: prompt tokens and completion tokens so far, on every
+  chunk) and takes them off the chunk (``"usage": null``) unless the client asked for them
+  itself (``keep_progress``);
 - notes when the first content chunk passed (time to first token).
 """
 
@@ -53,6 +57,10 @@ def _payload(event: str) -> str | None:
 class StreamAssembler:
     requested_model: str
     clock: Callable[[], float]
+    # Told (prompt tokens, completion tokens so far) at every content chunk that carries them.
+    on_progress: Callable[[int, int], None] | None = None
+    # The client asked for continuous usage itself: forward it.
+    keep_progress: bool = False
     usage: Usage | None = field(default=None, init=False)
     first_token_at: float | None = field(default=None, init=False)
     error: Mapping[str, Any] | None = field(default=None, init=False)
@@ -75,6 +83,12 @@ class StreamAssembler:
             self.usage = Usage.from_openai(chunk["usage"])
             self._usage_chunk = chunk
             return None
+        progress = chunk.get("usage")
+        if isinstance(progress, dict):
+            if not self.keep_progress:
+                chunk["usage"] = None  # as the engine sends it without continuous usage
+            if self.on_progress is not None:
+                self.on_progress(int(progress.get("prompt_tokens") or 0), int(progress.get("completion_tokens") or 0))
         if self.first_token_at is None and chunk.get("choices"):
             self.first_token_at = self.clock()
         return sse_event(chunk)

@@ -1,5 +1,6 @@
 """Attribution of a replica's metered energy among its requests: conservation under every
-rule, and that each rule charges what it says it charges."""
+rule, and that each rule charges what it says it charges (the offline rules over a whole
+trace, and the online rule "predicted-share-v1" interval by interval)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 
 import pytest
 
-from scheduler.energy.attribution import RULES, EnergyTrace, RequestTimeline, attribute
+from scheduler.energy.attribution import RULES, EnergyTrace, RequestTimeline, Work, attribute, split_interval
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.models import MODEL_CATALOGUE
 from scheduler.energy.profile_model import ProfileEnergyModel
@@ -119,3 +120,61 @@ def test_rules_charge_what_they_say() -> None:
 def test_timeline_out_of_order_is_refused() -> None:
     with pytest.raises(ValueError, match="out of order"):
         RequestTimeline("x", 5.0, 4.0, 6.0, 7.0, 1, 0, 1)
+
+
+# --- the online rule, "predicted-share-v1" (split_interval) ----------------------------------
+
+
+def work(prefill_j: float = 0.0, decode_j: float = 0.0, seconds: float = 0.2, ratio_error: float = 0.27,
+         decoding: bool = True) -> Work:
+    return Work(prefill_j=prefill_j, decode_j=decode_j, seconds=seconds, decoding=decoding, ratio_error=ratio_error)
+
+
+def test_an_interval_is_split_in_proportion_to_the_predicted_energy_of_each_request_s_work() -> None:
+    split = split_interval(90.0, {"twice": work(decode_j=2.0), "once": work(decode_j=1.0)})
+    assert split.weighed_by == "predicted" and split.idle_j == 0.0
+    assert split.shares["twice"].energy_j == pytest.approx(60.0) and split.shares["once"].energy_j == pytest.approx(30.0)
+    assert split.shares["twice"].energy_j == pytest.approx(2 * split.shares["once"].energy_j)
+
+
+def test_a_share_keeps_the_prefill_and_decode_parts_of_its_work() -> None:
+    split = split_interval(100.0, {"first-token": work(prefill_j=3.0, decode_j=1.0), "decoding": work(decode_j=1.0)})
+    first = split.shares["first-token"]
+    assert first.prefill_j == pytest.approx(60.0) and first.decode_j == pytest.approx(20.0)
+    assert split.shares["decoding"].prefill_j == 0.0
+
+
+def test_an_interval_with_nothing_on_the_gpu_is_idle_and_nobody_s() -> None:
+    split = split_interval(12.5, {})
+    assert split.weighed_by == "idle" and split.idle_j == 12.5 and not split.shares and split.attributed_j == 0.0
+
+
+def test_without_reported_work_the_interval_is_split_by_time_on_the_replica() -> None:
+    split = split_interval(30.0, {"prefilling": work(seconds=0.2, decoding=False), "joined-late": work(seconds=0.1)})
+    assert split.weighed_by == "time"
+    assert split.shares["prefilling"].prefill_j == pytest.approx(20.0) and split.shares["prefilling"].decode_j == 0.0
+    assert split.shares["joined-late"].decode_j == pytest.approx(10.0)
+    both_instant = split_interval(8.0, {"a": work(seconds=0.0), "b": work(seconds=0.0)})
+    assert both_instant.shares["a"].energy_j == both_instant.shares["b"].energy_j == pytest.approx(4.0)
+
+
+def test_a_request_alone_on_its_gpu_gets_the_measurement_without_model_error() -> None:
+    alone = split_interval(50.0, {"only": work(decode_j=7.0)}).shares["only"]
+    assert alone.energy_j == 50.0 and alone.fraction == 1.0 and alone.model_error_j == 0.0
+    shared = split_interval(50.0, {"a": work(decode_j=1.0, ratio_error=0.27), "b": work(decode_j=3.0)}).shares["a"]
+    # share x ratio error x (1 - fraction): 12.5 J x 0.27 x 0.75
+    assert shared.model_error_j == pytest.approx(12.5 * 0.27 * 0.75)
+
+
+def test_every_interval_conserves_the_measured_joules() -> None:
+    rng = random.Random(25)
+    for _ in range(2000):
+        requests = {f"r{k}": work(prefill_j=rng.choice([0.0, rng.uniform(0, 500)]),
+                                  decode_j=rng.choice([0.0, rng.uniform(0, 50)]), seconds=rng.uniform(0, 0.2),
+                                  decoding=rng.random() < 0.5)
+                    for k in range(rng.randint(0, 80))}
+        measured = rng.uniform(0, 200)
+        split = split_interval(measured, requests)
+        assert split.attributed_j + split.idle_j == pytest.approx(measured, rel=1e-12, abs=1e-12)
+        assert all(s.energy_j >= 0 and s.model_error_j >= 0 for s in split.shares.values())
+        assert set(split.shares) == set(requests)

@@ -96,3 +96,34 @@ def test_usage_from_openai(usage: dict[str, object], expected: Usage) -> None:
 def test_non_object_chunk_is_an_error() -> None:
     with pytest.raises(ValueError, match="non-object"):
         StreamAssembler(requested_model="m", clock=Ticks()).feed("data: [1, 2]\n\n")
+
+
+# vLLM's continuous usage (stream_options.continuous_usage_stats), which the gateway asks for.
+PROGRESS = [
+    'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"tiny-llama",'
+    '"choices":[{"index":0,"text":" grid","finish_reason":null}],'
+    '"usage":{"prompt_tokens":200,"total_tokens":201,"completion_tokens":1}}\n\n',
+    'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"tiny-llama",'
+    '"choices":[{"index":0,"text":" carbon","finish_reason":"length"}],'
+    '"usage":{"prompt_tokens":200,"total_tokens":203,"completion_tokens":3}}\n\n',
+]
+
+
+def test_token_counts_on_content_chunks_go_to_the_accounts_not_to_a_client_that_did_not_ask() -> None:
+    seen: list[tuple[int, int]] = []
+    assembler = StreamAssembler(requested_model="llama-3.1-8b", clock=Ticks(),
+                                on_progress=lambda prompt, done: seen.append((prompt, done)))
+    chunks = [json.loads(events(o)[0]) for o in (assembler.feed(e) for e in PROGRESS) if o is not None]
+    assert seen == [(200, 1), (200, 3)]
+    assert all(chunk["usage"] is None for chunk in chunks)
+    assert [c["choices"][0]["text"] for c in chunks] == [" grid", " carbon"]
+    assert assembler.feed(USAGE) is None and assembler.usage == Usage(200, 16, 128)
+
+
+def test_a_client_that_asked_for_continuous_usage_keeps_it() -> None:
+    seen: list[tuple[int, int]] = []
+    assembler = StreamAssembler(requested_model="llama-3.1-8b", clock=Ticks(), keep_progress=True,
+                                on_progress=lambda prompt, done: seen.append((prompt, done)))
+    out = assembler.feed(PROGRESS[0])
+    assert out is not None and json.loads(events(out)[0])["usage"]["completion_tokens"] == 1
+    assert seen == [(200, 1)]
