@@ -21,7 +21,7 @@ from scheduler.energy.output_budget import OutputBudget
 from scheduler.errors import FieldViolation, InvalidRequest
 from scheduler.framework.explain import objective_of
 from scheduler.server.dispatch import CHAT_COMPLETIONS, COMPLETIONS, RegionCall
-from scheduler.server.prefix import derive_prefix_key, shared_text
+from scheduler.server.prefix import derive_prefix_key, scoped, shared_text
 from scheduler.tickets import MAX_TOKEN_BYTES
 from scheduler.types import (
     CarbonUsed,
@@ -247,11 +247,12 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         precision=precision or None,
         task_class=task_class or None,
         client_location=location,
-        # Without a key, one hashed from the system prompt's (or prompt's) first K tokens.
-        prefix_key=prefix_key or derive_prefix_key(shared_text(body), snapshot.policy.prefix_key_tokens,
-                                                   BYTES_PER_TOKEN),
+        # Without a key, one hashed from the system prompt's (or prompt's) first K tokens;
+        # keys and workflows are the tenant's own (scheduler.server.prefix).
+        prefix_key=scoped(tenant, prefix_key) if prefix_key else derive_prefix_key(
+            shared_text(body), snapshot.policy.prefix_key_tokens, BYTES_PER_TOKEN, tenant),
         cached_tokens=cached,
-        workflow_id=workflow_id or None,
+        workflow_id=scoped(tenant, workflow_id) if workflow_id else None,
         workflow_shape=_WORKFLOW_SHAPE.get(workflow_shape),
         shared_prefix_tokens=shared,
     )

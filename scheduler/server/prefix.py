@@ -7,11 +7,17 @@ messages), or the prompt of a completion. The key hashes the first K tokens of t
 (``policy.prefix_key_tokens``; tokens approximated as the router estimates them everywhere,
 ``BYTES_PER_TOKEN`` bytes of UTF-8 each, since the router has no tokenizer):
 
-    prefix_key = "auto:" + sha256(first K x BYTES_PER_TOKEN bytes of the text)[:24 hex]
+    prefix_key = "auto:" + sha256(tenant + NUL + first K x BYTES_PER_TOKEN bytes of the text)[:24 hex]
 
-Two requests get the same key exactly when those bytes agree, which is when an engine's
-prefix cache (vLLM hashes blocks of 16 tokens from the start) can serve the one's KV to the
-other. A system prompt shorter than K is hashed whole. No prompt text leaves this function.
+Two requests of one tenant get the same key exactly when those bytes agree, which is when an
+engine's prefix cache (vLLM hashes blocks of 16 tokens from the start) can serve the one's KV
+to the other. A system prompt shorter than K is hashed whole. No prompt text leaves this
+function.
+
+Keys are per tenant, as the engines' caches are: the regions salt each tenant's prefix cache
+(vLLM's ``cache_salt``, scheduler.serve.gateway), so one tenant's KV never serves another's
+request and a tenant cannot probe another's cached prefixes through ``cached_tokens``. A key a
+client names is scoped the same way (``scoped``), and so is a workflow id.
 """
 
 from __future__ import annotations
@@ -40,10 +46,15 @@ def shared_text(body: Mapping[str, Any]) -> str:
     return "\n".join(chosen)
 
 
-def derive_prefix_key(text: str, k_tokens: int, bytes_per_token: int) -> str:
-    """The key of the first ``k_tokens`` tokens of ``text`` (module doc)."""
+def derive_prefix_key(text: str, k_tokens: int, bytes_per_token: int, tenant: str = "") -> str:
+    """The key of the first ``k_tokens`` tokens of ``text`` for ``tenant`` (module doc)."""
     # A character is at least one byte: the first n characters hold the first n bytes, so a
     # long prompt is not encoded whole for its head.
     n = k_tokens * bytes_per_token
     head = text[:n].encode()[:n]
-    return AUTO_PREFIX + hashlib.sha256(head).hexdigest()[:24]
+    return AUTO_PREFIX + hashlib.sha256(tenant.encode() + b"\0" + head).hexdigest()[:24]
+
+
+def scoped(tenant: str, name: str) -> str:
+    """A client-named prefix key or workflow id within its tenant: ``<tenant>/<name>``."""
+    return f"{tenant}/{name}"

@@ -1,5 +1,6 @@
 """The router's prefix key: derived from the first K tokens of the system prompt (chat) or the
-prompt when the client names none; the workflow id is carried (docs/affinity.md)."""
+prompt when the client names none; the workflow id is carried; both are the tenant's own
+(docs/affinity.md)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,20 @@ def test_the_system_prompt_decides_the_key_not_the_question(make_snapshot) -> No
     assert one.prefix_key == two.prefix_key and one.prefix_key is not None and one.prefix_key.startswith("auto:")
     assert other.prefix_key != one.prefix_key
     named = convert.incoming(chat(SYSTEM, "x", prefix_key="mine", workflow_id="agent-3"), "t", snapshot).request
-    assert (named.prefix_key, named.workflow_id) == ("mine", "agent-3")
+    assert (named.prefix_key, named.workflow_id) == ("t/mine", "t/agent-3")
     assert one.workflow_id is None
+
+
+def test_keys_and_workflows_are_the_tenants_own(make_snapshot) -> None:  # type: ignore[no-untyped-def]
+    """The same system prompt, key or workflow id from two tenants never meet: their engines'
+    caches are salted apart, so neither's warm prefix may be credited to (or probed by) the other."""
+    snapshot = make_snapshot([region("a")])
+    mine = convert.incoming(chat(SYSTEM, "q", prefix_key="k", workflow_id="w"), "acme", snapshot).request
+    theirs = convert.incoming(chat(SYSTEM, "q", prefix_key="k", workflow_id="w"), "globex", snapshot).request
+    assert mine.prefix_key != theirs.prefix_key and mine.workflow_id != theirs.workflow_id
+    auto_mine = convert.incoming(chat(SYSTEM, "q"), "acme", snapshot).request
+    auto_theirs = convert.incoming(chat(SYSTEM, "q"), "globex", snapshot).request
+    assert auto_mine.prefix_key != auto_theirs.prefix_key
 
 
 def test_only_the_first_k_tokens_count(make_snapshot) -> None:  # type: ignore[no-untyped-def]
