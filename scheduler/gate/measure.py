@@ -211,7 +211,9 @@ async def measure(request_set: RequestSet, target: Target, *, model: str | None 
                         if len(errors) < KEPT_ERRORS:
                             errors.append(f"{bucket.name}: {result}")
                 summary = summarise(samples)
-                if ran >= rounds.max or (ran >= rounds.min and stable(summary, rounds.target)):
+                # A round that gave no sample at all: the target is not answering; more would not help.
+                answered = any(isinstance(result, Sample) for result in results)
+                if not answered or ran >= rounds.max or (ran >= rounds.min and stable(summary, rounds.target)):
                     break
             buckets[bucket.name] = {**summary.as_dict(), "rounds": ran, "stable": stable(summary, rounds.target),
                                     "samples": [asdict(s) for s in samples]}

@@ -55,3 +55,18 @@ def test_a_regions_energy_object() -> None:
 def test_no_sample(items: tuple[str, ...], fragment: str) -> None:
     with pytest.raises(StreamFailed, match=fragment):
         read(*items)
+
+
+@pytest.mark.timeout(30)
+def test_a_target_that_does_not_answer_exits_1_after_one_round(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from scheduler.cli import main
+
+    out = tmp_path / "m.json"
+    assert main(["gate", "measure", "--against", "http://127.0.0.1:1", "--requests", "local", "--out", str(out),
+                 "--quiet"]) == 1
+    result = json.loads(out.read_text())
+    assert result["failed"] == 16 and all(b["rounds"] == 1 and b["n"] == 0 for b in result["buckets"].values())
+    assert "16 streams gave no sample" in capsys.readouterr().err
+    # --pool against something that is not a region's gateway: unusable arguments.
+    assert main(["gate", "measure", "--against", "http://127.0.0.1:1", "--pool", "h200-long", "--out", str(out),
+                 "--quiet"]) == 2
