@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "scheduler.sim.cli",
     "scheduler.deferral.cli",
     "scheduler.bench.cli",
+    "scheduler.gate.cli",
 )
 
 

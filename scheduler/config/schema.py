@@ -440,6 +440,47 @@ class OutputBudgetConfig(Strict):
         return next((t for t in self.tables if t.model == model and t.task_class == task_class), None)
 
 
+def _region_pool(value: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9-]{0,62}", value):
+        raise ValueError(f"expected 'region/pool' like 'eu-north/h200-long', got {value!r}")
+    return value
+
+
+def _sha256(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError(f"expected a sha256 in hex (64 digits, as `sha256sum FILE` prints it), got {value!r}")
+    return value
+
+
+class GatePass(Strict):
+    """A pool whose measurements passed the energy gate (docs/gate.md): it takes all traffic
+    although its region publishes no meter."""
+
+    # "region/pool", as decisions name it.
+    pool: Annotated[str, AfterValidator(_region_pool)]
+    # The measurement file that passed `scheduler gate compare`.
+    measurement_sha256: Annotated[str, AfterValidator(_sha256)]
+    note: str = ""
+
+
+class TelemetryGate(Strict):
+    """What a pool whose energy is only modelled, never measured, may take
+    (scheduler.plugins.filters.telemetry_gate, docs/gate.md): ``allow``: any traffic;
+    ``canary-only``: only the requests the canary arm decides (none without a canary), until
+    it is listed in ``passed``."""
+
+    modelled_only: Literal["allow", "canary-only"]
+    passed: tuple[GatePass, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique(self) -> TelemetryGate:
+        pools = [p.pool for p in self.passed]
+        repeated = sorted({p for p in pools if pools.count(p) > 1})
+        if repeated:
+            raise ValueError(f"passed: a pool is listed twice: {repeated}")
+        return self
+
+
 class PolicyConfig(Strict):
     name: Slug
     description: str = ""
@@ -470,6 +511,9 @@ class PolicyConfig(Strict):
     # Receipts always show the GPUs' embodied carbon as its own line (embodied_g); true also adds
     # it to carbon_g, which budgets and the ledger's grams count (docs/billing.md).
     embodied_in_carbon: bool = False
+    # Pools with modelled energy only: canary traffic only until they pass the energy gate
+    # (docs/gate.md); None: no gate.
+    telemetry_gate: TelemetryGate | None = None
 
     def slo_for(self, workload_class: str) -> SloClass:
         slo: SloClass = getattr(self.slo, workload_class)

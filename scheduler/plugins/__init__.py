@@ -15,6 +15,7 @@ from scheduler.plugins.filters import (
     region_health,
     residency,
     slo_reachable,
+    telemetry_gate,
 )
 from scheduler.plugins.matchers import long_context
 from scheduler.plugins.pickers import lowest_cost
@@ -31,6 +32,7 @@ def register_all(registry: Registry) -> Registry:
     registry.filter(region_health.TYPE, region_health.RegionHealthFilter)
     registry.filter(pool_served.TYPE, pool_served.PoolServedFilter)
     registry.filter(slo_reachable.TYPE, slo_reachable.SloReachableFilter)
+    registry.filter(telemetry_gate.TYPE, telemetry_gate.TelemetryGateFilter)
     registry.matcher(long_context.TYPE, long_context.LongContextMatcher)
     registry.scorer(energy.TYPE, energy.EnergyScorer)
     registry.scorer(carbon.TYPE, carbon.CarbonScorer)
