@@ -17,9 +17,11 @@ max_age.region_state:
   else       as above.
 While the store answers but the region's own state is not fresh (stale, expired or never seen:
 the region cannot publish, as when the store is full, read-only after a failover, or refuses
-its ACL user, while routers can still read), the same probe decides the same way, except that
-a region never seen counts as last known healthy (its /health answers 200 only while one of its
-pools' engines answers). A store that refuses writes is then not a fleet outage.
+its ACL user, while routers can still read) and that state would drop the region, a fresh probe
+that answers keeps it (if its last known state was healthy, or it was never seen: its /health
+answers 200 only while one of its pools' engines answers). Here a probe only rescues: a
+failing one never drops a region its state keeps. A store that refuses writes is then not a
+fleet outage.
 Reads: snapshot.live (observed_at, healthy), snapshot.last_seen, snapshot.probes,
 snapshot.store, snapshot.live_since, snapshot.now, policy.max_age.region_state,
 policy.unknown_region_state. Judged once per region per snapshot (prepare), spread to its
@@ -120,25 +122,30 @@ def region_verdict(snapshot: FleetSnapshot, region: str) -> Verdict:
     state = snapshot.live.get(region)
     outage_s = snapshot.store_outage_s
     back_s = _back_without_news(snapshot, state, max_age)
-    stale = state is None or snapshot.now - state.observed_at > max_age
-    if outage_s is not None or back_s is not None or stale:
+    if outage_s is not None or back_s is not None:
         probe = snapshot.probes.get(region)
         if probe is not None and snapshot.now - probe.checked_at <= max_age:
             if not probe.ok:
                 if outage_s is not None:
                     return ("state store unreachable for {:.0f} s and the router's probe failed: {}",
                             (outage_s, probe.detail))
-                if back_s is not None:
-                    return ("no state since the store answered again {:.1f} s ago and the router's probe failed: {}",
-                            (back_s, probe.detail))
-                by_state = _by_state(snapshot, region)
-                if by_state is None:
-                    return ("the router's probe failed: {}", (probe.detail,))
-                return (by_state[0] + "; the router's probe failed: {}", (*by_state[1], probe.detail))
-            last_known_healthy = state.healthy if state is not None else outage_s is None and back_s is None
-            if last_known_healthy:
+                return ("no state since the store answered again {:.1f} s ago and the router's probe failed: {}",
+                        (back_s, probe.detail))
+            if state is not None and state.healthy:
                 return None
-    return _by_state(snapshot, region)
+        return _by_state(snapshot, region)
+    by_state = _by_state(snapshot, region)
+    if by_state is None or (state is not None and snapshot.now - state.observed_at <= max_age):
+        return by_state
+    # The store answers, but the region's state is not fresh and would drop it: its probe may
+    # still vouch for it (the region cannot publish). A probe only rescues here, so a slow
+    # probe never drops a region its state keeps (a never-seen one in the warm-up).
+    probe = snapshot.probes.get(region)
+    if probe is None or snapshot.now - probe.checked_at > max_age:
+        return by_state
+    if not probe.ok:
+        return (by_state[0] + "; the router's probe failed: {}", (*by_state[1], probe.detail))
+    return None if state is None or state.healthy else by_state
 
 
 def _back_without_news(snapshot: FleetSnapshot, state: RegionLiveState | None, max_age: float) -> float | None:

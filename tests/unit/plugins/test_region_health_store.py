@@ -72,6 +72,8 @@ CASES = [
          probes={"a": probe(True)}, uptime_s=31.0),
     Case("never seen, warm-up over, store up, probe fails: down", False, "probe failed",
          probes={"a": probe(False)}, uptime_s=31.0),
+    Case("never seen, in the warm-up, store up, probe fails: trusted (a probe only rescues here)", True,
+         probes={"a": probe(False)}, uptime_s=10.0),
     # The store is unreachable: last known state + the router's own probe.
     Case("store down 60 s, last known healthy (stale), probe answers: up", True, live=live(age_s=60),
          store=down_for(60), probes={"a": probe(True)}),
