@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.config.args import add_config_dirs
+from scheduler.state.url import STATE_ENV
 from scheduler.tickets import KEYS_FILE_ENV
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,12 @@ def register(sub: Any) -> None:
     router.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one (printed)")
     add_config_dirs(router)
     router.add_argument("--policy", default="default", help="routing policy name (a file in --policies)")
-    router.add_argument("--state", default="memory", help="memory | redis://HOST:PORT/DB")
+    router.add_argument("--state", default=None,
+                        help="memory | redis://HOST:PORT/DB (local use: a password here shows in ps; default: "
+                             f"--state-file, else ${STATE_ENV}, else memory)")
+    router.add_argument("--state-file", type=Path, metavar="PATH",
+                        help="a file holding the state store URL, password included (a mounted Secret); "
+                             f"keeps it out of the process's arguments, as ${STATE_ENV} does")
     router.add_argument("--namespace", default="default", help="key namespace in the state store")
     router.add_argument("--keys", type=Path,
                         help="API keys file (`scheduler keys create --append FILE`); re-read when it changes "
@@ -129,6 +135,7 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.server.stream_slots import StreamSlots
     from scheduler.server.tracing import RouterTracing
     from scheduler.state.factory import open_store
+    from scheduler.state.url import StateUrlError, resolve_state_url
     from scheduler.tickets import TicketKeyRing, TicketKeysError
 
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
@@ -141,8 +148,16 @@ def _router(args: argparse.Namespace) -> int:
         except TracingUnavailable as exc:
             print(exc, file=sys.stderr)
             return 2
+    try:
+        state = resolve_state_url(args.state, args.state_file, "memory")
+    except StateUrlError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if state.source == "--state" and state.has_password:
+        log.warning("--state holds a password, which every local user can read in the process list (ps): "
+                    "pass --state-file PATH or set $%s instead", STATE_ENV)
     if args.workers != 1:
-        return _supervise(args)
+        return _supervise(args, state.url)
     sources = ConfigSources(args.regions, args.policies, args.policy, args.keys, args.budgets)
     try:
         fleet = load_checked_fleet(args.regions, args.policies)
@@ -193,8 +208,12 @@ def _router(args: argparse.Namespace) -> int:
         tracing = RouterTracing.otlp(args.otlp_endpoint, args.otlp_service_name,
                                      instance_id=f"{socket.gethostname()}:{os.getpid()}")
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
-    backend = "memory" if args.state == "memory" else "redis"
-    store = open_store(args.state, args.namespace)
+    backend = "memory" if state.url == "memory" else "redis"
+    try:
+        store = open_store(state.url, args.namespace)
+    except ValueError:
+        print(f"{state.source}: expected 'memory' or redis://HOST:PORT/DB, got {state.shown!r}", file=sys.stderr)
+        return 2
     deps = build_deps(SnapshotBuilder(initial.regions, policy), store, backend, keys=keys, tls=tls,
                       rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
                       metrics_port=args.metrics_port, ticket_keys=ticket_keys, policies=initial.policies)
@@ -241,13 +260,13 @@ def _router(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(args: argparse.Namespace) -> int:
+def _supervise(args: argparse.Namespace, state_url: str) -> int:
     from scheduler.server.workers import Supervisor
 
     problems = []
     if args.workers < 1:
         problems.append(f"--workers: expected at least 1, got {args.workers}")
-    if args.state == "memory":
+    if state_url == "memory":
         problems.append("--workers > 1 needs a shared state store: --state redis://HOST:PORT/DB (the workers share "
                         "rate limits, the ledger, the audit stream and the kill switch through it)")
     if args.port == 0 or args.http_port == 0 or args.metrics_port == 0:

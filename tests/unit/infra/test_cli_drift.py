@@ -64,12 +64,29 @@ def test_router_container_args_parse_as_the_router_command(parser: argparse.Argu
     parsed = _parse(parser, _expand(args, {"SCHEDULER_STATE": SAMPLE_REDIS_URL}))
     assert parsed.command == "router"
     assert parsed.handler.__module__ == "scheduler.server.cli"
-    assert parsed.state.split(":", 1)[0] in OPENERS, "the state URL scheme has no store opener"
+    # The router reads the store URL from its environment, as the container sets it.
+    assert parsed.state is None and parsed.state_file is None
+    assert "SCHEDULER_STATE" in env_names
+    assert SAMPLE_REDIS_URL.split(":", 1)[0] in OPENERS, "the state URL scheme has no store opener"
     assert parsed.keys is not None and not parsed.insecure, "production routers authenticate (--keys)"
     assert parsed.ticket_keys is not None and not parsed.insecure_no_tickets, "production routers sign dispatches"
     assert parsed.budgets is not None
     if variant == "tls":
         assert parsed.tls_cert is not None and parsed.tls_key is not None
+
+
+@pytest.mark.parametrize("variant", sorted(ROUTER_VARIANTS))
+def test_no_secret_reaches_the_routers_arguments(variant: str) -> None:
+    """``ps`` shows every process's arguments: Kubernetes' $(VAR) expansion must not put a
+    secret there (the router reads $SCHEDULER_STATE itself)."""
+    router = container(one("Deployment", "scheduler-router"), "router")
+    from_secrets = {e["name"] for e in router["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert "SCHEDULER_STATE" in from_secrets
+    args = _router_args(ROUTER_VARIANTS[variant])
+    used = set(re.findall(r"\$\((\w+)\)", " ".join(args)))
+    assert not used & from_secrets, f"args expand secret variables {used & from_secrets}"
+    argv = ["scheduler", *_expand(args, {"SCHEDULER_STATE": SAMPLE_REDIS_URL})]
+    assert not any("secret" in a or "redis://" in a for a in argv), argv
 
 
 def test_tls_overlay_keeps_every_base_flag() -> None:
@@ -98,6 +115,7 @@ def test_files_the_router_reads_are_mounted(parser: argparse.ArgumentParser, var
     assert tickets["secret"]["secretName"] == "scheduler-tickets-router"
     assert parsed.ticket_keys.name in {i["path"] for i in tickets["secret"]["items"]}
     assert parsed.budgets.name == "budgets.yaml"
+
 
 
 def test_router_ports_and_probes_agree_with_the_cli(parser: argparse.ArgumentParser) -> None:
