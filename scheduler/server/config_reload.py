@@ -32,6 +32,9 @@ two racing publishers left one behind), validates a newer version's bundle the s
 adopts it: every router converges within ``sync_interval_s`` plus a validation (1 s + ~0.1 s).
 A version that fails validation on a router (e.g. a region it has no ticket key for) is not
 adopted there: that router keeps its version and reports the problems, once per version.
+A version must also keep the router usable: a key list that is empty, or that has no admin key
+while the keys in use have one, is refused (``auth.key_ring_issues``), from a file as from the
+store.
 
 Parts: a router uses the parts it was started with. A version that lacks one of them (no
 keys file for a router that authenticates, no budgets file for one that enforces budgets) is
@@ -81,7 +84,7 @@ from scheduler.config.loader import ConfigError, ConfigIssue
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.ledger.budget import BudgetError, TenantBudget, load_budgets
-from scheduler.server.auth import KeyRing
+from scheduler.server.auth import KeyRing, key_ring_issues
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tasks import start_loop, stop_task
 from scheduler.tickets import TicketKeyRing
@@ -295,10 +298,11 @@ def _budget_issues(exc: BudgetError, file: str) -> list[ConfigIssue]:
 
 def validate_bundle(bundle: ConfigBundle, policy_name: str, parts: frozenset[str],
                     shown: Mapping[str, str], ticket_keys: TicketKeyRing | None = None,
-                    ticket_keys_file: str = "--ticket-keys") -> LoadedConfig:
+                    ticket_keys_file: str = "--ticket-keys", keys_in_use: KeyRing | None = None) -> LoadedConfig:
     """The bundle checked as the router's start checks its files; ``ConfigError`` lists every
     problem, each naming its file as ``shown`` (part -> the name to show: a path, a store
-    version), its field and its value. ``parts``: those this router uses."""
+    version), its field and its value. ``parts``: those this router uses. ``keys_in_use``: the
+    key ring the bundle would replace (it may not take the last admin key away)."""
     from scheduler.plugins import load_checked_fleet
 
     issues: list[ConfigIssue] = []
@@ -345,6 +349,8 @@ def validate_bundle(bundle: ConfigBundle, policy_name: str, parts: frozenset[str
                 keys = KeyRing.load(where["keys"])
             except ConfigError as exc:
                 issues.extend(exc.issues)
+            else:
+                issues.extend(key_ring_issues(keys, str(where["keys"]), keys_in_use))
         budgets: Mapping[str, TenantBudget] | None = None
         if "budgets" in parts and bundle.budgets is not None:
             where["budgets"].write_text(bundle.budgets, encoding="utf-8")
@@ -359,10 +365,10 @@ def validate_bundle(bundle: ConfigBundle, policy_name: str, parts: frozenset[str
 
 
 def load_local(sources: ConfigSources, ticket_keys: TicketKeyRing | None = None,
-               ticket_keys_file: str = "--ticket-keys") -> LoadedConfig:
+               ticket_keys_file: str = "--ticket-keys", keys_in_use: KeyRing | None = None) -> LoadedConfig:
     """This router's files, read and validated (``ConfigError`` naming each problem)."""
     return validate_bundle(read_bundle(sources), sources.policy, sources.parts, sources.shown(), ticket_keys,
-                           ticket_keys_file)
+                           ticket_keys_file, keys_in_use)
 
 
 # --- the store's versions ----------------------------------------------------------------
@@ -592,7 +598,8 @@ class ConfigReloader:
             previous = self.version.label
             published = self._record is not None
             try:
-                loaded = await asyncio.to_thread(load_local, self.sources, self.ticket_keys, self.ticket_keys_file)
+                loaded = await asyncio.to_thread(load_local, self.sources, self.ticket_keys, self.ticket_keys_file,
+                                                 self.current.keys)
             except ConfigError as exc:
                 if not dry_run:
                     self._refuse(trigger, exc.issues, f"this router's files ({trigger})")
@@ -711,7 +718,7 @@ class ConfigReloader:
                  for part in PARTS}
         try:
             loaded = await asyncio.to_thread(validate_bundle, record.bundle, self.sources.policy, self.sources.parts,
-                                             shown, self.ticket_keys, self.ticket_keys_file)
+                                             shown, self.ticket_keys, self.ticket_keys_file, self.current.keys)
         except ConfigError as exc:
             self._refused = record.counter
             self._refuse("store", exc.issues, f"version {label} published by {record.published_by}")
