@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.config.args import add_config_dirs
+from scheduler.server.config_signing import TRUST_FILE_ENV
 from scheduler.state.url import STATE_ENV
 from scheduler.tickets import KEYS_FILE_ENV
 
@@ -19,6 +20,9 @@ log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
+    from scheduler.server import config_cli
+
+    config_cli.register(sub)
     router = sub.add_parser("router", help="run the global router (gRPC)")
     router.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: loopback only; 0.0.0.0: all interfaces)")
@@ -45,6 +49,16 @@ def register(sub: Any) -> None:
     router.add_argument("--config-sync-interval", type=float, default=1.0,
                         help="seconds between reads of the fleet's config version in the state store: a version "
                              "another router published is adopted within it (default 1)")
+    router.add_argument("--config-trust", type=Path, metavar="FILE", default=os.environ.get(TRUST_FILE_ENV) or None,
+                        help="public keys whose signed config versions this router adopts and publishes "
+                             f"(`scheduler config keygen --trust FILE`; default ${TRUST_FILE_ENV}). Without it "
+                             "the router neither adopts nor publishes versions (docs/hot-reload.md)")
+    router.add_argument("--config-signature", type=Path, metavar="FILE",
+                        help="the operator's signature of this router's config files (`scheduler config sign`): "
+                             "with it the router publishes them to the fleet")
+    router.add_argument("--config-allow-unsigned", action="store_true",
+                        help="also adopt and publish UNSIGNED config versions: whoever can write the store then "
+                             "controls the fleet (local development only; warned at every start)")
     router.add_argument("--max-streams-per-tenant", type=int, default=None,
                         help="concurrent Generate streams one tenant may hold on this router; a key's "
                              "max_concurrent_streams overrides it (default: a quarter of the dispatch pool, 256)")
@@ -132,6 +146,7 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
     from scheduler.server.config_reload import ConfigReloader, ConfigSources, load_local
+    from scheduler.server.config_signing import ConfigTrust, SigningError
     from scheduler.server.stream_slots import StreamSlots
     from scheduler.server.tracing import RouterTracing
     from scheduler.state.factory import open_store
@@ -150,7 +165,9 @@ def _router(args: argparse.Namespace) -> int:
             return 2
     try:
         state = resolve_state_url(args.state, args.state_file, "memory")
-    except StateUrlError as exc:
+        trust = (ConfigTrust.load(args.config_trust, args.config_allow_unsigned) if args.config_trust
+                 else ConfigTrust(allow_unsigned=args.config_allow_unsigned))
+    except (StateUrlError, SigningError) as exc:
         print(exc, file=sys.stderr)
         return 2
     if state.source == "--state" and state.has_password:
@@ -158,7 +175,7 @@ def _router(args: argparse.Namespace) -> int:
                     "pass --state-file PATH or set $%s instead", STATE_ENV)
     if args.workers != 1:
         return _supervise(args, state.url)
-    sources = ConfigSources(args.regions, args.policies, args.policy, args.keys, args.budgets)
+    sources = ConfigSources(args.regions, args.policies, args.policy, args.keys, args.budgets, args.config_signature)
     try:
         fleet = load_checked_fleet(args.regions, args.policies)
         fleet.policy(args.policy)
@@ -208,6 +225,15 @@ def _router(args: argparse.Namespace) -> int:
         tracing = RouterTracing.otlp(args.otlp_endpoint, args.otlp_service_name,
                                      instance_id=f"{socket.gethostname()}:{os.getpid()}")
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    if trust.allow_unsigned:
+        log.warning("--config-allow-unsigned: config versions without a signature are adopted, so whoever can "
+                    "write the state store controls this router (local development only)")
+    elif trust.standalone and state.url != "memory":
+        log.warning("no --config-trust: this router runs on its own config files and neither adopts nor publishes "
+                    "versions through the state store (docs/hot-reload.md)")
+    if args.config_signature and trust.standalone:
+        log.warning("--config-signature %s ignored: without --config-trust this router publishes nothing",
+                    args.config_signature)
     backend = "memory" if state.url == "memory" else "redis"
     try:
         store = open_store(state.url, args.namespace)
@@ -233,7 +259,8 @@ def _router(args: argparse.Namespace) -> int:
     with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets)
     # Hot reload (docs/hot-reload.md): last in the start order, so every part it swaps is up.
     reloader = ConfigReloader(deps, sources, initial, ticket_keys=ticket_keys, ticket_keys_file=str(args.ticket_keys),
-                              watch_interval_s=args.keys_reload_interval, sync_interval_s=args.config_sync_interval)
+                              trust=trust, watch_interval_s=args.keys_reload_interval,
+                              sync_interval_s=args.config_sync_interval)
     deps.config = reloader
     deps.background.append(reloader)
     deps.gauges.append(reloader.samples)

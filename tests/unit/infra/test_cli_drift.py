@@ -69,6 +69,7 @@ def test_router_container_args_parse_as_the_router_command(parser: argparse.Argu
     assert "SCHEDULER_STATE" in env_names
     assert SAMPLE_REDIS_URL.split(":", 1)[0] in OPENERS, "the state URL scheme has no store opener"
     assert parsed.keys is not None and not parsed.insecure, "production routers authenticate (--keys)"
+    assert parsed.config_trust is not None and not parsed.config_allow_unsigned, "production routers check signatures"
     assert parsed.ticket_keys is not None and not parsed.insecure_no_tickets, "production routers sign dispatches"
     assert parsed.budgets is not None
     if variant == "tls":
@@ -103,7 +104,7 @@ def test_files_the_router_reads_are_mounted(parser: argparse.ArgumentParser, var
         mounts += [m["mountPath"] for c in patch["spec"]["template"]["spec"]["containers"] for m in c["volumeMounts"]]
     parsed = _parse(parser, _expand(_router_args(ROUTER_VARIANTS[variant]), {"SCHEDULER_STATE": SAMPLE_REDIS_URL}))
     paths = [parsed.regions, parsed.policies, parsed.keys, parsed.ticket_keys, parsed.budgets, parsed.tls_cert,
-             parsed.tls_key]
+             parsed.tls_key, parsed.config_trust, parsed.config_signature]
     for path in (p for p in paths if p is not None):
         assert any(Path(path).is_relative_to(m) for m in mounts), f"{path} is not under a volume mount"
     volumes = {v["name"]: v for v in one("Deployment", "scheduler-router").body["spec"]["template"]["spec"]["volumes"]}
@@ -115,7 +116,12 @@ def test_files_the_router_reads_are_mounted(parser: argparse.ArgumentParser, var
     assert tickets["secret"]["secretName"] == "scheduler-tickets-router"
     assert parsed.ticket_keys.name in {i["path"] for i in tickets["secret"]["items"]}
     assert parsed.budgets.name == "budgets.yaml"
-
+    # The keys whose signatures make a config version adoptable, guarded as a secret; the
+    # signature of the mounted files is optional (versions also come from `config publish`).
+    trust = volumes[by_mount[str(parsed.config_trust.parent)]]
+    assert trust["secret"]["secretName"] == "scheduler-config-trust"
+    assert parsed.config_trust.name in {i["path"] for i in trust["secret"]["items"]}
+    assert volumes[by_mount[str(parsed.config_signature.parent)]]["secret"]["optional"] is True
 
 
 def test_router_ports_and_probes_agree_with_the_cli(parser: argparse.ArgumentParser) -> None:
