@@ -27,7 +27,7 @@ import yaml
 from pydantic import Field
 
 from scheduler import errors
-from scheduler.config.loader import parse, validate
+from scheduler.config.loader import ConfigIssue, parse, validate
 from scheduler.config.schema import Strict
 
 KEY_PREFIX = "sk-"
@@ -110,6 +110,10 @@ class KeyRing:
     def of(cls, entries: Sequence[ApiKeyEntry]) -> KeyRing:
         return cls({entry.id: entry for entry in entries})
 
+    @property
+    def has_admin(self) -> bool:
+        return any(entry.role == "admin" for entry in self.entries.values())
+
     def authenticate(self, authorization: str | None) -> Principal:
         """The principal for an ``authorization`` header value; ``Unauthenticated`` otherwise."""
         if not authorization:
@@ -124,6 +128,21 @@ class KeyRing:
         return Principal(tenant=entry.tenant, admin=entry.role == "admin", key_id=entry.id,
                          rate_limit_rps=entry.rate_limit_rps, max_concurrent_streams=entry.max_concurrent_streams,
                          jurisdictions=entry.jurisdictions or ())
+
+
+def key_ring_issues(ring: KeyRing, file: str, replacing: KeyRing | None = None) -> list[ConfigIssue]:
+    """Why ``ring`` cannot be a router's whole key ring: an empty list (every call would be
+    refused), or, when it replaces ``replacing`` which has an admin key, no admin key left
+    (nobody could reload the config, flip the kill switch or read the status)."""
+    if not ring.entries:
+        return [ConfigIssue(file, "keys", "the list is empty: every call would be refused (UNAUTHENTICATED); "
+                                          "a router without keys runs with --insecure, never with an empty file")]
+    if replacing is not None and replacing.has_admin and not ring.has_admin:
+        return [ConfigIssue(file, "keys", f"no key has role admin, and the keys in use have "
+                                          f"{sum(e.role == 'admin' for e in replacing.entries.values())}: this version "
+                                          "would leave nobody able to reload the config or use RouterAdmin "
+                                          "(keep one: `scheduler keys create --tenant ops --admin --append FILE`)")]
+    return []
 
 
 def scope_jurisdictions(principal: Principal, requested: Sequence[str]) -> tuple[str, ...]:

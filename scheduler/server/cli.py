@@ -12,19 +12,29 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.config.args import add_config_dirs
+from scheduler.server.config_signing import TRUST_FILE_ENV
+from scheduler.state.url import STATE_ENV
 from scheduler.tickets import KEYS_FILE_ENV
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
+    from scheduler.server import config_cli
+
+    config_cli.register(sub)
     router = sub.add_parser("router", help="run the global router (gRPC)")
     router.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: loopback only; 0.0.0.0: all interfaces)")
     router.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one (printed)")
     add_config_dirs(router)
     router.add_argument("--policy", default="default", help="routing policy name (a file in --policies)")
-    router.add_argument("--state", default="memory", help="memory | redis://HOST:PORT/DB")
+    router.add_argument("--state", default=None,
+                        help="memory | redis://HOST:PORT/DB (local use: a password here shows in ps; default: "
+                             f"--state-file, else ${STATE_ENV}, else memory)")
+    router.add_argument("--state-file", type=Path, metavar="PATH",
+                        help="a file holding the state store URL, password included (a mounted Secret); "
+                             f"keeps it out of the process's arguments, as ${STATE_ENV} does")
     router.add_argument("--namespace", default="default", help="key namespace in the state store")
     router.add_argument("--keys", type=Path,
                         help="API keys file (`scheduler keys create --append FILE`); re-read when it changes "
@@ -39,6 +49,16 @@ def register(sub: Any) -> None:
     router.add_argument("--config-sync-interval", type=float, default=1.0,
                         help="seconds between reads of the fleet's config version in the state store: a version "
                              "another router published is adopted within it (default 1)")
+    router.add_argument("--config-trust", type=Path, metavar="FILE", default=os.environ.get(TRUST_FILE_ENV) or None,
+                        help="public keys whose signed config versions this router adopts and publishes "
+                             f"(`scheduler config keygen --trust FILE`; default ${TRUST_FILE_ENV}). Without it "
+                             "the router neither adopts nor publishes versions (docs/hot-reload.md)")
+    router.add_argument("--config-signature", type=Path, metavar="FILE",
+                        help="the operator's signature of this router's config files (`scheduler config sign`): "
+                             "with it the router publishes them to the fleet")
+    router.add_argument("--config-allow-unsigned", action="store_true",
+                        help="also adopt and publish UNSIGNED config versions: whoever can write the store then "
+                             "controls the fleet (local development only; warned at every start)")
     router.add_argument("--max-streams-per-tenant", type=int, default=None,
                         help="concurrent Generate streams one tenant may hold on this router; a key's "
                              "max_concurrent_streams overrides it (default: a quarter of the dispatch pool, 256)")
@@ -126,9 +146,11 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
     from scheduler.server.config_reload import ConfigReloader, ConfigSources, load_local
+    from scheduler.server.config_signing import ConfigTrust, SigningError
     from scheduler.server.stream_slots import StreamSlots
     from scheduler.server.tracing import RouterTracing
     from scheduler.state.factory import open_store
+    from scheduler.state.url import StateUrlError, resolve_state_url
     from scheduler.tickets import TicketKeyRing, TicketKeysError
 
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
@@ -141,9 +163,19 @@ def _router(args: argparse.Namespace) -> int:
         except TracingUnavailable as exc:
             print(exc, file=sys.stderr)
             return 2
+    try:
+        state = resolve_state_url(args.state, args.state_file, "memory")
+        trust = (ConfigTrust.load(args.config_trust, args.config_allow_unsigned) if args.config_trust
+                 else ConfigTrust(allow_unsigned=args.config_allow_unsigned))
+    except (StateUrlError, SigningError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if state.source == "--state" and state.has_password:
+        log.warning("--state holds a password, which every local user can read in the process list (ps): "
+                    "pass --state-file PATH or set $%s instead", STATE_ENV)
     if args.workers != 1:
-        return _supervise(args)
-    sources = ConfigSources(args.regions, args.policies, args.policy, args.keys, args.budgets)
+        return _supervise(args, state.url)
+    sources = ConfigSources(args.regions, args.policies, args.policy, args.keys, args.budgets, args.config_signature)
     try:
         fleet = load_checked_fleet(args.regions, args.policies)
         fleet.policy(args.policy)
@@ -193,8 +225,21 @@ def _router(args: argparse.Namespace) -> int:
         tracing = RouterTracing.otlp(args.otlp_endpoint, args.otlp_service_name,
                                      instance_id=f"{socket.gethostname()}:{os.getpid()}")
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
-    backend = "memory" if args.state == "memory" else "redis"
-    store = open_store(args.state, args.namespace)
+    if trust.allow_unsigned:
+        log.warning("--config-allow-unsigned: config versions without a signature are adopted, so whoever can "
+                    "write the state store controls this router (local development only)")
+    elif trust.standalone and state.url != "memory":
+        log.warning("no --config-trust: this router runs on its own config files and neither adopts nor publishes "
+                    "versions through the state store (docs/hot-reload.md)")
+    if args.config_signature and trust.standalone:
+        log.warning("--config-signature %s ignored: without --config-trust this router publishes nothing",
+                    args.config_signature)
+    backend = "memory" if state.url == "memory" else "redis"
+    try:
+        store = open_store(state.url, args.namespace)
+    except ValueError:
+        print(f"{state.source}: expected 'memory' or redis://HOST:PORT/DB, got {state.shown!r}", file=sys.stderr)
+        return 2
     deps = build_deps(SnapshotBuilder(initial.regions, policy), store, backend, keys=keys, tls=tls,
                       rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
                       metrics_port=args.metrics_port, ticket_keys=ticket_keys, policies=initial.policies)
@@ -214,7 +259,8 @@ def _router(args: argparse.Namespace) -> int:
     with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets)
     # Hot reload (docs/hot-reload.md): last in the start order, so every part it swaps is up.
     reloader = ConfigReloader(deps, sources, initial, ticket_keys=ticket_keys, ticket_keys_file=str(args.ticket_keys),
-                              watch_interval_s=args.keys_reload_interval, sync_interval_s=args.config_sync_interval)
+                              trust=trust, watch_interval_s=args.keys_reload_interval,
+                              sync_interval_s=args.config_sync_interval)
     deps.config = reloader
     deps.background.append(reloader)
     deps.gauges.append(reloader.samples)
@@ -241,13 +287,13 @@ def _router(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(args: argparse.Namespace) -> int:
+def _supervise(args: argparse.Namespace, state_url: str) -> int:
     from scheduler.server.workers import Supervisor
 
     problems = []
     if args.workers < 1:
         problems.append(f"--workers: expected at least 1, got {args.workers}")
-    if args.state == "memory":
+    if state_url == "memory":
         problems.append("--workers > 1 needs a shared state store: --state redis://HOST:PORT/DB (the workers share "
                         "rate limits, the ledger, the audit stream and the kill switch through it)")
     if args.port == 0 or args.http_port == 0 or args.metrics_port == 0:

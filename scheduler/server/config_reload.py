@@ -33,6 +33,27 @@ adopts it: every router converges within ``sync_interval_s`` plus a validation (
 A version that fails validation on a router (e.g. a region it has no ticket key for) is not
 adopted there: that router keeps its version and reports the problems, once per version.
 
+Signatures (``scheduler.server.config_signing``). Whoever can write the store could publish a
+version, so a router adopts one only when it is signed by an operator key it trusts
+(``ConfigTrust``: ``--config-trust``), and refuses the rest: no signature, an unknown key id, a
+bad signature, a hash that does not match the files, a malformed record, one signed before the
+version in use (a replay), or files that fail validation. A refused record keeps the version in
+use; it is logged once per distinct bundle, counted (``scheduler_config_rejected_total{reason}``)
+and shown by ``RouterAdmin/GetStatus``. A router publishes its own files only with a signature
+that verifies (``--config-signature``, written by ``scheduler config sign``); operators publish
+straight to the store with ``scheduler config publish``. Three modes:
+
+- signed (trusted keys): as above; a reload of this router's own files needs their signature
+  (unsigned files serve only from the start until the store offers a signed version);
+- standalone (no key, the default): the router runs on its own files and reloads them, but
+  neither publishes nor adopts versions (every store record is refused);
+- ``allow_unsigned`` (``--config-allow-unsigned``, development): unsigned versions are
+  published and adopted as before signing existed; signed ones must still verify.
+
+A version must also keep the router usable: a key list that is empty, or that has no admin key
+while the keys in use have one, is refused (``auth.key_ring_issues``), from a file as from the
+store.
+
 Parts: a router uses the parts it was started with. A version that lacks one of them (no
 keys file for a router that authenticates, no budgets file for one that enforces budgets) is
 refused: a store record never turns authentication or budgets off. Parts a router was not
@@ -81,7 +102,18 @@ from scheduler.config.loader import ConfigError, ConfigIssue
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.ledger.budget import BudgetError, TenantBudget, load_budgets
-from scheduler.server.auth import KeyRing
+from scheduler.server.auth import KeyRing, key_ring_issues
+from scheduler.server.config_signing import (
+    DIGEST_MISMATCH,
+    INVALID,
+    MALFORMED,
+    ROLLBACK,
+    SIGNATURE_REASONS,
+    BundleRefused,
+    BundleSignature,
+    ConfigTrust,
+    SigningError,
+)
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tasks import start_loop, stop_task
 from scheduler.tickets import TicketKeyRing
@@ -101,6 +133,8 @@ MAX_BUNDLE_BYTES = 16 * 2**20
 MAX_CLAIMS = 64
 # Problems shown on /metrics (the first of the last failed attempt).
 MAX_PROBLEM_SAMPLES = 20
+# Refused store bundles remembered so that each is logged once (the oldest are forgotten).
+MAX_REMEMBERED_REFUSALS = 256
 PARTS = ("regions", "policies", "keys", "budgets")
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -132,6 +166,9 @@ class ConfigSources:
     policy: str
     keys: Path | None = None
     budgets: Path | None = None
+    # The operator's detached signature of these files (``scheduler config sign``): what lets
+    # this router publish them. Not part of the bundle; watched with the files.
+    signature: Path | None = None
 
     @property
     def parts(self) -> frozenset[str]:
@@ -262,7 +299,7 @@ def files_identity(sources: ConfigSources) -> Identity:
         paths.append(directory)
         if directory.is_dir():
             paths.extend(_yaml_files(directory))
-    paths.extend(path for path in (sources.keys, sources.budgets) if path is not None)
+    paths.extend(path for path in (sources.keys, sources.budgets, sources.signature) if path is not None)
     out: list[tuple[str, tuple[int, int, int] | None]] = []
     for path in paths:
         try:
@@ -295,10 +332,11 @@ def _budget_issues(exc: BudgetError, file: str) -> list[ConfigIssue]:
 
 def validate_bundle(bundle: ConfigBundle, policy_name: str, parts: frozenset[str],
                     shown: Mapping[str, str], ticket_keys: TicketKeyRing | None = None,
-                    ticket_keys_file: str = "--ticket-keys") -> LoadedConfig:
+                    ticket_keys_file: str = "--ticket-keys", keys_in_use: KeyRing | None = None) -> LoadedConfig:
     """The bundle checked as the router's start checks its files; ``ConfigError`` lists every
     problem, each naming its file as ``shown`` (part -> the name to show: a path, a store
-    version), its field and its value. ``parts``: those this router uses."""
+    version), its field and its value. ``parts``: those this router uses. ``keys_in_use``: the
+    key ring the bundle would replace (it may not take the last admin key away)."""
     from scheduler.plugins import load_checked_fleet
 
     issues: list[ConfigIssue] = []
@@ -345,6 +383,8 @@ def validate_bundle(bundle: ConfigBundle, policy_name: str, parts: frozenset[str
                 keys = KeyRing.load(where["keys"])
             except ConfigError as exc:
                 issues.extend(exc.issues)
+            else:
+                issues.extend(key_ring_issues(keys, str(where["keys"]), keys_in_use))
         budgets: Mapping[str, TenantBudget] | None = None
         if "budgets" in parts and bundle.budgets is not None:
             where["budgets"].write_text(bundle.budgets, encoding="utf-8")
@@ -359,10 +399,10 @@ def validate_bundle(bundle: ConfigBundle, policy_name: str, parts: frozenset[str
 
 
 def load_local(sources: ConfigSources, ticket_keys: TicketKeyRing | None = None,
-               ticket_keys_file: str = "--ticket-keys") -> LoadedConfig:
+               ticket_keys_file: str = "--ticket-keys", keys_in_use: KeyRing | None = None) -> LoadedConfig:
     """This router's files, read and validated (``ConfigError`` naming each problem)."""
     return validate_bundle(read_bundle(sources), sources.policy, sources.parts, sources.shown(), ticket_keys,
-                           ticket_keys_file)
+                           ticket_keys_file, keys_in_use)
 
 
 # --- the store's versions ----------------------------------------------------------------
@@ -377,33 +417,55 @@ class PublishedConfig:
     published_by: str
     published_at: float
     trigger: str
+    # The operator's signature of the bundle (None: unsigned; adopted only where allowed).
+    signature: BundleSignature | None = None
 
     @property
     def version(self) -> ConfigVersion:
         return ConfigVersion(self.counter, self.bundle.digest)
 
+    @property
+    def signed_at(self) -> float:
+        return self.signature.signed_at if self.signature is not None else 0.0
+
+    @property
+    def fingerprint(self) -> str:
+        """The bundle and its signature, whatever counter it was written under: one refusal
+        is logged once however often the same record is written again."""
+        signed = self.signature.value.hex() if self.signature is not None else "unsigned"
+        return f"{self.bundle.digest}:{signed}"
+
     def to_bytes(self) -> bytes:
         return json.dumps({"counter": self.counter, "digest": self.bundle.digest, "bundle": self.bundle.to_dict(),
                            "published_by": self.published_by, "published_at": self.published_at,
-                           "trigger": self.trigger}, ensure_ascii=False).encode()
+                           "trigger": self.trigger,
+                           "signature": self.signature.to_dict() if self.signature is not None else None},
+                          ensure_ascii=False).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> PublishedConfig:
-        """ValueError when ``raw`` is not a version record (or its hash does not match)."""
+        """``BundleRefused`` (a ValueError) when ``raw`` is not a version record (reason
+        ``malformed``) or its hash does not match its files (``digest_mismatch``)."""
         if len(raw) > MAX_BUNDLE_BYTES:
-            raise ValueError(f"record of {len(raw):,} bytes, more than {MAX_BUNDLE_BYTES:,}")
+            raise BundleRefused(MALFORMED, f"record of {len(raw):,} bytes, more than {MAX_BUNDLE_BYTES:,}")
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
+            raise BundleRefused(MALFORMED, f"not JSON: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("counter"), int) or data["counter"] < 1:
-            raise ValueError("expected an object with a positive integer counter")
-        bundle = ConfigBundle.from_dict(data.get("bundle"))
+            raise BundleRefused(MALFORMED, "expected an object with a positive integer counter")
+        try:
+            bundle = ConfigBundle.from_dict(data.get("bundle"))
+            signature = (None if data.get("signature") is None
+                         else BundleSignature.from_dict(data["signature"], "signature"))
+        except ValueError as exc:  # SigningError too
+            raise BundleRefused(MALFORMED, str(exc)) from None
         if data.get("digest") != bundle.digest:
-            raise ValueError(f"digest {str(data.get('digest'))[:16]!r} does not match the bundle's {bundle.digest[:16]}")
+            raise BundleRefused(DIGEST_MISMATCH, f"the record's digest {str(data.get('digest'))[:16]!r} does not "
+                                                   f"match its files' {bundle.digest[:16]}")
         at = data.get("published_at")
         return cls(data["counter"], bundle, str(data.get("published_by", "")),
-                   float(at) if isinstance(at, int | float) else 0.0, str(data.get("trigger", "")))
+                   float(at) if isinstance(at, int | float) else 0.0, str(data.get("trigger", "")), signature)
 
 
 @dataclass(frozen=True)
@@ -426,23 +488,33 @@ class Head:
         return cls(data["counter"], data["digest"])
 
 
+def _log_refused(key: str, refused: BundleRefused, fingerprint: str) -> None:
+    log.warning("ignoring config record %s (%s): %s", key, refused.reason, refused.message)
+
+
 @dataclass
 class ConfigStore:
     """The versions in the shared store (any ``StateStore``; every call may raise
-    ``StateUnavailable``). Malformed records are skipped (logged once each)."""
+    ``StateUnavailable``). Records that do not parse are skipped and reported once each to
+    ``refused`` (key, why, a fingerprint of the record)."""
 
     store: StateStore
+    refused: Callable[[str, BundleRefused, str], None] = _log_refused
     _bad: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+
+    def _skip(self, key: str, raw: bytes, refused: BundleRefused) -> None:
+        fingerprint = hashlib.sha256(raw).hexdigest()
+        if self._bad.get(key) != fingerprint:
+            self.refused(key, refused, fingerprint)
+        self._bad[key] = fingerprint
 
     def _decode(self, key: str, raw: bytes | None) -> PublishedConfig | None:
         if raw is None:
             return None
         try:
             record = PublishedConfig.from_bytes(raw)
-        except ValueError as exc:
-            if self._bad.get(key) != str(exc):
-                log.warning("ignoring malformed config record %s: %s", key, exc)
-            self._bad[key] = str(exc)
+        except BundleRefused as exc:
+            self._skip(key, raw, exc)
             return None
         self._bad.pop(key, None)
         return record
@@ -453,9 +525,7 @@ class ConfigStore:
         try:
             return Head.from_bytes(raw)
         except ValueError as exc:
-            if self._bad.get(HEAD_KEY) != str(exc):
-                log.warning("ignoring malformed config record %s: %s", HEAD_KEY, exc)
-            self._bad[HEAD_KEY] = str(exc)
+            self._skip(HEAD_KEY, raw, BundleRefused(MALFORMED, str(exc)))
             return None
 
     async def head(self) -> Head | None:
@@ -486,12 +556,13 @@ class ConfigStore:
     async def published_before(self, digest: str) -> bool:
         return await self.store.get(digest_key(digest)) is not None
 
-    async def publish(self, bundle: ConfigBundle, after: int, by: str, at: float, trigger: str) -> PublishedConfig:
+    async def publish(self, bundle: ConfigBundle, after: int, by: str, at: float, trigger: str,
+                      signature: BundleSignature | None = None) -> PublishedConfig:
         """Claim the next counter (after the head's and ``after``) for ``bundle`` and move the head."""
         head = await self.head()
         counter = max(after, head.counter if head is not None else 0) + 1
         for _ in range(MAX_CLAIMS):
-            record = PublishedConfig(counter, bundle, by, at, trigger)
+            record = PublishedConfig(counter, bundle, by, at, trigger, signature)
             if await self.store.set_nx(version_key(counter), record.to_bytes(), FOREVER_S):
                 break
             counter += 1
@@ -534,6 +605,12 @@ class ReloadOutcome:
 
 
 LOCAL_SOURCE = "local files"
+STANDALONE = ("not published: this router trusts no config key (no --config-trust), so it neither publishes "
+              "versions nor adopts them (docs/hot-reload.md)")
+
+
+def _when(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_s))
 
 
 @dataclass
@@ -547,6 +624,8 @@ class ConfigReloader:
     current: LoadedConfig
     ticket_keys: TicketKeyRing | None = None
     ticket_keys_file: str = "--ticket-keys"
+    # Whose signatures make a version adoptable (the default trusts none: standalone).
+    trust: ConfigTrust = field(default_factory=ConfigTrust)
     # Seconds between checks of the files for changes (0: no watching; SIGHUP and the RPC still work).
     watch_interval_s: float = 2.0
     # Seconds between reads of the store's head: how soon a version published elsewhere is adopted.
@@ -558,12 +637,20 @@ class ConfigReloader:
     # The problems of the last failed attempt (empty after a good one).
     problems: tuple[ConfigIssue, ...] = field(default=(), init=False)
     counts: Counter[tuple[str, str]] = field(default_factory=Counter, init=False)
+    # Store records refused, by reason (scheduler_config_rejected_total).
+    rejected: Counter[str] = field(default_factory=Counter, init=False)
+    # The last store record refused, "<version>: <reason>: <why>" ("" while none).
+    last_rejection: str = field(default="", init=False)
     _store: ConfigStore = field(init=False, repr=False)
     # The store record of the version in use (None: not published).
     _record: PublishedConfig | None = field(default=None, init=False, repr=False)
+    # The operator's signature of the version in use (None: unsigned).
+    _signature: BundleSignature | None = field(default=None, init=False, repr=False)
     # "join": not synced with the store since the start; "publish": a local reload waits for the store.
     _intent: str | None = field(default="join", init=False, repr=False)
     _refused: int = field(default=0, init=False, repr=False)
+    # Fingerprints of the refused store bundles already logged (an insertion-ordered set).
+    _logged: dict[str, None] = field(default_factory=dict, init=False, repr=False)
     # The content of this router's own files when it last read them (valid): a file change or
     # SIGHUP publishes them only when it changed.
     _local_digest: str = field(default="", init=False, repr=False)
@@ -576,9 +663,47 @@ class ConfigReloader:
     def __post_init__(self) -> None:
         self.version = ConfigVersion(0, self.current.bundle.digest)
         self._local_digest = self.current.bundle.digest
-        self._store = ConfigStore(self.deps.store)
+        self._store = ConfigStore(self.deps.store, refused=self._unreadable)
         # The snapshot says which version it was built from from the first one on.
         self.deps.refresher.builder.config_version = self.version.label
+        try:
+            self._signature = self._files_signature(self.current.bundle)
+        except ConfigError as exc:
+            # The router still runs on its files; it only cannot publish them.
+            for issue in exc.issues:
+                log.warning("config: this router's files will not be published: %s", issue)
+
+    @property
+    def signed_at(self) -> float:
+        """When the version in use was signed (0: unsigned): an older signature is a replay."""
+        return self._signature.signed_at if self._signature is not None else 0.0
+
+    def _files_signature(self, bundle: ConfigBundle) -> BundleSignature | None:
+        """The operator's signature of this router's files, checked; None when they are not
+        published anyway (standalone) or may go unsigned (allow_unsigned without a signature
+        file). ``ConfigError`` when this router may not publish them."""
+        if self.trust.standalone:
+            return None
+        path = self.sources.signature
+        if path is None:
+            if self.trust.allow_unsigned:
+                return None
+            raise ConfigError([ConfigIssue("--config-signature", "", (
+                "these files are not signed, and this router takes only signed config (--config-trust): sign "
+                "them with `scheduler config sign` and pass --config-signature FILE, or publish them with "
+                "`scheduler config publish`"))])
+        try:
+            signature = BundleSignature.load(path)
+            self.trust.check(bundle.digest, signature)
+        except SigningError as exc:
+            raise ConfigError([ConfigIssue(str(path), "", str(exc).removeprefix(f"{path}: "))]) from None
+        except BundleRefused as exc:
+            raise ConfigError([ConfigIssue(str(path), "", f"{exc.message} ({exc.reason})")]) from None
+        if signature.signed_at < self.signed_at:
+            raise ConfigError([ConfigIssue(str(path), "signed_at", (
+                f"signed at {_when(signature.signed_at)}, before the version in use ({_when(self.signed_at)}): "
+                "sign these files again to go back to them"))])
+        return signature
 
     # --- triggers ---------------------------------------------------------------------
 
@@ -592,32 +717,48 @@ class ConfigReloader:
             previous = self.version.label
             published = self._record is not None
             try:
-                loaded = await asyncio.to_thread(load_local, self.sources, self.ticket_keys, self.ticket_keys_file)
+                loaded = await asyncio.to_thread(load_local, self.sources, self.ticket_keys, self.ticket_keys_file,
+                                                 self.current.keys)
             except ConfigError as exc:
-                if not dry_run:
-                    self._refuse(trigger, exc.issues, f"this router's files ({trigger})")
-                return ReloadOutcome(False, False, previous, previous, problems=exc.issues, source=self.source,
-                                     published=published)
+                return self._refused_files(trigger, exc, dry_run)
             digest = loaded.bundle.digest
+            unchanged = digest == self.current.bundle.digest or (only_if_changed and digest == self._local_digest)
+            try:
+                signature = self._files_signature(loaded.bundle)
+            except ConfigError as exc:
+                if not unchanged:
+                    return self._refused_files(trigger, exc, dry_run)
+                # Files that change nothing need no signature (a touch, a fleet-wide SIGHUP).
+                signature = None
             if dry_run:
                 return ReloadOutcome(True, False, previous, previous, digest, source=self.source, published=published)
             self.problems = ()
-            same_files = digest == self._local_digest
             self._local_digest = digest
-            if digest == self.current.bundle.digest or (only_if_changed and same_files):
+            if digest == self.current.bundle.digest and self._record is None and self._signature is None \
+                    and signature is not None:
+                # The files in use got their signature (it landed after them): publish them.
+                self._signature = signature
+                self._intent = self._intent or "publish"
+            if unchanged:
                 self.counts[(trigger, "unchanged")] += 1
                 log.info("config reload (%s): the files are unchanged (version %s in use); nothing to do", trigger,
                          previous)
                 return ReloadOutcome(True, False, previous, previous, digest, source=self.source, published=published)
+            if self.trust.standalone:
+                version = ConfigVersion(0, digest)
+                await self._apply(loaded, version, LOCAL_SOURCE, None, None, trigger)
+                self.counts[(trigger, "applied")] += 1
+                return ReloadOutcome(True, True, version.label, previous, digest, publish_error=STANDALONE,
+                                     source=self.source)
             record, error = None, ""
             try:
                 record = await self._store.publish(loaded.bundle, self.version.counter, self.owner, self.clock(),
-                                                   trigger)
+                                                   trigger, signature)
             except StateUnavailable as exc:
                 error = f"the state store is unreachable; this router uses the new version and publishes it when " \
                         f"the store answers: {exc}"
             version = record.version if record is not None else ConfigVersion(0, digest)
-            await self._apply(loaded, version, LOCAL_SOURCE, record, trigger)
+            await self._apply(loaded, version, LOCAL_SOURCE, record, signature, trigger)
             # A reload made during an outage is published when the store answers (also over
             # the start-up join: the operator's reload is the newer intent).
             self._intent = None if record is not None else "publish"
@@ -626,6 +767,12 @@ class ConfigReloader:
                 log.warning("config version %s not published yet: %s", version.label, error)
             return ReloadOutcome(True, True, version.label, previous, digest, published=record is not None,
                                  publish_error=error, source=self.source)
+
+    def _refused_files(self, trigger: str, exc: ConfigError, dry_run: bool) -> ReloadOutcome:
+        if not dry_run:
+            self._refuse(trigger, exc.issues, f"this router's files ({trigger})")
+        return ReloadOutcome(False, False, self.version.label, self.version.label, problems=exc.issues,
+                             source=self.source, published=self._record is not None)
 
     def on_sighup(self) -> None:
         """The SIGHUP handler (the event loop's): reload in a task."""
@@ -659,32 +806,38 @@ class ConfigReloader:
 
     async def _join(self) -> None:
         local = self.current
-        head = await self._store.head()
         digest = local.bundle.digest
-        if head is None:
-            record = await self._store.publish(local.bundle, 0, self.owner, self.clock(), "startup")
-            await self._relabel(record)
-            log.warning("config version %s published (the store had none): this router's files", record.version.label)
-        elif head.digest == digest:
-            found = await self._store.get(head.counter)
-            record = found if found is not None and found.bundle.digest == digest else await self._store.publish(
-                local.bundle, head.counter, self.owner, self.clock(), "startup")
-            await self._relabel(record)
-            log.info("config: this router's files are the fleet's version %s", record.version.label)
-        elif await self._store.published_before(digest) and (newest := (await self._store.newest(0))[1]) is not None:
-            log.warning("config: this router's files (%s) are an older version than the fleet's %s: adopting %s",
-                        ConfigVersion(0, digest).label, newest.version.label, newest.version.label)
+        head, newest = await self._store.newest(0)
+        if newest is not None and not self._trusted(newest):
+            newest = None  # refused (reported): as if the store had none
+        publishable = not self.trust.standalone and (self._signature is not None or self.trust.allow_unsigned)
+        if newest is not None and newest.bundle.digest == digest:
+            await self._relabel(newest)
+            log.info("config: this router's files are the fleet's version %s", newest.version.label)
+        elif newest is not None and (not publishable or await self._store.published_before(digest)
+                                     or self.signed_at < newest.signed_at):
+            # Old files (published before, or signed before the fleet's version), or files
+            # this router may not publish: the fleet's version wins.
+            log.warning("config: this router's files (%s) give way to the fleet's version %s (%s)",
+                        ConfigVersion(0, digest).label, newest.version.label,
+                        "they are not signed" if not publishable else "they are older")
             await self._adopt(newest)
-        else:
-            record = await self._store.publish(local.bundle, head.counter, self.owner, self.clock(), "startup")
+        elif publishable:
+            record = await self._store.publish(local.bundle, head.counter if head is not None else 0, self.owner,
+                                               self.clock(), "startup", self._signature)
             await self._relabel(record)
-            log.warning("config version %s published: this router started on files the fleet had not seen "
-                        "(they replace version %d)", record.version.label, head.counter)
+            log.warning("config version %s published: this router started on files the fleet had not seen%s",
+                        record.version.label, f" (they replace version {head.counter})" if head is not None else "")
+        else:
+            log.warning("config: this router runs on its own files (%s), %s", self.version.label,
+                        STANDALONE if self.trust.standalone else
+                        "not published: they are not signed (--config-signature); it adopts the first signed version "
+                        "published")
         self._intent = None
 
     async def _publish_pending(self) -> None:
         record = await self._store.publish(self.current.bundle, self.version.counter, self.owner, self.clock(),
-                                           "reload-during-outage")
+                                           "reload-during-outage", self._signature)
         await self._relabel(record)
         self._intent = None
         log.warning("config version %s published (reloaded while the store was unreachable)", record.version.label)
@@ -702,8 +855,28 @@ class ConfigReloader:
             log.warning("config: the store's head was %s; put version %s back", "missing" if head is None
                         else f"at {head.counter}", record.version.label)
 
+    def _trusted(self, record: PublishedConfig) -> bool:
+        """Whether ``record``'s signature lets this router adopt it (a refusal is reported)."""
+        try:
+            self.trust.check(record.bundle.digest, record.signature)
+            # An older signature of the files in use replays nothing (two routers may hold
+            # signatures of the same files made at different times).
+            replayed = record.bundle.digest != self.current.bundle.digest and record.signed_at < self.signed_at
+            if record.signature is not None and replayed:
+                raise BundleRefused(ROLLBACK, f"signed at {_when(record.signed_at)}, before the version in "
+                                              f"use ({_when(self.signed_at)}): a replayed old version")
+        except BundleRefused as exc:
+            label = record.version.label
+            self._refused = record.counter
+            self._reject(label, exc.reason, [ConfigIssue(f"store:{label}", "signature", exc.message)],
+                         record.fingerprint, f"version {label} published by {record.published_by}")
+            return False
+        return True
+
     async def _adopt(self, record: PublishedConfig) -> None:
         label = record.version.label
+        if not self._trusted(record):
+            return
         if record.bundle.digest == self.current.bundle.digest:
             await self._relabel(record)
             return
@@ -711,26 +884,51 @@ class ConfigReloader:
                  for part in PARTS}
         try:
             loaded = await asyncio.to_thread(validate_bundle, record.bundle, self.sources.policy, self.sources.parts,
-                                             shown, self.ticket_keys, self.ticket_keys_file)
+                                             shown, self.ticket_keys, self.ticket_keys_file, self.current.keys)
         except ConfigError as exc:
             self._refused = record.counter
-            self._refuse("store", exc.issues, f"version {label} published by {record.published_by}")
+            self._reject(label, INVALID, exc.issues, record.fingerprint,
+                         f"version {label} published by {record.published_by}")
             return
         self.problems = ()
-        await self._apply(loaded, record.version, f"store (published by {record.published_by})", record, "store")
+        await self._apply(loaded, record.version, f"store (published by {record.published_by})", record,
+                          record.signature, "store")
         self.counts[("store", "adopted")] += 1
 
     async def _relabel(self, record: PublishedConfig) -> None:
         """The version in use got its store counter (same files)."""
         self._record = record
+        if self._signature is None or record.signed_at >= self.signed_at:
+            # Of two signatures of the same files, the later one: replays are judged by it.
+            self._signature = record.signature
         if record.version != self.version:
             self.version = record.version
             self.deps.refresher.builder.config_version = record.version.label
             await self.deps.refresher.refresh()
 
-    def _refuse(self, trigger: str, issues: Iterable[ConfigIssue], what: str) -> None:
+    def _unreadable(self, key: str, refused: BundleRefused, fingerprint: str) -> None:
+        """A store record that does not parse (``ConfigStore.refused``)."""
+        self._reject(key, refused.reason, [ConfigIssue(f"store:{key}", "", refused.message)], fingerprint,
+                     f"store record {key}")
+
+    def _reject(self, label: str, reason: str, issues: Iterable[ConfigIssue], fingerprint: str, what: str) -> None:
+        """A store record refused: counted by reason, shown by the status, logged once per
+        distinct bundle (a record written again under other counters is not logged again)."""
+        issues = tuple(issues)
+        self.rejected[reason] += 1
+        self.last_rejection = f"{label}: {reason}: {issues[0].message if issues else ''}"
+        first = fingerprint not in self._logged
+        if first:
+            self._logged[fingerprint] = None
+            if len(self._logged) > MAX_REMEMBERED_REFUSALS:
+                del self._logged[next(iter(self._logged))]
+        self._refuse("store", issues, f"{what} ({reason})", logged=first)
+
+    def _refuse(self, trigger: str, issues: Iterable[ConfigIssue], what: str, logged: bool = True) -> None:
         self.problems = tuple(issues)
         self.counts[(trigger, "rejected")] += 1
+        if not logged:
+            return
         log.error("config not reloaded: %d problem(s) in %s; version %s stays in use", len(self.problems), what,
                   self.version.label)
         for issue in self.problems:
@@ -738,8 +936,8 @@ class ConfigReloader:
 
     # --- applying ------------------------------------------------------------------------
 
-    async def _apply(self, loaded: LoadedConfig, version: ConfigVersion, source: str,
-                     record: PublishedConfig | None, trigger: str) -> None:
+    async def _apply(self, loaded: LoadedConfig, version: ConfigVersion, source: str, record: PublishedConfig | None,
+                     signature: BundleSignature | None, trigger: str) -> None:
         from scheduler.datalayer.carbon.pollers import CarbonPollers
         from scheduler.datalayer.probes import RegionProbes
         from scheduler.ledger.service import LedgerService
@@ -778,6 +976,7 @@ class ConfigReloader:
                 ledger.ledger.budgets = loaded.budgets
             ledger.ledger.critical_workload_classes = loaded.policy.critical_workload_classes
         self.current, self.version, self.source, self._record = loaded, version, source, record
+        self._signature = signature
         if old_probes is not None:
             await old_probes.stop()
         if regions_changed and _carbon_sources(loaded.regions) != _carbon_sources(old.regions):
@@ -800,6 +999,12 @@ class ConfigReloader:
         ]
         for (trigger, result), count in sorted(self.counts.items()):
             out.append(("scheduler_config_reloads_total", {"trigger": trigger, "result": result}, float(count)))
+        # Every reason from the start (at 0): an alert's increase() sees the first refusal.
+        for reason in (*SIGNATURE_REASONS, INVALID):
+            out.append(("scheduler_config_rejected_total", {"reason": reason}, float(self.rejected[reason])))
+        signature = self._signature
+        out.append(("scheduler_config_signed", {"key_id": signature.key_id if signature is not None else ""},
+                    1.0 if signature is not None else 0.0))
         for issue in self.problems[:MAX_PROBLEM_SAMPLES]:
             out.append(("scheduler_config_problem",
                         {"file": issue.file, "field": issue.field, "message": issue.message[:200]}, 1.0))

@@ -4,8 +4,9 @@
 swaps a symlink) every ``interval_s`` in the background, and ``reload()`` re-reads it at once
 (e.g. on SIGHUP). A file that fails to load (missing, bad YAML, a bad field)
 keeps the keys in use and logs every problem with its file, field and value; the next
-change of the file is tried again. A good file replaces the whole key ring: a key no longer
-in it is refused from the next call on.
+change of the file is tried again. So does a file with an empty key list, or one without an
+admin key while the keys in use have one (``auth.key_ring_issues``). A good file replaces the
+whole key ring: a key no longer in it is refused from the next call on.
 
 ``scheduler router`` reloads its keys file with the rest of its config and shares the result
 with the other routers (``scheduler.server.config_reload``, which follows this pattern); this
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler.config.loader import ConfigError
-from scheduler.server.auth import KeyRing
+from scheduler.server.auth import KeyRing, key_ring_issues
 from scheduler.tasks import start_loop, stop_task
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class KeysReloader:
     # Receives each good key ring (e.g. ``lambda ring: setattr(deps, "keys", ring)``).
     apply: Callable[[KeyRing], None]
     interval_s: float = 2.0
+    # The ring in use (None: not known; then only an empty file is refused).
+    current: KeyRing | None = None
     reloads: int = field(default=0, init=False)
     failures: int = field(default=0, init=False)
     _seen: Identity | None = field(default=None, init=False, repr=False)
@@ -63,7 +66,14 @@ class KeysReloader:
             self.failures += 1
             log.error("keys file not reloaded, the previous keys stay in use: %s: %s", self.path, exc)
             return False
+        issues = key_ring_issues(ring, str(self.path), self.current)
+        if issues:
+            self.failures += 1
+            for issue in issues:
+                log.error("keys file not reloaded, the previous keys stay in use: %s", issue)
+            return False
         self.apply(ring)
+        self.current = ring
         self.reloads += 1
         log.warning("keys file %s reloaded: %d keys", self.path, len(ring.entries))
         return True

@@ -196,4 +196,9 @@ class RouterAdminService(admin_pb2_grpc.RouterAdminServicer):
         )
         if status.last_success_at is not None:
             response.last_state_read_unix_s = status.last_success_at
+        response.config_version = snapshot.config_version
+        if deps.config is not None:
+            response.config_version = deps.config.version.label
+            response.config_rejected = sum(deps.config.rejected.values())
+            response.config_last_rejection = deps.config.last_rejection
         return response

@@ -29,7 +29,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("energy_routing", "policy", "state_backend", "namespace", "state_reachable", "last_state_read_unix_s", "last_state_error", "snapshot_at_unix_s", "regions", "candidates", "healthy_regions", "fresh_carbon_zones", "active_streams", "version")
+    __slots__ = ("energy_routing", "policy", "state_backend", "namespace", "state_reachable", "last_state_read_unix_s", "last_state_error", "snapshot_at_unix_s", "regions", "candidates", "healthy_regions", "fresh_carbon_zones", "active_streams", "version", "config_version", "config_rejected", "config_last_rejection")
     ENERGY_ROUTING_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     STATE_BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,9 @@ class GetStatusResponse(_message.Message):
     FRESH_CARBON_ZONES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_LAST_REJECTION_FIELD_NUMBER: _ClassVar[int]
     energy_routing: bool
     policy: str
     state_backend: str
@@ -58,7 +61,10 @@ class GetStatusResponse(_message.Message):
     fresh_carbon_zones: int
     active_streams: int
     version: str
-    def __init__(self, energy_routing: _Optional[bool] = ..., policy: _Optional[str] = ..., state_backend: _Optional[str] = ..., namespace: _Optional[str] = ..., state_reachable: _Optional[bool] = ..., last_state_read_unix_s: _Optional[float] = ..., last_state_error: _Optional[str] = ..., snapshot_at_unix_s: _Optional[float] = ..., regions: _Optional[int] = ..., candidates: _Optional[int] = ..., healthy_regions: _Optional[int] = ..., fresh_carbon_zones: _Optional[int] = ..., active_streams: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    config_version: str
+    config_rejected: int
+    config_last_rejection: str
+    def __init__(self, energy_routing: _Optional[bool] = ..., policy: _Optional[str] = ..., state_backend: _Optional[str] = ..., namespace: _Optional[str] = ..., state_reachable: _Optional[bool] = ..., last_state_read_unix_s: _Optional[float] = ..., last_state_error: _Optional[str] = ..., snapshot_at_unix_s: _Optional[float] = ..., regions: _Optional[int] = ..., candidates: _Optional[int] = ..., healthy_regions: _Optional[int] = ..., fresh_carbon_zones: _Optional[int] = ..., active_streams: _Optional[int] = ..., version: _Optional[str] = ..., config_version: _Optional[str] = ..., config_rejected: _Optional[int] = ..., config_last_rejection: _Optional[str] = ...) -> None: ...
 
 class GetCanaryStatusRequest(_message.Message):
     __slots__ = ()

@@ -10,6 +10,10 @@ regions, Generate streams running without pause in the background.
    was decided on, and so does every audit entry.
 3. With Redis killed, a router goes on serving on its config, applies a reload at once (as
    ``local-<hash>``) and publishes it when Redis is back; no request fails meanwhile.
+
+The routers run as in production: they trust one operator key (``--config-trust``) and publish
+their files with the operator's signature of them (``--config-signature``), which the test
+writes before each good file.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import yaml
 
 from scheduler.client import AsyncSchedulerClient, RetryPolicy, SchedulerRpcError
 from scheduler.server.auth import create_key
+from scheduler.server.config_reload import ConfigBundle, ConfigSources, read_bundle
+from scheduler.server.config_signing import SigningKey, trust_entry
 from scheduler.state import codec, keys
 from scheduler.state.redis_store import RedisStore
 from scheduler.tickets import TicketKeyRing
@@ -68,6 +74,7 @@ BY_CARBON = POLICY.format(objective="carbon", scorer="{type: carbon-scorer, rate
                           region_state="5s")
 BROKEN = POLICY.format(objective="carbon, broken", scorer="{type: carbon-scorer, rate: 3000 USD/tCO2e}",
                        region_state="soon")
+OPERATOR = SigningKey.generate("ops-1")
 # Grid intensities (gCO2e/kWh) that make eu-central the cleanest of the three by far.
 INTENSITY = {"eu-north": 600.0, "eu-central": 10.0, "us-east": 700.0}
 
@@ -87,11 +94,24 @@ class RouterProcess:
     metrics_url: str
     log: Path
     policies: Path
+    sources: ConfigSources
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as answer:
             text: str = answer.read().decode()
             return text
+
+    def sign_policy(self, text: str) -> None:
+        sign_policy(self.sources, text)
+
+
+def sign_policy(sources: ConfigSources, text: str) -> None:
+    """The operator signs the files as they will be once hot.yaml holds ``text`` (written before
+    the file, as a pipeline that ships both might)."""
+    now = read_bundle(sources)
+    bundle = ConfigBundle(now.regions, {**now.policies, "hot.yaml": text}, now.keys, now.budgets)
+    assert sources.signature is not None
+    write_atomically(sources.signature, OPERATOR.sign(bundle.digest, time.time()).to_text())
 
 
 def start_router(name: str, root: Path, stub_fleet: Fleet, keys_file: Path, ticket_keys: Path,
@@ -102,14 +122,19 @@ def start_router(name: str, root: Path, stub_fleet: Fleet, keys_file: Path, tick
     for config in stub_fleet.configs:
         (regions / f"{config.name}.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json")))
     (policies / "hot.yaml").write_text(BY_PRICE)
+    trust = root / "trust.yaml"
+    trust.write_text(trust_entry(OPERATOR))
+    sources = ConfigSources(regions, policies, "hot", keys_file, None, root / "config.sig")
+    sign_policy(sources, BY_PRICE)
     log = root / "router.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "scheduler.cli", "router", "--host", "127.0.0.1", "--port", "0",
          "--regions", str(regions), "--policies", str(policies), "--policy", "hot",
-         "--state", redis_url, "--namespace", namespace, "--keys", str(keys_file), "--ticket-keys", str(ticket_keys),
+         "--namespace", namespace, "--keys", str(keys_file), "--ticket-keys", str(ticket_keys),
+         "--config-trust", str(trust), "--config-signature", str(sources.signature),
          "--refresh-interval", "0.5", "--keys-reload-interval", "0.5", "--config-sync-interval", "1",
          "--rate-limit", "100000", "--metrics-port", "0", "--grace", "1", "--no-carbon-pollers"],
-        stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env={**os.environ, "SCHEDULER_STATE": redis_url},
     )
     assert process.stdout is not None
     listening = process.stdout.readline()
@@ -118,7 +143,7 @@ def start_router(name: str, root: Path, stub_fleet: Fleet, keys_file: Path, tick
     if not port or not url:
         process.kill()
         raise AssertionError(f"router {name} did not start: {listening!r} {metrics!r}\n{log.read_text()}")
-    return RouterProcess(name, process, int(port.group(1)), url.group(1), log, policies)
+    return RouterProcess(name, process, int(port.group(1)), url.group(1), log, policies, sources)
 
 
 @dataclass
@@ -218,6 +243,20 @@ async def write_signals(store: RedisStore, stub_fleet: Fleet) -> None:
         await store.set(keys.signal("carbon_intensity", config.carbon.zone), codec.encode_signal(signal_))
 
 
+async def routable(*clients: AsyncSchedulerClient) -> None:
+    """Wait until every router routes: their first probes of the stub regions (which answer on
+    this test's event loop) may have run while the fixtures starting the routers blocked it."""
+    async def every_router_routes() -> bool:
+        try:
+            for client in clients:
+                await client.route("hi", model=MODEL, max_tokens=8)
+        except SchedulerRpcError:
+            return False
+        return True
+
+    await wait_for(every_router_routes, 10, "the routers route")
+
+
 async def wait_for(predicate: object, timeout_s: float, what: str) -> float:
     """Poll ``predicate`` (an async callable) every 20 ms; the seconds it took."""
     started = time.monotonic()
@@ -241,6 +280,7 @@ async def test_hot_reload_under_traffic_broken_then_good_and_a_second_router_con
     tenant_b = AsyncSchedulerClient(f"127.0.0.1:{router_b.port}", api_key=admin.tenant_key, retry=no_retry)
     traffic = Traffic([("a", tenant_a), ("b", tenant_b)])
     try:
+        await routable(admin_a, admin_b)
         # Both routers joined the store on one version: A published its files, B has the same ones.
         first = (await admin_a.route("hi", model=MODEL, max_tokens=8)).config_version
         assert re.fullmatch(r"1-[0-9a-f]{12}", first), first
@@ -294,6 +334,7 @@ async def test_hot_reload_under_traffic_broken_then_good_and_a_second_router_con
 
         # --- 2. a good policy file: routing changes, router B converges ----------------
         written_at = time.monotonic()
+        router_a.sign_policy(BY_CARBON)
         write_atomically(hot_a, BY_CARBON)
 
         async def version_of(client: AsyncSchedulerClient) -> str:
@@ -327,14 +368,17 @@ async def test_hot_reload_under_traffic_broken_then_good_and_a_second_router_con
         assert all(d[3] == d[4] for d in traffic.done)  # each receipt: its decision's version
         assert {d[1] for d in after} == {"a", "b"}
 
-        # Router B's own files never changed: it adopted the version from the store.
+        # Router B's own files never changed: it adopted the version from the store. They were
+        # signed before that version: going back to them (a reload of B's files) takes a fresh
+        # signature, or every router would take it for a replay.
         cli = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "scheduler.cli", "config", "reload", "--router", f"127.0.0.1:{router_b.port}",
             "--api-key", admin.key, "--dry-run", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await cli.communicate()
-        assert cli.returncode == 0 and f"version in use {second}" in out.decode(), (out, err)
+        assert cli.returncode == 1 and f"keeps version {second}" in err.decode(), (out, err)
+        assert "signed_at: signed at" in err.decode() and "sign these files again" in err.decode()
         dry = await admin_b.reload_config(dry_run=True)
-        assert dry.ok and dry.version == second and dry.source.startswith("store (published by ")
+        assert not dry.ok and dry.version == second and dry.source.startswith("store (published by ")
         assert "scheduler_config_last_reload_ok 1" in router_a.metrics()
         entries = await store.xrange(keys.AUDIT, 100_000)
         assert entries and {e[1]["config_version"] for e in entries} <= {first, second}
@@ -367,6 +411,7 @@ async def test_while_redis_is_down_a_router_serves_on_its_config_reloads_and_pub
         operator = AsyncSchedulerClient(f"127.0.0.1:{router.port}", api_key=admin.key, retry=no_retry)
         tenant = AsyncSchedulerClient(f"127.0.0.1:{router.port}", api_key=admin.tenant_key, retry=no_retry)
         clients += [operator, tenant]
+        await routable(operator)
         first = (await operator.route("hi", model=MODEL, max_tokens=8)).config_version
         assert first.startswith("1-")
         traffic = Traffic([("a", tenant)])
@@ -376,6 +421,7 @@ async def test_while_redis_is_down_a_router_serves_on_its_config_reloads_and_pub
         redis_server.kill()
         killed_at = time.monotonic()
         await asyncio.sleep(1.5)
+        router.sign_policy(BY_CARBON)
         write_atomically(router.policies / "hot.yaml", BY_CARBON)
         answer = await operator.reload_config()
         # The file watcher may have applied the write before this RPC (then it answers unchanged):

@@ -64,12 +64,30 @@ def test_router_container_args_parse_as_the_router_command(parser: argparse.Argu
     parsed = _parse(parser, _expand(args, {"SCHEDULER_STATE": SAMPLE_REDIS_URL}))
     assert parsed.command == "router"
     assert parsed.handler.__module__ == "scheduler.server.cli"
-    assert parsed.state.split(":", 1)[0] in OPENERS, "the state URL scheme has no store opener"
+    # The router reads the store URL from its environment, as the container sets it.
+    assert parsed.state is None and parsed.state_file is None
+    assert "SCHEDULER_STATE" in env_names
+    assert SAMPLE_REDIS_URL.split(":", 1)[0] in OPENERS, "the state URL scheme has no store opener"
     assert parsed.keys is not None and not parsed.insecure, "production routers authenticate (--keys)"
+    assert parsed.config_trust is not None and not parsed.config_allow_unsigned, "production routers check signatures"
     assert parsed.ticket_keys is not None and not parsed.insecure_no_tickets, "production routers sign dispatches"
     assert parsed.budgets is not None
     if variant == "tls":
         assert parsed.tls_cert is not None and parsed.tls_key is not None
+
+
+@pytest.mark.parametrize("variant", sorted(ROUTER_VARIANTS))
+def test_no_secret_reaches_the_routers_arguments(variant: str) -> None:
+    """``ps`` shows every process's arguments: Kubernetes' $(VAR) expansion must not put a
+    secret there (the router reads $SCHEDULER_STATE itself)."""
+    router = container(one("Deployment", "scheduler-router"), "router")
+    from_secrets = {e["name"] for e in router["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert "SCHEDULER_STATE" in from_secrets
+    args = _router_args(ROUTER_VARIANTS[variant])
+    used = set(re.findall(r"\$\((\w+)\)", " ".join(args)))
+    assert not used & from_secrets, f"args expand secret variables {used & from_secrets}"
+    argv = ["scheduler", *_expand(args, {"SCHEDULER_STATE": SAMPLE_REDIS_URL})]
+    assert not any("secret" in a or "redis://" in a for a in argv), argv
 
 
 def test_tls_overlay_keeps_every_base_flag() -> None:
@@ -86,7 +104,7 @@ def test_files_the_router_reads_are_mounted(parser: argparse.ArgumentParser, var
         mounts += [m["mountPath"] for c in patch["spec"]["template"]["spec"]["containers"] for m in c["volumeMounts"]]
     parsed = _parse(parser, _expand(_router_args(ROUTER_VARIANTS[variant]), {"SCHEDULER_STATE": SAMPLE_REDIS_URL}))
     paths = [parsed.regions, parsed.policies, parsed.keys, parsed.ticket_keys, parsed.budgets, parsed.tls_cert,
-             parsed.tls_key]
+             parsed.tls_key, parsed.config_trust, parsed.config_signature]
     for path in (p for p in paths if p is not None):
         assert any(Path(path).is_relative_to(m) for m in mounts), f"{path} is not under a volume mount"
     volumes = {v["name"]: v for v in one("Deployment", "scheduler-router").body["spec"]["template"]["spec"]["volumes"]}
@@ -98,6 +116,12 @@ def test_files_the_router_reads_are_mounted(parser: argparse.ArgumentParser, var
     assert tickets["secret"]["secretName"] == "scheduler-tickets-router"
     assert parsed.ticket_keys.name in {i["path"] for i in tickets["secret"]["items"]}
     assert parsed.budgets.name == "budgets.yaml"
+    # The keys whose signatures make a config version adoptable, guarded as a secret; the
+    # signature of the mounted files is optional (versions also come from `config publish`).
+    trust = volumes[by_mount[str(parsed.config_trust.parent)]]
+    assert trust["secret"]["secretName"] == "scheduler-config-trust"
+    assert parsed.config_trust.name in {i["path"] for i in trust["secret"]["items"]}
+    assert volumes[by_mount[str(parsed.config_signature.parent)]]["secret"]["optional"] is True
 
 
 def test_router_ports_and_probes_agree_with_the_cli(parser: argparse.ArgumentParser) -> None:

@@ -25,7 +25,8 @@ PROMQL_WORDS = {
 SUFFIXES = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_sum", "_count")}
 
 
-ROUTER_SOURCES = ("scheduler/server/metrics.py", "scheduler/server/app.py", "scheduler/datalayer/carbon/poller.py",
+ROUTER_SOURCES = ("scheduler/server/metrics.py", "scheduler/server/app.py", "scheduler/server/config_reload.py",
+                  "scheduler/datalayer/carbon/poller.py",
                   "scheduler/datalayer/carbon/metrics.py", "scheduler/datalayer/carbon/http.py",
                   "scheduler/datalayer/carbon/store_io.py")
 
@@ -102,7 +103,8 @@ def test_rule_file_structure() -> None:
         assert rule["expr"].count("(") == rule["expr"].count(")"), rule["alert"]
 
 
-@pytest.mark.parametrize("topic", ["UNAVAILABLE", "Carbon", "Fallback", "Region", "Ledger", "Budget", "Redis"])
+@pytest.mark.parametrize("topic", ["UNAVAILABLE", "Carbon", "Fallback", "Region", "Ledger", "Budget", "Redis",
+                                   "scheduler_config_rejected_total"])
 def test_the_operators_alerts_exist(topic: str) -> None:
     assert any(topic.lower() in (r["alert"] + r["expr"]).lower() for r in _rules())
 

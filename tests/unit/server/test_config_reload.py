@@ -27,6 +27,7 @@ from scheduler.server.config_reload import (
     validate_bundle,
     version_key,
 )
+from scheduler.server.config_signing import ConfigTrust
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.store import StateUnavailable
 from scheduler.tickets import TicketKeyRing
@@ -85,13 +86,17 @@ class DownStore(MemoryStore):
         return await super().set_nx(key, value, ttl_s)
 
 
+# The versions' mechanics, without signatures (tests/unit/server/test_config_signing.py has them).
+UNSIGNED = ConfigTrust(allow_unsigned=True)
+
+
 def router(sources: ConfigSources, store: MemoryStore, *, budgets: bool = False,
-           ticket_keys: TicketKeyRing | None = None) -> tuple[RouterDeps, ConfigReloader]:
+           ticket_keys: TicketKeyRing | None = None, trust: ConfigTrust = UNSIGNED) -> tuple[RouterDeps, ConfigReloader]:
     loaded = load_local(sources, ticket_keys)
     deps = build_deps(SnapshotBuilder(loaded.regions, loaded.policy), store, "memory", keys=loaded.keys)
     if budgets:
         with_services(deps, carbon_pollers=False, budgets=loaded.budgets)
-    reloader = ConfigReloader(deps, sources, loaded, ticket_keys=ticket_keys, watch_interval_s=0)
+    reloader = ConfigReloader(deps, sources, loaded, ticket_keys=ticket_keys, trust=trust, watch_interval_s=0)
     deps.config = reloader
     return deps, reloader
 
@@ -385,7 +390,7 @@ async def test_new_regions_get_probes_and_carbon_pollers(tmp_path: Path) -> None
     # A shared-store router: it probes its regions and polls their carbon zones.
     deps = build_deps(SnapshotBuilder(loaded.regions, loaded.policy), store, "redis")
     with_services(deps)
-    reloader = ConfigReloader(deps, sources, loaded, watch_interval_s=0)
+    reloader = ConfigReloader(deps, sources, loaded, trust=UNSIGNED, watch_interval_s=0)
     (pollers,) = [t for t in deps.background if isinstance(t, CarbonPollers)]
     await deps.refresher.start()
     await pollers.start()
