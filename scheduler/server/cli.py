@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
 from scheduler.tickets import KEYS_FILE_ENV
 
@@ -161,14 +162,14 @@ def _router(args: argparse.Namespace) -> int:
         policy, keys, budgets = initial.policy, initial.keys, initial.budgets
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     except BudgetError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     if keys is None and not args.insecure:
         print("no --keys file: make one with `scheduler keys create --tenant NAME --append keys.yaml`, "
               "or pass --insecure to run without authentication (local development only)", file=sys.stderr)
@@ -316,10 +317,10 @@ def _tickets_keygen(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     regions = {}
     for region in fleet.regions:
         new = RegionKeys.generate(region.name, args.kid)
@@ -343,7 +344,7 @@ def _tickets_extract(args: argparse.Namespace) -> int:
         print(TicketKeyRing.load(args.file).only(args.region).to_yaml(), end="")
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     return 0
 
 
@@ -354,7 +355,7 @@ def _tickets_prune(args: argparse.Namespace) -> int:
         ring = TicketKeyRing.load(args.file)
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     pruned = {name: RegionKeys(name, keys.active, {keys.active: keys.keys[keys.active]})
               for name, keys in ring.regions.items()}
     print(TicketKeyRing(pruned).to_yaml(), end="")
