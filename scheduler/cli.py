@@ -9,9 +9,14 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+from scheduler import __version__, exit_codes
+from scheduler.config.args import resolve_config_dirs
 
 # Modules exposing register(subparsers) and/or register_bench(bench_subparsers).
 COMMAND_MODULES = (
+    "scheduler.config.starter",
     "scheduler.plugins.cli",
     "scheduler.datalayer.cli",
     "scheduler.energy.cli",
@@ -29,7 +34,12 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scheduler", description=__doc__.split("\n")[0] if __doc__ else None)
+    # Named as it was called: `scheduler` or `carbon-scheduler` (the same entry point).
+    prog = "carbon-scheduler" if Path(sys.argv[0]).name == "carbon-scheduler" else "scheduler"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0] if __doc__ else None,
+                                     epilog="exit codes: 0 ok, 1 failure, 2 usage error, 3 unschedulable (route), "
+                                            "4 config error (docs/cli.md)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = sub.add_parser("bench", help="benchmarks that print figures")
@@ -50,13 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    resolve_config_dirs(args, Path.cwd(), sys.stderr)
     try:
         code: int = args.handler(args)
     except BrokenPipeError:  # `scheduler ... | head`: the reader left; not an error
         sys.stderr.close()
-        return 0
+        return exit_codes.OK
     except KeyboardInterrupt:
-        return 130
+        return exit_codes.INTERRUPTED
     return code
 
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
 from scheduler.config.schema import PolicyConfig, RegionConfig
@@ -102,7 +103,7 @@ def _route(args: argparse.Namespace) -> int:
                                    args.carbon_age)
     except (ConfigError, CarbonCsvError) as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return exit_codes.CONFIG
     request = Request(
         request_id="explain",
         model=args.model,
@@ -122,9 +123,9 @@ def _route(args: argparse.Namespace) -> int:
     try:
         snapshot = asyncio.run(_live_snapshot(builder, args.state, args.namespace)) if args.state else \
             builder.build(args.at, carbon=carbon, carbon_bounds=bounds)
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # the store of --state cannot be read
         print(exc, file=sys.stderr)
-        return 2
+        return exit_codes.FAILURE
     scheduler = Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(args.seed))
     decision = scheduler.schedule(request, snapshot)
     if args.json:
@@ -134,7 +135,7 @@ def _route(args: argparse.Namespace) -> int:
     else:
         chosen = decision.chosen
         print("unschedulable" if chosen is None else f"{chosen.candidate.region.name}/{chosen.candidate.pool.name}")
-    return 0 if decision.schedulable else 3
+    return exit_codes.OK if decision.schedulable else exit_codes.UNSCHEDULABLE
 
 
 async def _live_snapshot(builder: SnapshotBuilder, url: str, namespace: str) -> FleetSnapshot:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scheduler import exit_codes
 from scheduler.config.args import config_actions
 
 API_KEY_ENV = "SCHEDULER_API_KEY"
@@ -49,18 +50,18 @@ def _reload(args: argparse.Namespace) -> int:
             answer = client.reload_config(dry_run=args.dry_run)
     except SchedulerRpcError as exc:
         print(f"config reload: router at {args.router}: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.FAILURE
     if args.json:
         print(json.dumps(json_format.MessageToDict(answer, preserving_proto_field_name=True,
                                                    always_print_fields_with_no_presence=True), indent=2))
-        return 0 if answer.ok else 1
+        return exit_codes.OK if answer.ok else exit_codes.CONFIG
     for problem in answer.problems:
         where = ": ".join(part for part in (problem.file, problem.field) if part)
         print(f"{where}: {problem.message}" if where else problem.message, file=sys.stderr)
     if not answer.ok:
         print(f"config not reloaded: {len(answer.problems)} problem(s); the router keeps version {answer.version}",
               file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     if args.dry_run:
         print(f"ok: the files are valid (sha256 {answer.files_digest[:12]}); version in use {answer.version}")
     elif answer.changed:

@@ -24,9 +24,13 @@ from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.energy.hardware import GPU_CATALOGUE
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent.parent
-# The configs shipped with the project: what `make demo` and a bare command run on.
-EMBEDDED_REGIONS = PROJECT_DIR / "regions"
-EMBEDDED_POLICIES = PROJECT_DIR / "policies"
+# The example configs shipped inside the package, what `make demo` runs on and what a command
+# reads when given no folder and none is in the working directory. In a checkout
+# scheduler/examples/regions and .../policies are links to the project's regions/ and
+# policies/ (the one copy operators edit); a wheel holds the files themselves.
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+EMBEDDED_REGIONS = EXAMPLES_DIR / "regions"
+EMBEDDED_POLICIES = EXAMPLES_DIR / "policies"
 
 DEFAULT_CARBON_POLL_S = 300.0
 
@@ -222,6 +226,19 @@ def _check_canaries(policies: list[tuple[Path, PolicyConfig]]) -> list[ConfigIss
             issues.append(ConfigIssue(str(path), "canary.arm", f"policy {canary.arm!r} has a canary of its own; an arm "
                                                                "cannot (its canary would never run)"))
     return issues
+
+
+SHIPPED_CONFIG = {"regions": EMBEDDED_REGIONS, "policies": EMBEDDED_POLICIES}
+
+
+def config_dir(kind: str, given: Path | None, cwd: Path) -> Path:
+    """The ``kind`` ("regions" or "policies") folder a command reads: the one given; else
+    ``kind/`` in ``cwd`` when it exists (a checkout, a folder made by ``scheduler init``); else
+    the examples shipped in the package."""
+    if given is not None:
+        return given
+    local = cwd / kind
+    return local if local.is_dir() else SHIPPED_CONFIG[kind]
 
 
 def load_fleet(

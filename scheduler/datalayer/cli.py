@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from scheduler import exit_codes
 from scheduler.config.schema import CARBON_PROVIDERS
 from scheduler.types import Signal
 
@@ -110,7 +111,7 @@ def _show(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     return asyncio.run(_show_async(args, policy.max_age.carbon, policy.name))
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scheduler import exit_codes
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
 from scheduler.energy.profiles import EMBEDDED_PROFILES, ProfileError, ProfileLibrary
@@ -74,7 +75,7 @@ def _predict(args: argparse.Namespace) -> int:
         library = ProfileLibrary.load(args.profiles)
     except ProfileError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     profile = library.get(model.name, gpu.name)
     tp = args.tensor_parallel or (profile.tensor_parallel if profile is not None else 1)
     others = args.others_context if args.others_context is not None else args.context + args.output / 2
@@ -159,7 +160,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if not meter.open():
         print(f"scheduler calibrate needs an NVIDIA GPU: NVML is unavailable ({meter.unavailable_reason})",
               file=sys.stderr)
-        return 2
+        return exit_codes.FAILURE
     indices = list(range(args.gpu_index, args.gpu_index + args.tensor_parallel))
     if indices[-1] >= meter.gpu_count:
         print(f"--gpu-index {args.gpu_index} with tp {args.tensor_parallel}: this node has "

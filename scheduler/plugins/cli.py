@@ -8,17 +8,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs, config_actions
-from scheduler.config.loader import ConfigError, json_schemas
+from scheduler.config.loader import ConfigError, ConfigIssue, Fleet, json_schemas
 from scheduler.plugins import default_scheduler_registry, load_checked_fleet
 
 
 def register(sub: Any) -> None:
     config_sub = config_actions(sub)
-    validate = config_sub.add_parser("validate", help="exit 0 when every file is valid, else list each problem")
+    validate = config_sub.add_parser("validate", help="exit 0 when every file is valid, else list each problem (exit 4)")
     add_config_dirs(validate)
+    validate.add_argument("--json", action="store_true",
+                          help="print the result as one JSON object (ok, folders, regions, policies, issues)")
     validate.set_defaults(handler=_validate)
     schema = config_sub.add_parser("schema", help="print the JSON Schema of region and policy files")
     schema.set_defaults(handler=_schema)
@@ -28,19 +32,41 @@ def _validate(args: argparse.Namespace) -> int:
     try:
         fleet = load_checked_fleet(args.regions, args.policies)
     except ConfigError as exc:
-        for issue in exc.issues:
-            print(issue, file=sys.stderr)
-        print(f"{len(exc.issues)} problem(s) found", file=sys.stderr)
-        return 1
+        if args.json:
+            print(json.dumps(_validation(args.regions, args.policies, issues=exc.issues), indent=2))
+        else:
+            for issue in exc.issues:
+                print(issue, file=sys.stderr)
+            print(f"{len(exc.issues)} problem(s) found", file=sys.stderr)
+        return exit_codes.CONFIG
     pools = sum(len(r.pools) for r in fleet.regions)
     gpus = sum(p.count for r in fleet.regions for p in r.pools)
+    if args.json:
+        print(json.dumps(_validation(fleet.regions_dir, fleet.policies_dir, fleet=fleet, pools=pools, gpus=gpus),
+                         indent=2))
+        return exit_codes.OK
     print(
         f"ok: {len(fleet.regions)} regions ({pools} pools, {gpus:,} GPUs) in {fleet.regions_dir}; "
         f"{len(fleet.policies)} policies ({', '.join(sorted(fleet.policies))}) in {fleet.policies_dir}"
     )
-    return 0
+    return exit_codes.OK
+
+
+def _validation(regions_dir: Path, policies_dir: Path, *, fleet: Fleet | None = None, pools: int = 0, gpus: int = 0,
+                issues: tuple[ConfigIssue, ...] = ()) -> dict[str, Any]:
+    """``config validate --json``: the same facts as the text, as one object."""
+    return {
+        "ok": fleet is not None,
+        "regions_dir": str(regions_dir),
+        "policies_dir": str(policies_dir),
+        "regions": sorted(r.name for r in fleet.regions) if fleet else [],
+        "policies": sorted(fleet.policies) if fleet else [],
+        "pools": pools,
+        "gpus": gpus,
+        "issues": [{"file": i.file, "field": i.field, "message": i.message} for i in issues],
+    }
 
 
 def _schema(args: argparse.Namespace) -> int:
     print(json.dumps({**json_schemas(), "plugins": default_scheduler_registry().describe()}, indent=2))
-    return 0
+    return exit_codes.OK

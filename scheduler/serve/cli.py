@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError
+from scheduler import exit_codes
+from scheduler.config.args import add_config_dirs
+from scheduler.config.loader import ConfigError
 from scheduler.serve import DEFAULT_LOCAL_REGIONS
 from scheduler.server.auth import KeyRing, NewKey, create_key
 
@@ -27,8 +29,7 @@ def local_key() -> NewKey:
 
 def register(sub: Any) -> None:
     up = sub.add_parser("up", help="run regions (Ray Serve + vLLM) and the router locally until Ctrl-C")
-    up.add_argument("--regions", type=Path, default=EMBEDDED_REGIONS, help="folder of region YAML files")
-    up.add_argument("--policies", type=Path, default=EMBEDDED_POLICIES, help="folder of policy YAML files")
+    add_config_dirs(up)
     up.add_argument("--policy", default="default", help="routing policy name (default: %(default)s)")
     up.add_argument("--only", default=",".join(DEFAULT_LOCAL_REGIONS),
                     help="regions to deploy, comma-separated; each costs ~3 GB here (default: %(default)s)")
@@ -95,7 +96,7 @@ def _up(args: argparse.Namespace) -> int:
         ticket_keys = TicketKeyRing.load(args.ticket_keys) if args.ticket_keys else None
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     if args.insecure_no_tickets:
         _say("WARNING: --insecure-no-tickets: anyone who reaches a region can run requests on it, unbilled")
 
@@ -118,11 +119,11 @@ def _up(args: argparse.Namespace) -> int:
         return asyncio.run(_run(options, args, api_key))
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     except KeyboardInterrupt:
         return 130
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
 from scheduler.server.config_signing import TRUST_FILE_ENV
 from scheduler.state.url import STATE_ENV
@@ -193,14 +194,14 @@ def _router(args: argparse.Namespace) -> int:
         policy, keys, budgets = initial.policy, initial.keys, initial.budgets
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     except BudgetError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     if keys is None and not args.insecure:
         print("no --keys file: make one with `scheduler keys create --tenant NAME --append keys.yaml`, "
               "or pass --insecure to run without authentication (local development only)", file=sys.stderr)
@@ -362,10 +363,10 @@ def _tickets_keygen(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     regions = {}
     for region in fleet.regions:
         new = RegionKeys.generate(region.name, args.kid)
@@ -389,7 +390,7 @@ def _tickets_extract(args: argparse.Namespace) -> int:
         print(TicketKeyRing.load(args.file).only(args.region).to_yaml(), end="")
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     return 0
 
 
@@ -400,7 +401,7 @@ def _tickets_prune(args: argparse.Namespace) -> int:
         ring = TicketKeyRing.load(args.file)
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
     pruned = {name: RegionKeys(name, keys.active, {keys.active: keys.keys[keys.active]})
               for name, keys in ring.regions.items()}
     print(TicketKeyRing(pruned).to_yaml(), end="")

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
 from scheduler.config.schema import parse_duration
@@ -240,9 +241,12 @@ def _simulate(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
         results = compare(spec, policies, args.jobs)
-    except (ConfigError, CarbonCsvError, TraceError, ValueError) as exc:
+    except (ConfigError, CarbonCsvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return exit_codes.CONFIG
+    except (TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.FAILURE
     if args.json:
         print(to_json(results, spec.describe()))
     else:

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from scheduler import exit_codes
 from scheduler.cli import main
 from scheduler.state import codec, keys
 from scheduler.state.redis_store import RedisStore, delete_namespace
@@ -47,5 +48,5 @@ def test_route_explain_on_live_state_lists_unserved_pools(capsys: pytest.Capture
 
 def test_route_on_an_unreachable_store_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["route", "--state", "redis://127.0.0.1:1/0"])
-    assert code == 2
+    assert code == exit_codes.FAILURE
     assert "--state redis://127.0.0.1:1/0: the store cannot be read" in capsys.readouterr().err

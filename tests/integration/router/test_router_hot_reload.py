@@ -35,6 +35,7 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
+from scheduler import exit_codes
 from scheduler.client import AsyncSchedulerClient, RetryPolicy, SchedulerRpcError
 from scheduler.server.auth import create_key
 from scheduler.server.config_reload import ConfigBundle, ConfigSources, read_bundle
@@ -308,13 +309,13 @@ async def test_hot_reload_under_traffic_broken_then_good_and_a_second_router_con
         assert "'soon'" in answer.problems[0].message
         print(f"\nbroken reload refused: {answer.problems[0].file}: {answer.problems[0].field}: "
               f"{answer.problems[0].message}; version {answer.version} kept")
-        # The command line says the same, and exits 1.
+        # The command line says the same, and exits with the config error's code.
         cli = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "scheduler.cli", "config", "reload", "--router", f"127.0.0.1:{router_a.port}",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "SCHEDULER_API_KEY": admin.key})
         out, err = await cli.communicate()
-        assert cli.returncode == 1, (out, err)
+        assert cli.returncode == exit_codes.CONFIG, (out, err)
         assert f"{hot_a}: max_age.region_state: " in err.decode() and f"keeps version {first}" in err.decode()
         log_lines = [line for line in router_a.log.read_text().splitlines() if "config not reloaded" in line]
         assert any(f"{hot_a}: max_age.region_state:" in line and "'soon'" in line for line in log_lines), log_lines

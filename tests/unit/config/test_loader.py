@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler import exit_codes
 from scheduler.cli import main
 from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError
 from scheduler.plugins import load_checked_fleet as load_fleet
@@ -134,7 +135,7 @@ def test_cli_validate_exit_codes(config_dirs, capsys) -> None:  # type: ignore[n
     assert "ok: 8 regions" in capsys.readouterr().out
     target = regions / "us-east.yaml"
     target.write_text(target.read_text().replace("count: 512", "count: lots"))
-    assert main(["config", "validate", "--regions", str(regions), "--policies", str(policies)]) == 1
+    assert main(["config", "validate", "--regions", str(regions), "--policies", str(policies)]) == exit_codes.CONFIG
     err = capsys.readouterr().err
     assert f"{target}: pools[1].count: " in err and "'lots'" in err
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scheduler import exit_codes
 from scheduler.energy import cli
 from scheduler.energy.derive import TARGETS, derive_profiles, fit_document, fit_published
 from scheduler.energy.hardware import GPU_CATALOGUE
@@ -165,7 +166,7 @@ def test_fit_profiles_cli_writes_loadable_profiles(tmp_path: Path, capsys: pytes
     assert len(ProfileLibrary.load(tmp_path).profiles) == 20
 
 
-def test_calibrate_without_gpu_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_calibrate_without_gpu_fails(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     meter = NvmlMeter()
     if meter.open():
         meter.close()
@@ -174,6 +175,6 @@ def test_calibrate_without_gpu_exits_2(capsys: pytest.CaptureFixture[str], tmp_p
                  "--out", str(tmp_path / "p.yaml")])
     err = capsys.readouterr().err
     print("\n" + err)
-    assert code == 2
+    assert code == exit_codes.FAILURE
     assert "needs an NVIDIA GPU" in err
     assert not (tmp_path / "p.yaml").exists()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler import exit_codes
 from scheduler.cli import main
 
 
@@ -31,7 +32,7 @@ def test_simulate_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_simulate_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--compare", "greenest", "--hours", "0.01", "--no-progress"]) == 1
+    assert main(["simulate", "--compare", "greenest", "--hours", "0.01", "--no-progress"]) == exit_codes.CONFIG
     assert "no policy named 'greenest'" in capsys.readouterr().err
 
 
