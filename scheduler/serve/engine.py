@@ -10,6 +10,10 @@
    its requests in flight), and ``tests/integration/serve`` fails.
 2. Raw-dict streaming methods, so that the region's gateway never imports vLLM (an ingress
    without vLLM stays at ~210 MB instead of ~625 MB per region).
+3. ``prompt_tokens(body, method)``: the engine's own count of a request's prompt (its
+   tokenizer and chat template, through Ray Serve LLM's ``tokenize``), which the gateway bills
+   when a client leaves before the first token came (no usage was streamed yet). The request
+   classes are Ray's (``ray.llm._internal``: the public module does not export them).
 
 This module imports vLLM and Ray Serve LLM: only the replica process loads it.
 """
@@ -21,6 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import ValidationError
+from ray.llm._internal.serve.core.configs.openai_api_models import TokenizeChatRequest, TokenizeCompletionRequest
 from ray.serve.llm import LLMServer
 from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
@@ -138,6 +143,21 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
                           ) -> AsyncIterator[list[str | dict[str, Any]]]:
         async for batch in self._stream(ChatCompletionRequest, "chat", body):
             yield batch
+
+    async def prompt_tokens(self, body: dict[str, Any], method: str) -> int:
+        """The tokens the engine prefills for ``body`` (``method``: the stream method it was sent to)."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):  # token ids
+            return len(prompt)
+        request: Any = (TokenizeChatRequest(model=body.get("model"), messages=body.get("messages", []))
+                        if method == "stream_chat" else
+                        TokenizeCompletionRequest(model=body.get("model"), prompt=str(prompt or "")))
+        async for answer in await self.tokenize(request):
+            count = getattr(answer, "count", None)
+            if not isinstance(count, int):
+                raise RuntimeError(f"the engine could not count the prompt: {_plain(answer)}")
+            return count
+        raise RuntimeError("the engine's tokenize answered nothing")
 
     async def _stream(
         self, request_cls: Any, method: str, body: dict[str, Any]

@@ -8,7 +8,10 @@ has ``"choices": []`` and the usage. ``StreamAssembler``:
   local replica serves the tiny model standing for it);
 - holds the usage chunk back, so that the gateway can add the ``energy`` object (computed
   once the request is over) before ``[DONE]``;
-- notes when the first content chunk passed (time to first token).
+- notes when the first content chunk passed (time to first token);
+- keeps the engine's running counts: the gateway asks for ``continuous_usage_stats``, so every
+  chunk carries the usage so far, which it takes off the chunk (``"usage": null``, as without
+  it) and keeps for a stream cut before its end (``usage_so_far``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,14 @@ def _payload(event: str) -> str | None:
     return None
 
 
+def _has_text(choice: object) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return isinstance(text, str) and text != ""
+
+
 @dataclass
 class StreamAssembler:
     requested_model: str
@@ -56,6 +67,9 @@ class StreamAssembler:
     usage: Usage | None = field(default=None, init=False)
     first_token_at: float | None = field(default=None, init=False)
     error: Mapping[str, Any] | None = field(default=None, init=False)
+    # Chunks that carried text (about one token each), and the engine's latest running usage.
+    content_events: int = field(default=0, init=False)
+    _running: Usage | None = field(default=None, init=False)
     _usage_chunk: dict[str, Any] | None = field(default=None, init=False)
 
     def feed(self, event: str) -> bytes | None:
@@ -71,13 +85,31 @@ class StreamAssembler:
             return sse_event(chunk)
         if "model" in chunk:
             chunk["model"] = self.requested_model
-        if not chunk.get("choices") and chunk.get("usage"):
+        choices = chunk.get("choices")
+        if not choices and chunk.get("usage"):
             self.usage = Usage.from_openai(chunk["usage"])
             self._usage_chunk = chunk
             return None
-        if self.first_token_at is None and chunk.get("choices"):
-            self.first_token_at = self.clock()
+        if isinstance(chunk.get("usage"), dict):
+            self._running = Usage.from_openai(chunk["usage"])
+            chunk["usage"] = None
+        if choices:
+            if self.first_token_at is None:
+                self.first_token_at = self.clock()
+            if _has_text(choices[0]):
+                self.content_events += 1
         return sse_event(chunk)
+
+    def usage_so_far(self) -> Usage | None:
+        """The engine's counts of a stream cut before its end: its final usage if it came, else
+        its running usage, with at least the content chunks seen as completion tokens (an engine
+        that reports usage only now and then); None when it reported none."""
+        if self.usage is not None:
+            return self.usage
+        if self._running is None:
+            return None
+        return Usage(self._running.prompt_tokens, max(self._running.completion_tokens, self.content_events),
+                     self._running.cached_tokens)
 
     def finish(self, energy: Mapping[str, Any] | None, receipt: Mapping[str, Any] | None = None) -> bytes:
         """The held usage chunk (with ``energy`` and the region's ``receipt`` added when

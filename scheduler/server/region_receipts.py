@@ -1,13 +1,16 @@
-"""Booking the receipts regions write for direct-mode dispatches.
+"""Booking the receipts regions write for their dispatches.
 
-In direct mode the client streams from the region, so no router sees the answer. The
-region signs a receipt (``scheduler.region_receipt``) and appends it to the store's
-``receipts`` stream. One router at a time (the store lock ``region-receipts``; another takes
-over within the lock's TTL when it dies) reads the stream after the cursor it keeps in the
-store, verifies each entry with the region's ticket key, and hands the receipt to the same
-audit log and receipt sinks (the ledger) as a proxied stream's receipt: budgets and audit
-behave alike in both modes. An entry that fails verification is logged and counted, never
-booked.
+In direct mode the client streams from the region, so no router sees the answer; in proxy
+mode the router that relayed the stream may have died, or seen it cut before the region's
+usage came. So the region signs a receipt of every dispatch with a ticket, on its engine's
+counts (``scheduler.region_receipt``), and appends it to the store's ``receipts`` stream.
+One router at a time (the store lock ``region-receipts``; another takes over within the
+lock's TTL when it dies) reads the stream after the cursor it keeps in the store, verifies
+each entry with the region's ticket key, and hands the receipt to the same audit log and
+receipt sinks (the ledger) as a proxied stream's receipt: budgets and audit behave alike in
+both modes. The ledger keeps one entry per (decision, region, pool), so a proxied stream's
+two receipts are one entry, on the engine's counts. An entry that fails verification is
+logged and counted, never booked.
 
 Delivery is at least once: a router that dies after booking a batch and before moving the
 cursor makes the next holder book that batch again (the window is one batch).
