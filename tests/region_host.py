@@ -15,7 +15,7 @@ keeps the file.
 
 ``python -m tests.region_host --region eu-north --port 0 --state redis://... --namespace NS
 --tally FILE`` prints ``PORT <n>`` once listening; the ticket keys come from
-``$SCHEDULER_TICKET_KEYS_FILE``. SIGTERM stops it: streams still open get one second, then
+``$SCHEDULER_TICKET_KEYS_FILE``. SIGTERM stops it: streams still open get ``--grace-s``, then
 they are cut (their partial receipts written), then the gateway's outbox is flushed.
 """
 
@@ -31,7 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 BYTES_PER_TOKEN = 3
 WORDS = ("grid", "carbon", "joule", "watt", "region", "pool", "token", "ledger")
@@ -58,21 +58,20 @@ def request_tag(body: dict[str, Any]) -> str:
     return text[start + len(TAG): text.index("]", start)] if start >= 0 else text
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineTally:
-    """What the engines of one host did, appended to ``path`` (None: kept nowhere)."""
+    """What the engines of one host did, appended to ``path`` (None: kept nowhere) a line at a
+    time, so that a process stopped any way leaves every step it took in the file."""
 
     region: str
     path: Path | None
-    _file: TextIO | None = field(default=None, init=False, repr=False)
 
     def record(self, pool: str, tag: str, prompt_tokens: int, completion_tokens: int) -> None:
         if self.path is None:
             return
-        if self._file is None:
-            self._file = self.path.open("a", buffering=1)  # a line reaches the file at once
-        self._file.write(json.dumps({"region": self.region, "pool": pool, "tag": tag,
-                                     "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}) + "\n")
+        with self.path.open("a") as out:
+            out.write(json.dumps({"region": self.region, "pool": pool, "tag": tag,
+                                  "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}) + "\n")
 
 
 def read_tallies(paths: list[Path]) -> dict[tuple[str, str, str], tuple[int, int]]:
@@ -219,24 +218,33 @@ async def start_gateway(region_name: str, engines: dict[str, StubEngine], store_
 
 
 def asgi(gateway: Any) -> Callable[..., Any]:
-    """The gateway as an ASGI app (what Serve's proxy does for it)."""
+    """The gateway as an ASGI app (what Serve's proxy does for it). The server's shutdown stops
+    it, as Serve calls a replica's ``__del__``: after the streams still open were cut, before
+    the process exits (uvicorn re-raises the stopping signal once ``serve`` returns)."""
     from starlette.requests import Request
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await gateway.stop()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
         response = await gateway(Request(scope, receive))
         await response(scope, receive, send)
 
     return app
 
 
-def http_server(gateway: Any) -> Any:
-    """A uvicorn server for the gateway; a stop gives open streams 1 s, then cuts them."""
+def http_server(gateway: Any, grace_s: float = 1.0) -> Any:
+    """A uvicorn server for the gateway; a stop gives open streams ``grace_s``, then cuts them."""
     import uvicorn
 
-    config = uvicorn.Config(asgi(gateway), log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=1)
+    config = uvicorn.Config(asgi(gateway), log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=grace_s)
     return uvicorn.Server(config)
 
 
@@ -269,9 +277,8 @@ class InProcessRegion:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._server is not None and self._task is not None:
-            self._server.should_exit = True
+            self._server.should_exit = True  # its shutdown stops the gateway
             await asyncio.wait_for(self._task, 10)
-        await self.gateway.stop()
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -285,10 +292,7 @@ async def serve(args: argparse.Namespace) -> None:
     gateway = await start_gateway(args.region, engines, args.state, args.namespace)
     sock = bind(port=args.port)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    try:
-        await http_server(gateway).serve(sockets=[sock])
-    finally:
-        await gateway.stop()
+    await http_server(gateway, args.grace_s).serve(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tally", type=Path, default=None, help="file the engines append their work to")
     parser.add_argument("--prefill-ms", type=float, default=30.0)
     parser.add_argument("--token-interval-ms", type=float, default=20.0)
+    parser.add_argument("--grace-s", type=float, default=1.0, help="what open streams get at a stop before they are cut")
     asyncio.run(serve(parser.parse_args(argv)))
     return 0
 

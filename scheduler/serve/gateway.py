@@ -40,7 +40,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -164,6 +164,16 @@ async def _chain(first: list[Any], rest: AsyncIterator[list[Any]]) -> AsyncItera
     yield first
     async for batch in rest:
         yield batch
+
+
+async def _primed(head: bytes, relay: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """``head`` (the relay's first event), then the rest of ``relay``; closed, it closes ``relay``."""
+    try:
+        yield head
+        async for out in relay:
+            yield out
+    finally:
+        await relay.aclose()
 
 
 class ReplayGuard:
@@ -379,17 +389,20 @@ class RegionGateway:
             status = error.get("error", {}).get("code", 500)
             return JSONResponse(error, status_code=status if isinstance(status, int) else 500)
         assembler = StreamAssembler(requested_model=model, clock=time.monotonic)
-        return StreamingResponse(
-            self._relay(pool, request_id, model, ticket, first, stream, assembler, time.monotonic(), method,
-                        engine_body, prefix_key),
-            media_type="text/event-stream", headers={"x-scheduler-pool": pool},
-        )
+        relay = self._relay(pool, request_id, model, ticket, first, stream, assembler, time.monotonic(), method,
+                            engine_body, prefix_key)
+        # The relay runs to its first event here, so that its end path bills the stream however it
+        # ends: the server may drop the response unread (its client left during the prefill), and
+        # a generator never started runs no finally.
+        head = await anext(relay)
+        return StreamingResponse(_primed(head, relay), media_type="text/event-stream",
+                                 headers={"x-scheduler-pool": pool})
 
     async def _relay(
         self, pool: str, request_id: str, model: str, ticket: Ticket | None, first: list[Any], stream: Any,
         assembler: StreamAssembler, started: float, method: str, engine_body: Mapping[str, Any],
         prefix_key: object = None,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         finished = False
         # What cut the stream, if it is cut: the client (or the router) went away or cancelled
         # (the generator is closed or cancelled), unless the engine failed.
@@ -647,17 +660,20 @@ class RegionGateway:
             before = after if after is not None else before
 
     async def _flush_receipts(self) -> None:
-        """At shutdown: the receipts of the streams it cut (their prompt counts first) reach the
-        store before the writer stops, within ``RECEIPT_FLUSH_S``."""
+        """At shutdown, within ``RECEIPT_FLUSH_S``: the streams the server cut end (each one's
+        relay bills it as it ends: a cancelled task's finally, or a closed generator's once it is
+        collected), their prompt counts come, and every receipt reaches the store before the
+        writer stops."""
         try:
             async with asyncio.timeout(RECEIPT_FLUSH_S):
-                await asyncio.gather(*self._counting, return_exceptions=True)
-                while self._outbox:
+                while any(flight.count for flight in self._in_flight.values()) or self._counting or self._outbox:
                     self._outbox_wake.set()
                     await asyncio.sleep(0.05)
         except TimeoutError:
-            log.error("region %s: %d receipts not written at shutdown (the store is unreachable)",
-                      self._settings.region.name, len(self._outbox) + len(self._counting))
+            open_streams = sum(flight.count for flight in self._in_flight.values())
+            log.error("region %s: at shutdown, %d streams still open and %d receipts not written (the store is "
+                      "unreachable?)", self._settings.region.name, open_streams,
+                      len(self._outbox) + len(self._counting))
 
     async def __del__(self) -> None:
         if self._store is not None:

@@ -191,3 +191,28 @@ async def test_an_engine_that_dies_mid_stream_is_billed_as_a_region_error(region
     claims = await region.receipt(decision_id)
     assert claims["partial"] and claims["end_reason"] == "region-error"
     assert (claims["usage"]["prompt_tokens"], claims["usage"]["completion_tokens"]) == region.engine_counts("dies")
+
+
+async def test_a_client_gone_before_the_answer_started_is_billed(region: Region) -> None:
+    """The client hangs up during the prefill; the server notices only once the gateway has
+    the engine's first token and hands it a response, and may cancel that response before it
+    reads a byte of it. The stream is billed all the same: the prompt and that token."""
+    body, headers, decision_id = request("gone-early")
+
+    async def call() -> None:
+        async with httpx.AsyncClient(timeout=10) as client, client.stream(
+                "POST", f"{region.host.endpoint}/v1/completions", json=body, headers=headers) as response:
+            await response.aread()
+
+    caller = asyncio.create_task(call())
+    await asyncio.sleep(0.1)  # the engine prefills for 0.3 s
+    caller.cancel()
+    await asyncio.gather(caller, return_exceptions=True)
+    claims = await region.receipt(decision_id)
+    assert claims["partial"] and claims["end_reason"] == "cancelled"
+    assert (claims["usage"]["prompt_tokens"], claims["usage"]["completion_tokens"]) == region.engine_counts("gone-early")
+    for _ in range(100):
+        if region.host.gateway._in_flight[POOL].count == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert region.host.gateway._in_flight[POOL].count == 0
