@@ -106,6 +106,11 @@ class LedgerService:
             except Exception:
                 log.exception("ledger: background pass failed; retrying")
 
+    async def write(self) -> bool:
+        """Write every receipt handed to it until now; True when all of them are in the store."""
+        await self._drain()
+        return self.ledger.pending == 0
+
     async def _drain(self) -> None:
         # Every entry moves to the ledger's queue before anything is written: a write that
         # fails (however) leaves them queued there, never dropped with this batch.

@@ -69,6 +69,7 @@ class AuditLog:
     written: int = field(default=0, init=False)
     _pending: deque[dict[str, str]] = field(default_factory=deque, init=False, repr=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def record(self, receipt: EnergyReceipt) -> None:
@@ -84,7 +85,12 @@ class AuditLog:
         return len(self._pending)
 
     async def flush(self) -> None:
-        """Write what is queued; on ``StateUnavailable`` leave the rest queued and re-raise."""
+        """Write what is queued; on ``StateUnavailable`` leave the rest queued and re-raise. One
+        flush at a time (the writer's, a region receipt batch's): each pops what it wrote."""
+        async with self._lock:
+            await self._flush()
+
+    async def _flush(self) -> None:
         while self._pending:
             entry = self._pending[0]
             # Once per (decision, region, pool), as the ledger books them: an append that timed
