@@ -1,4 +1,4 @@
-"""The vLLM replica of a region: Ray Serve LLM's ``LLMServer`` plus two things we need.
+"""The vLLM replica of a region: Ray Serve LLM's ``LLMServer`` plus three things we need.
 
 1. Live engine state in real time. Ray exports vLLM's metrics only every report interval
    (10 s), too slow for a router that judges freshness in seconds, so ``RegionLLMServer``
@@ -13,7 +13,11 @@
 3. ``prompt_tokens(body, method)``: the engine's own count of a request's prompt (its
    tokenizer and chat template, through Ray Serve LLM's ``tokenize``), which the gateway bills
    when a client leaves before the first token came (no usage was streamed yet). The request
-   classes are Ray's (``ray.llm._internal``: the public module does not export them).
+   classes are Ray's (``ray.llm._internal``: the public module does not export them). Ray 2.60
+   looks vLLM 0.32's tokenization server up under its old name (``openai_serving_tokenization``,
+   now ``serving_tokenization``) and finds none, so ``start`` hands it over
+   (``TOKENIZATION_PATH``); if that moves too, the replica logs an error and the gateway bills
+   a cut prefill at a marked lower bound.
 
 This module imports vLLM and Ray Serve LLM: only the replica process loads it.
 """
@@ -34,6 +38,7 @@ from vllm.v1.metrics.stats import CachingMetrics
 log = logging.getLogger(__name__)
 
 LIVE_STATS_PATH = "LLMServer.engine._engine_client.logger_manager.stat_loggers"
+TOKENIZATION_PATH = "LLMServer.engine._app_state.serving_tokenization"
 
 
 class LiveStatsLogger(AggregateStatLoggerBase):  # type: ignore[misc]
@@ -97,6 +102,19 @@ def attach_live_stats(engine: Any) -> LiveStatsLogger:
     return stats
 
 
+def attach_tokenization(engine: Any) -> None:
+    """Give a started ``VLLMEngine`` the tokenization server vLLM built (see the module
+    docstring); nothing to do when Ray found it itself."""
+    if getattr(engine, "_oai_serving_tokenization", None) is not None:
+        return
+    server = getattr(getattr(engine, "_app_state", None), "serving_tokenization", None)
+    if server is None:
+        raise RuntimeError(f"cannot reach vLLM's tokenization server at {TOKENIZATION_PATH} (engine "
+                           f"{type(engine).__name__}): the private path moved with a vLLM or Ray upgrade; update "
+                           "scheduler/serve/engine.py")
+    engine._oai_serving_tokenization = server
+
+
 def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
@@ -119,6 +137,10 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
             self._live_stats = attach_live_stats(self.engine)
         except RuntimeError as exc:
             log.error("%s; publishing without engine figures", exc)
+        try:
+            attach_tokenization(self.engine)
+        except RuntimeError as exc:
+            log.error("%s; a prefill cut before its first token is billed at a lower bound", exc)
 
     async def live_stats(self) -> dict[str, float]:
         # Raises when the engine is dead: the gateway leaves the pool out of its state then.
