@@ -1,10 +1,15 @@
-"""The receipt a region writes itself for a direct-mode dispatch (the client streamed from
-the region, so no router saw the answer).
+"""The receipt a region writes itself for every dispatch with a ticket, on its engine's own
+token counts: in direct mode no router sees the answer; in proxy mode the router books its
+own receipt too, and the ledger keeps one entry per (decision, region, pool), on the
+engine's counts where it has them (``scheduler.ledger.ledger``). A stream cut before its end
+(the client or the router went away, cancelled, or the engine failed) is billed for what
+the engine did: ``partial``, ``end_reason``, the prompt it prefilled and the tokens generated
+so far; ``tokens_estimated`` when the engine could not count the prompt (it was gone).
 
 The region signs the claims with its ticket key (purpose "receipt") and appends them to the
-store's ``receipts`` stream; a router (``scheduler.ledger.region_receipts``) verifies the
+store's ``receipts`` stream; a router (``scheduler.server.region_receipts``) verifies the
 signature before it books anything, so the ledger only holds what a region vouched for.
-The same claims travel, unsigned, in the stream's final event for the client.
+In direct mode the same claims travel, unsigned, in the stream's final event for the client.
 
 Carbon is priced with the intensity the router signed into the ticket. When the router had
 no usable signal (the ticket's intensity is None, or not a finite value within the physical
@@ -71,9 +76,11 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 def receipt_claims(ticket: Ticket, *, pue: float, energy: Mapping[str, Any] | None,
                    usage: Mapping[str, int] | None, at: float, ttft_ms: float | None,
-                   duration_ms: float, precision: str = "") -> dict[str, Any]:
+                   duration_ms: float, precision: str = "", end_reason: str = "complete",
+                   tokens_estimated: bool = False) -> dict[str, Any]:
     """``precision``: of the weights the pool served the model at, from the region's config
-    ("": not known)."""
+    ("": not known). ``end_reason``: complete, cancelled (the client or the router went away)
+    or region-error (the engine failed mid-stream)."""
     energy_j = number(energy.get("energy_j")) if energy else None
     intensity, basis = ticket.carbon_g_per_kwh, "signal"
     low, high = BOUNDS["carbon_intensity"]
@@ -102,6 +109,9 @@ def receipt_claims(ticket: Ticket, *, pue: float, energy: Mapping[str, Any] | No
         },
         "ttft_ms": ttft_ms,
         "duration_ms": duration_ms,
+        "partial": end_reason != "complete",
+        "end_reason": end_reason,
+        "tokens_estimated": tokens_estimated,
     }
 
 
@@ -153,6 +163,7 @@ class RegionReceipt:
             duration_ms=number(claims.get("duration_ms")) or 0.0,
             partial=claims.get("partial") is True,
             end_reason=str(claims.get("end_reason") or "complete"),
+            tokens_estimated=claims.get("tokens_estimated") is True,
             carbon_basis=str(claims.get("carbon_basis") or ""),
             carbon_intensity_g_per_kwh=number(claims.get("carbon_intensity_g_per_kwh")),
         )

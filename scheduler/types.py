@@ -562,6 +562,11 @@ class EnergyReceipt:
     # tokens actually relayed are billed.
     partial: bool = False
     end_reason: str = "complete"  # complete | cancelled | deadline | region-error
+    # True: the region reported no usage (a proxied stream cut before its final event), so the
+    # router counted the tokens itself (prompt: from its bytes; completion: the content events
+    # relayed), never from what the client declared. The region's own receipt, on the
+    # engine's counts, then replaces it in the ledger.
+    tokens_estimated: bool = False
     # "signal": carbon_g rests on a usable grid signal; "upper-bound": the signal was stale,
     # invalid or missing and carbon_g is a conservative bound, not a measurement.
     carbon_basis: str = ""

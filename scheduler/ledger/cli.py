@@ -46,15 +46,17 @@ async def _show_async(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "tenant": usage.tenant, "month": usage.month, "energy_j": usage.energy_j, "carbon_g": usage.carbon_g,
-            "requests": usage.requests,
+            "requests": usage.requests, "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
             "by_region": [{"region": r, "rule_version": v, **values} for (r, v), values in rows],
         }))
         return 0
     print(f"tenant {usage.tenant}, {usage.month}")
-    print(f"{'region':16s} {'rule':12s} {'energy kWh':>12s} {'energy J':>14s} {'gCO2e':>12s} {'requests':>10s}")
+    print(f"{'region':16s} {'rule':12s} {'energy kWh':>12s} {'energy J':>14s} {'gCO2e':>12s} {'requests':>10s} "
+          f"{'prompt tok':>12s} {'output tok':>12s}")
     for (region, rule), v in rows:
         print(f"{region:16s} {rule:12s} {v['energy_j'] / J_PER_KWH:12.4f} {v['energy_j']:14.1f} "
-              f"{v['carbon_g']:12.2f} {v['requests']:10.0f}")
+              f"{v['carbon_g']:12.2f} {v['requests']:10.0f} {v['prompt_tokens']:12.0f} {v['completion_tokens']:12.0f}")
     print(f"{'total':16s} {'':12s} {usage.energy_j / J_PER_KWH:12.4f} {usage.energy_j:14.1f} "
-          f"{usage.carbon_g:12.2f} {usage.requests:10.0f}")
+          f"{usage.carbon_g:12.2f} {usage.requests:10.0f} {usage.prompt_tokens:12.0f} {usage.completion_tokens:12.0f}")
     return 0

@@ -1,21 +1,27 @@
 """``Ledger``: each receipt adds joules and gCO2e to its tenant's month in the shared store.
 
 Store format (docs: shared_formats.md): hash ``keys.ledger(tenant, "YYYY-MM")`` with fields
-``{region}|{rule_version}|energy_j``, ``...|carbon_g`` and ``...|requests``, each added with
-HINCRBYFLOAT, so any number of routers add to the same hash. The month is the UTC month of
-the receipt.
+``{region}|{rule_version}|energy_j``, ``...|carbon_g``, ``...|requests``, ``...|prompt_tokens``
+and ``...|completion_tokens``, each added with HINCRBYFLOAT, so any number of routers add to
+the same hash. The month is the UTC month the receipt is booked in.
 
-Idempotent: an entry is written with the store's ``ledger_add`` (one Lua script on Redis):
-its three fields and a marker ``ledger_booked:{decision_id}`` (kept ``BOOKED_TTL_S``) land
-together or not at all, and not when the marker exists. A receipt booked twice (a retry
-after a lost reply, a direct-mode batch re-read by the next ingest holder) counts once.
+One entry per (decision, region, pool): every ticket a decision hands out that reaches an
+engine is billed (a direct-mode client may use all the targets of one ``Route``), and a
+receipt booked twice (a retry after a lost reply, a direct-mode batch re-read by the next
+ingest holder, the router's and the region's receipt of one proxied stream) counts once. The
+store's ``ledger_add`` (one Lua script on Redis) writes the entry's fields and remembers them
+under ``entry_key(decision, region, pool)`` (kept ``ENTRY_TTL_S``), all or nothing. An entry
+resting on the engine's own token counts (``ENGINE_COUNTED``: the region's signed receipt, or
+a router's receipt carrying the region's usage) replaces one resting on a router's count
+(``ROUTER_COUNTED``: a proxied stream cut before the region's usage came); never the other
+way round, and an entry as good as the one booked is not counted again.
 
 Receipts recorded while the store is unreachable or answers errors (OOM, READONLY: all
 ``StateUnavailable``) wait in a bounded queue, in order, and are written when it returns (the
 next ``record`` or ``flush`` after a back-off). When the queue is full, its oldest entries are
 folded into per-field sums (memory stays bounded by the number of distinct
 tenant/month/region/rule fields; no joule is dropped, but folded sums carry no decision id,
-so they are written without the once-only marker).
+so they are written without an entry key).
 
 ``check(tenant, workload_class)`` reads the tenant's month (plus this router's unwritten
 queue) and compares it with the tenant's budget: soft -> a warning, counted in
@@ -27,6 +33,7 @@ the queue, and says so (``stale``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -41,14 +48,19 @@ from scheduler.state.store import StateStore, StateUnavailable
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("energy_j", "carbon_g", "requests")
-# How long a booked decision id is remembered: past the month it is booked in, and past any
-# re-read of the direct-mode receipts stream.
-BOOKED_TTL_S = 40 * 86400.0
+FIELDS = ("energy_j", "carbon_g", "requests", "prompt_tokens", "completion_tokens")
+# How long a booked entry is remembered: past the month it is booked in, and past any re-read
+# of the region receipts stream.
+ENTRY_TTL_S = 40 * 86400.0
+# Whose token counts an entry rests on (the rank ``ledger_add`` compares): a router's own
+# count (content events relayed, the prompt's bytes) or the engine's.
+ROUTER_COUNTED = 1
+ENGINE_COUNTED = 2
 
 
-def booked_key(decision_id: str) -> str:
-    return f"ledger_booked:{decision_id}"
+def entry_key(decision_id: str, region: str, pool: str) -> str:
+    """The ledger entry of one dispatch target: a decision's receipts for one region and pool."""
+    return f"ledger_entry:{decision_id}:{region}:{pool}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +75,19 @@ class LedgerEntry:
     at: float  # epoch seconds (UTC) of the receipt
     workload_class: str = "interactive"
     decision_id: str = ""
+    pool: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    counted_by: int = ENGINE_COUNTED
 
     @property
     def month(self) -> str:
         return month_of(self.at)
+
+    @property
+    def key(self) -> str | None:
+        """Its ``entry_key``; None without a decision id (nothing to tell a retry by)."""
+        return entry_key(self.decision_id, self.region, self.pool) if self.decision_id else None
 
     def writes(self) -> tuple[tuple[str, str, float], ...]:
         key, prefix = keys.ledger(self.tenant, self.month), f"{self.region}|{self.rule_version}|"
@@ -74,6 +95,8 @@ class LedgerEntry:
             (key, prefix + "energy_j", self.energy_j),
             (key, prefix + "carbon_g", self.carbon_g),
             (key, prefix + "requests", 1.0),
+            (key, prefix + "prompt_tokens", float(self.prompt_tokens)),
+            (key, prefix + "completion_tokens", float(self.completion_tokens)),
         )
 
 
@@ -84,8 +107,10 @@ class MonthUsage:
     energy_j: float
     carbon_g: float
     requests: float
-    # (region, rule_version) -> {"energy_j": .., "carbon_g": .., "requests": ..}
+    # (region, rule_version) -> {"energy_j": .., "carbon_g": .., "requests": .., "prompt_tokens": .., ...}
     by_region: Mapping[tuple[str, str], Mapping[str, float]]
+    prompt_tokens: float = 0.0
+    completion_tokens: float = 0.0
 
 
 def month_of(epoch_s: float) -> str:
@@ -99,7 +124,8 @@ def parse_month(tenant: str, month: str, fields_: Mapping[str, str]) -> MonthUsa
         if kind in FIELDS:
             by_region.setdefault((region, rule), {k: 0.0 for k in FIELDS})[kind] = float(value)
     total = {k: sum(v[k] for v in by_region.values()) for k in FIELDS}
-    return MonthUsage(tenant, month, total["energy_j"], total["carbon_g"], total["requests"], by_region)
+    return MonthUsage(tenant, month, total["energy_j"], total["carbon_g"], total["requests"], by_region,
+                      total["prompt_tokens"], total["completion_tokens"])
 
 
 @dataclass
@@ -148,15 +174,14 @@ class Ledger:
             written = 0
             try:
                 for (key, name), amount in list(self._folded.items()):
-                    await self.store.ledger_add(key, {name: amount}, None, BOOKED_TTL_S)
+                    await self.store.ledger_add(key, {name: amount}, None, ENTRY_TTL_S)
                     del self._folded[(key, name)]
                 while self._queue:
                     entry = self._queue[0]
                     writes = entry.writes()
-                    once = booked_key(entry.decision_id) if entry.decision_id else None
-                    if not await self.store.ledger_add(writes[0][0], {n: a for _, n, a in writes}, once,
-                                                       BOOKED_TTL_S):
-                        log.info("ledger: decision %s already booked; not counted again", entry.decision_id)
+                    if not await self.store.ledger_add(writes[0][0], {n: a for _, n, a in writes}, entry.key,
+                                                       ENTRY_TTL_S, entry.counted_by):
+                        log.info("ledger: %s already booked on counts as good; not counted again", entry.key)
                     self._queue.popleft()
                     written += 1
             except StateUnavailable as exc:
@@ -188,7 +213,7 @@ class Ledger:
         for entry in self._queue:
             if entry.tenant == tenant and entry.month == month:
                 energy, carbon = energy + entry.energy_j, carbon + entry.carbon_g
-        return MonthUsage(tenant, month, energy, carbon, stored.requests, stored.by_region), stale
+        return dataclasses.replace(stored, energy_j=energy, carbon_g=carbon), stale
 
     async def check(self, tenant: str, workload_class: str) -> BudgetStatus:
         """Before dispatch: raise ``BudgetExhausted`` when the tenant is past its hard limit and

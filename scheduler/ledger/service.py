@@ -1,7 +1,9 @@
 """The ledger as a router runs it: nothing of it on the request path.
 
-- ``sink(receipt)`` (a router receipt sink) queues the receipt's joules and grams; a background
-  task writes them (``Ledger.record``: in order, queued while the store is down).
+- ``sink(receipt)`` (a router receipt sink) queues the receipt's joules, grams and tokens as the
+  entry of its (decision, region, pool); a background task writes them (``Ledger.record``: in
+  order, queued while the store is down). A receipt whose tokens a router counted itself
+  (``tokens_estimated``) books below one on the engine's counts (``ledger.ROUTER_COUNTED``).
 - ``admit(request)`` (a router admission check) compares the tenant's month with its budget
   using usage that the same background task re-reads every ``interval_s``: a hard budget
   holds across routers to within what they spend in one interval.
@@ -11,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler.ledger.budget import BudgetStatus
-from scheduler.ledger.ledger import Ledger, LedgerEntry, MonthUsage, month_of
+from scheduler.ledger.ledger import ENGINE_COUNTED, ROUTER_COUNTED, Ledger, LedgerEntry, MonthUsage, month_of
 from scheduler.tasks import WRITE_LINGER_S, start_loop, stop_task
 from scheduler.types import EnergyReceipt, Request
 
@@ -51,6 +54,10 @@ class LedgerService:
                 rule_version=receipt.attribution_method,
                 at=self.ledger.clock(),
                 decision_id=receipt.decision_id,
+                pool=receipt.pool,
+                prompt_tokens=receipt.prompt_tokens or 0,
+                completion_tokens=receipt.completion_tokens or 0,
+                counted_by=ROUTER_COUNTED if receipt.tokens_estimated else ENGINE_COUNTED,
             )
         )
         self._wake.set()
@@ -66,7 +73,7 @@ class LedgerService:
         # What this router spent since the last read counts at once.
         energy = used.energy_j + sum(e.energy_j for e in self._inbox if e.tenant == request.tenant)
         carbon = used.carbon_g + sum(e.carbon_g for e in self._inbox if e.tenant == request.tenant)
-        current = MonthUsage(used.tenant, used.month, energy, carbon, used.requests, used.by_region)
+        current = dataclasses.replace(used, energy_j=energy, carbon_g=carbon)
         return self.ledger.evaluate(current, request.workload_class, stale)
 
     async def start(self) -> None:
@@ -98,6 +105,11 @@ class LedgerService:
                     self._refreshed_at = now
             except Exception:
                 log.exception("ledger: background pass failed; retrying")
+
+    async def write(self) -> bool:
+        """Write every receipt handed to it until now; True when all of them are in the store."""
+        await self._drain()
+        return self.ledger.pending == 0
 
     async def _drain(self) -> None:
         # Every entry moves to the ledger's queue before anything is written: a write that

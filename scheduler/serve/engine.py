@@ -17,6 +17,14 @@
    over time (kept by the stat logger of 1.). The gateway bills each request with the batch
    of the replica that ran it, and splits the GPU energy it meters among the requests on
    each GPU.
+4. ``prompt_tokens(body, method)``: the engine's own count of a request's prompt (its
+   tokenizer and chat template, through Ray Serve LLM's ``tokenize``), which the gateway bills
+   when a client leaves before the first token came (no usage was streamed yet). The request
+   classes are Ray's (``ray.llm._internal``: the public module does not export them). Ray 2.60
+   looks vLLM 0.32's tokenization server up under its old name (``openai_serving_tokenization``,
+   now ``serving_tokenization``) and finds none, so ``start`` hands it over
+   (``TOKENIZATION_PATH``); if that moves too, the replica logs an error and the gateway bills
+   a cut prefill at a marked lower bound.
 
 This module imports vLLM and Ray Serve LLM: only the replica process loads it.
 """
@@ -29,6 +37,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from ray import serve
+from ray.llm._internal.serve.core.configs.openai_api_models import TokenizeChatRequest, TokenizeCompletionRequest
 from ray.serve.llm import LLMServer
 from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
@@ -41,6 +50,7 @@ log = logging.getLogger(__name__)
 LIVE_STATS_PATH = "LLMServer.engine._engine_client.logger_manager.stat_loggers"
 # How long the engine's workers get to say which GPUs they hold.
 GPU_QUERY_TIMEOUT_S = 30.0
+TOKENIZATION_PATH = "LLMServer.engine._app_state.serving_tokenization"
 
 
 class LiveStatsLogger(AggregateStatLoggerBase):  # type: ignore[misc]
@@ -106,6 +116,19 @@ def attach_live_stats(engine: Any) -> LiveStatsLogger:
     return stats
 
 
+def attach_tokenization(engine: Any) -> None:
+    """Give a started ``VLLMEngine`` the tokenization server vLLM built (see the module
+    docstring); nothing to do when Ray found it itself."""
+    if getattr(engine, "_oai_serving_tokenization", None) is not None:
+        return
+    server = getattr(getattr(engine, "_app_state", None), "serving_tokenization", None)
+    if server is None:
+        raise RuntimeError(f"cannot reach vLLM's tokenization server at {TOKENIZATION_PATH} (engine "
+                           f"{type(engine).__name__}): the private path moved with a vLLM or Ray upgrade; update "
+                           "scheduler/serve/engine.py")
+    engine._oai_serving_tokenization = server
+
+
 def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
@@ -153,6 +176,10 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
         self._replica_id = serve.get_replica_context().replica_id.to_full_id_str()
         self._node, self._gpus = await engine_gpus(self.engine)
         log.info("replica %s: node %s, GPUs %s", self._replica_id, self._node or "unknown", list(self._gpus))
+        try:
+            attach_tokenization(self.engine)
+        except RuntimeError as exc:
+            log.error("%s; a prefill cut before its first token is billed at a lower bound", exc)
 
     def _report(self) -> list[str | dict[str, Any]]:
         """The replica's report as a stream batch (none without the stat logger: the gateway
@@ -188,6 +215,21 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
                           ) -> AsyncIterator[list[str | dict[str, Any]]]:
         async for batch in self._stream(ChatCompletionRequest, "chat", body):
             yield batch
+
+    async def prompt_tokens(self, body: dict[str, Any], method: str) -> int:
+        """The tokens the engine prefills for ``body`` (``method``: the stream method it was sent to)."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):  # token ids
+            return len(prompt)
+        request: Any = (TokenizeChatRequest(model=body.get("model"), messages=body.get("messages", []))
+                        if method == "stream_chat" else
+                        TokenizeCompletionRequest(model=body.get("model"), prompt=str(prompt or "")))
+        async for answer in await self.tokenize(request):
+            count = getattr(answer, "count", None)
+            if not isinstance(count, int):
+                raise RuntimeError(f"the engine could not count the prompt: {_plain(answer)}")
+            return count
+        raise RuntimeError("the engine's tokenize answered nothing")
 
     async def _stream(
         self, request_cls: Any, method: str, body: dict[str, Any]

@@ -18,8 +18,12 @@ of one vLLM deployment per pool (``RegionLLMServer``, reached through a ``Deploy
   energy split among the requests on it by rule "predicted-share-v1"
   (``scheduler.energy.attribution``; idle intervals apart, per pool; ``GET /energy`` shows
   the recent intervals);
-- adds the ``energy`` object to the final usage event (``energy_report``); for a direct-mode
-  ticket it also signs a receipt and appends it to the store's ``receipts`` stream;
+- adds the ``energy`` object to the final usage event (``energy_report``); for every ticket it
+  signs a receipt on the engine's own token counts and appends it to the store's ``receipts``
+  stream (direct mode: also in the final event, for the client), a partial one when the stream
+  is cut (the client or the router went away or cancelled, the engine failed): the prompt the
+  engine prefilled, also when the client left before the first token, and the tokens generated
+  so far (``docs/billing.md``);
 - publishes the region's live state (per pool: load, models served and their context
   limits, replicas) every ~1 s when it is given a shared store;
 - records the prefix keys (``x_scheduler.prefix_key``) its pools served with prefix-cache hits
@@ -40,7 +44,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -60,7 +64,7 @@ from scheduler.serve.power_caps import PowerCapper, RegionCapReport, apply_regio
 from scheduler.serve.prefix_publisher import PrefixWarmPublisher
 from scheduler.serve.publisher import RegionStatePublisher
 from scheduler.serve.replica_report import ReplicaReport
-from scheduler.serve.sse import StreamAssembler, sse_event
+from scheduler.serve.sse import StreamAssembler, Usage, sse_event
 from scheduler.state import codec
 from scheduler.state.prefix_warm import PrefixHits
 from scheduler.state.store import StateUnavailable
@@ -74,6 +78,8 @@ log = logging.getLogger(__name__)
 RATE_WINDOW_S = 10.0
 # Signed receipts kept while the store is unreachable (oldest dropped beyond, and logged).
 RECEIPT_OUTBOX = 10_000
+# At shutdown, how long the receipts of the streams it cut get to reach the store.
+RECEIPT_FLUSH_S = 5.0
 # How a stats call ends when the pool's engine cannot serve: the replica's method raised (its
 # health check: the engine is dead), or the replica's process died. Anything else that is not
 # an answer (a timeout, a call cancelled or not yet routed) is an engine slow to answer.
@@ -164,6 +170,16 @@ async def _chain(first: list[Any], rest: AsyncIterator[list[Any]]) -> AsyncItera
     yield first
     async for batch in rest:
         yield batch
+
+
+async def _primed(head: bytes, relay: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """``head`` (the relay's first event), then the rest of ``relay``; closed, it closes ``relay``."""
+    try:
+        yield head
+        async for out in relay:
+            yield out
+    finally:
+        await relay.aclose()
 
 
 class ReplayGuard:
@@ -262,6 +278,8 @@ class RegionGateway:
         self._replay = ReplayGuard(self._store)
         self._outbox: collections.deque[dict[str, str]] = collections.deque(maxlen=RECEIPT_OUTBOX)
         self._outbox_wake = asyncio.Event()
+        # Receipts of cut streams waiting for the engine's count of the prompt.
+        self._counting: set[asyncio.Task[None]] = set()
         if self._store is not None:
             self._tasks.append(start_loop(self._receipt_writer, "receipt-writer"))
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
@@ -349,17 +367,26 @@ class RegionGateway:
             log.warning("region %s: refused a replayed ticket (decision %s)", region, ticket.decision_id)
             return refusal(TicketRejected(403, f"ticket already used (decision {ticket.decision_id})"))
         asked_options = body.get("stream_options") or {}
-        # Usage on every chunk: the token counts the measured energy is split by (InFlight).
+        # The usage so far on every chunk: the token counts the measured energy is split by
+        # (InFlight), and what a stream cut before its end is billed on (the engine's counts).
         engine_body = {**body, "model": self._settings.pools[pool].served_model,
                        "stream_options": {**asked_options, "include_usage": True, "continuous_usage_stats": True}}
         request_id = uuid.uuid4().hex
         hinted = scheduler_info.get("prefix_key") if isinstance(scheduler_info, dict) else None
         prefix_key = hinted if isinstance(hinted, str) and hinted else None
         self._start(pool, request_id, model)
+        called = time.monotonic()
         try:
             # The prefix key picks the pool's replica (scheduler.serve.prefix_router).
             stream = getattr(self._llms[pool].options(stream=True), method).remote(engine_body, prefix_key=prefix_key)
             first = await self._first_batch(request_id, stream)
+        except asyncio.CancelledError:
+            # The client left while the engine prefilled (Serve cancels the call): the prefill is billed.
+            share = self._end(pool, request_id)
+            self._metrics.failed(pool)
+            if ticket is not None:
+                self._bill_cut(ticket, pool, model, method, engine_body, None, share, None, called, "cancelled")
+            raise
         except Exception as exc:
             self._end(pool, request_id)
             self._metrics.failed(pool)
@@ -376,11 +403,14 @@ class RegionGateway:
                                         request_id, prompt, completion),
                                     keep_progress=bool(isinstance(asked_options, dict)
                                                        and asked_options.get("continuous_usage_stats")))
-        return StreamingResponse(
-            self._relay(pool, request_id, model, ticket, first, self._reported(request_id, stream), assembler,
-                        time.monotonic(), prefix_key),
-            media_type="text/event-stream", headers={"x-scheduler-pool": pool},
-        )
+        relay = self._relay(pool, request_id, model, ticket, first, self._reported(request_id, stream), assembler,
+                            time.monotonic(), method, engine_body, prefix_key)
+        # The relay runs to its first event here, so that its end path bills the stream however it
+        # ends: the server may drop the response unread (its client left during the prefill), and
+        # a generator never started runs no finally.
+        head = await anext(relay)
+        return StreamingResponse(_primed(head, relay), media_type="text/event-stream",
+                                 headers={"x-scheduler-pool": pool})
 
     async def _first_batch(self, request_id: str, stream: Any) -> list[Any]:
         """The stream's first batch after the replica's report, which places the request."""
@@ -403,9 +433,13 @@ class RegionGateway:
 
     async def _relay(
         self, pool: str, request_id: str, model: str, ticket: Ticket | None, first: list[Any], stream: Any,
-        assembler: StreamAssembler, started: float, prefix_key: object = None,
-    ) -> AsyncIterator[bytes]:
+        assembler: StreamAssembler, started: float, method: str, engine_body: Mapping[str, Any],
+        prefix_key: object = None,
+    ) -> AsyncGenerator[bytes, None]:
         finished = False
+        # What cut the stream, if it is cut: the client (or the router) went away or cancelled
+        # (the generator is closed or cancelled), unless the engine failed.
+        end_reason = "cancelled"
         try:
             async for items in _chain(first, stream):
                 for item in items:
@@ -421,14 +455,63 @@ class RegionGateway:
             ttft = assembler.first_token_at - started if assembler.first_token_at is not None else None
             self._metrics.answered(pool, usage, energy["energy_j"] if energy else None, ttft)
             receipt = None
-            if ticket is not None and ticket.mode == "direct":
-                receipt = self._direct_receipt(ticket, energy, usage, ttft, time.monotonic() - started)
+            if ticket is not None:
+                # In proxy mode too: the router's own receipt may never be booked (it died).
+                claims = self._receipt(ticket, energy, usage, ttft, time.monotonic() - started)
+                receipt = claims if ticket.mode == "direct" else None
             yield assembler.finish(energy, receipt)
+        except Exception:
+            end_reason = "region-error"
+            raise
         finally:
             if not finished:
-                # Client gone or engine failed mid-stream: the engine request is cancelled.
-                self._end(pool, request_id)
+                # The engine request is cancelled with the stream: bill what it did until now.
+                share = self._end(pool, request_id)
                 self._metrics.failed(pool)
+                if ticket is not None:
+                    ttft = assembler.first_token_at - started if assembler.first_token_at is not None else None
+                    self._bill_cut(ticket, pool, model, method, engine_body, assembler, share, ttft, started,
+                                   end_reason)
+
+    def _bill_cut(self, ticket: Ticket, pool: str, model: str, method: str, engine_body: Mapping[str, Any],
+                  assembler: StreamAssembler | None, share: RequestShare, ttft_s: float | None, started: float,
+                  end_reason: str) -> None:
+        """The partial receipt of a stream cut before its end, on the engine's counts: at once
+        when it reported usage (every chunk carries it), else once the engine has counted the
+        prompt it prefilled (nothing may be awaited here: the stream's task is being cancelled
+        or closed)."""
+        counted = assembler.usage_so_far() if assembler is not None else None
+        duration_s = time.monotonic() - started
+        if counted is not None:
+            self._partial_receipt(ticket, pool, model, counted, share, ttft_s, duration_s, end_reason, False)
+            return
+        relayed = assembler.content_events if assembler is not None else 0
+        task = asyncio.get_running_loop().create_task(self._count_then_bill(
+            ticket, pool, model, method, engine_body, relayed, share, ttft_s, duration_s, end_reason))
+        self._counting.add(task)
+        task.add_done_callback(self._counting.discard)
+
+    async def _count_then_bill(self, ticket: Ticket, pool: str, model: str, method: str,
+                               engine_body: Mapping[str, Any], relayed: int, share: RequestShare,
+                               ttft_s: float | None, duration_s: float, end_reason: str) -> None:
+        estimated = False
+        try:
+            async with asyncio.timeout(self._settings.engine_timeout_s):
+                prompt = int(await self._llms[pool].prompt_tokens.remote(dict(engine_body), method))
+        except Exception as exc:
+            # The engine is gone or silent: a lower bound (no token is longer than MAX_TOKEN_BYTES).
+            bound = tickets.body_prompt_digest(engine_body)
+            prompt, estimated = (bound[1] if bound is not None else 0), True
+            log.warning("region %s: the engine of pool %s could not count the prompt of decision %s (%r); "
+                        "billing a lower bound of %d tokens", self._settings.region.name, pool, ticket.decision_id,
+                        exc, prompt)
+        self._partial_receipt(ticket, pool, model, Usage(prompt, relayed, 0), share, ttft_s, duration_s, end_reason,
+                              estimated)
+
+    def _partial_receipt(self, ticket: Ticket, pool: str, model: str, usage: Usage, share: RequestShare,
+                         ttft_s: float | None, duration_s: float, end_reason: str, tokens_estimated: bool) -> None:
+        energy = energy_object(self._profiles[pool], model, usage, share)
+        self._receipt(ticket, energy, usage, ttft_s, duration_s, end_reason, tokens_estimated)
 
     def _precision(self, pool: str, model: str) -> str:
         """The precision the region's config serves ``model`` at on ``pool`` ("": not configured)."""
@@ -437,10 +520,11 @@ class RegionGateway:
                 return next((m.precision for m in pool_config.models if m.name == model), "")
         return ""
 
-    def _direct_receipt(self, ticket: Ticket, energy: Mapping[str, Any] | None, usage: Any,
-                        ttft_s: float | None, duration_s: float) -> dict[str, Any]:
-        """The receipt of a direct-mode dispatch: signed into the outbox (a router books it),
-        and returned for the client's final event."""
+    def _receipt(self, ticket: Ticket, energy: Mapping[str, Any] | None, usage: Usage | None,
+                 ttft_s: float | None, duration_s: float, end_reason: str = "complete",
+                 tokens_estimated: bool = False) -> dict[str, Any]:
+        """The receipt of a dispatch: signed into the outbox (a router books it), and returned
+        (direct mode: for the client's final event)."""
         assert self._keys is not None
         claims = region_receipt.receipt_claims(
             ticket, pue=self._settings.region.pue, energy=energy,
@@ -448,7 +532,8 @@ class RegionGateway:
                                               "completion_tokens": usage.completion_tokens,
                                               "cached_tokens": usage.cached_tokens},
             at=time.time(), ttft_ms=None if ttft_s is None else ttft_s * 1000, duration_ms=duration_s * 1000,
-            precision=self._precision(ticket.pool, ticket.model),
+            precision=self._precision(ticket.pool, ticket.model), end_reason=end_reason,
+            tokens_estimated=tokens_estimated,
         )
         if self._store is None:
             log.error("region %s: no state store: the receipt of decision %s cannot reach the ledger",
@@ -602,7 +687,28 @@ class RegionGateway:
                 self._flight.meter(reading)
             await asyncio.sleep(self._settings.meter_interval_s)
 
+    def _open_streams(self) -> int:
+        return sum(self._flight.count(pool) for pool in self._settings.pools)
+
+    async def _flush_receipts(self) -> None:
+        """At shutdown, within ``RECEIPT_FLUSH_S``: the streams the server cut end (each one's
+        relay bills it as it ends: a cancelled task's finally, or a closed generator's once it is
+        collected), their prompt counts come, and every receipt reaches the store before the
+        writer stops."""
+        try:
+            async with asyncio.timeout(RECEIPT_FLUSH_S):
+                while self._open_streams() or self._counting or self._outbox:
+                    self._outbox_wake.set()
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            open_streams = self._open_streams()
+            log.error("region %s: at shutdown, %d streams still open and %d receipts not written (the store is "
+                      "unreachable?)", self._settings.region.name, open_streams,
+                      len(self._outbox) + len(self._counting))
+
     async def __del__(self) -> None:
+        if self._store is not None:
+            await self._flush_receipts()
         for task in self._tasks:
             await stop_task(task)
         if self._store is not None:

@@ -10,8 +10,9 @@ has ``"choices": []`` and the usage. ``StreamAssembler``:
   once the request is over) before ``[DONE]``;
 - tells ``on_progress`` the token counts each content chunk carries (the gateway asks the
   engine for vLLM's continuous usage: prompt tokens and completion tokens so far, on every
-  chunk) and takes them off the chunk (``"usage": null``) unless the client asked for them
-  itself (``keep_progress``);
+  chunk), keeps them for a stream cut before its end (``usage_so_far``) and takes them off
+  the chunk (``"usage": null``, as without it) unless the client asked for them itself
+  (``keep_progress``);
 - notes when the first content chunk passed (time to first token).
 """
 
@@ -53,6 +54,14 @@ def _payload(event: str) -> str | None:
     return None
 
 
+def _has_text(choice: object) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return isinstance(text, str) and text != ""
+
+
 @dataclass
 class StreamAssembler:
     requested_model: str
@@ -64,6 +73,9 @@ class StreamAssembler:
     usage: Usage | None = field(default=None, init=False)
     first_token_at: float | None = field(default=None, init=False)
     error: Mapping[str, Any] | None = field(default=None, init=False)
+    # Chunks that carried text (about one token each), and the engine's latest running usage.
+    content_events: int = field(default=0, init=False)
+    _running: Usage | None = field(default=None, init=False)
     _usage_chunk: dict[str, Any] | None = field(default=None, init=False)
 
     def feed(self, event: str) -> bytes | None:
@@ -79,19 +91,35 @@ class StreamAssembler:
             return sse_event(chunk)
         if "model" in chunk:
             chunk["model"] = self.requested_model
-        if not chunk.get("choices") and chunk.get("usage"):
+        choices = chunk.get("choices")
+        if not choices and chunk.get("usage"):
             self.usage = Usage.from_openai(chunk["usage"])
             self._usage_chunk = chunk
             return None
         progress = chunk.get("usage")
         if isinstance(progress, dict):
+            self._running = Usage.from_openai(progress)
             if not self.keep_progress:
                 chunk["usage"] = None  # as the engine sends it without continuous usage
             if self.on_progress is not None:
                 self.on_progress(int(progress.get("prompt_tokens") or 0), int(progress.get("completion_tokens") or 0))
-        if self.first_token_at is None and chunk.get("choices"):
-            self.first_token_at = self.clock()
+        if choices:
+            if self.first_token_at is None:
+                self.first_token_at = self.clock()
+            if _has_text(choices[0]):
+                self.content_events += 1
         return sse_event(chunk)
+
+    def usage_so_far(self) -> Usage | None:
+        """The engine's counts of a stream cut before its end: its final usage if it came, else
+        its running usage, with at least the content chunks seen as completion tokens (an engine
+        that reports usage only now and then); None when it reported none."""
+        if self.usage is not None:
+            return self.usage
+        if self._running is None:
+            return None
+        return Usage(self._running.prompt_tokens, max(self._running.completion_tokens, self.content_events),
+                     self._running.cached_tokens)
 
     def finish(self, energy: Mapping[str, Any] | None, receipt: Mapping[str, Any] | None = None) -> bytes:
         """The held usage chunk (with ``energy`` and the region's ``receipt`` added when

@@ -48,7 +48,7 @@ from scheduler.server.region_receipts import RegionReceiptIngest
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
 from scheduler.server.stream_slots import StreamSlots
 from scheduler.server.tracing import RouterTracing
-from scheduler.state.store import StateStore
+from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tickets import TicketKeyRing
 from scheduler.types import EnergyReceipt, Request
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc
@@ -246,9 +246,17 @@ def with_services(
     deps.receipt_sinks.append(ledger.sink)
     deps.admission.append(ledger.admit)
     if deps.tickets is not None:
-        # Direct mode: the receipts regions sign are booked like the router's own (after the
-        # ledger in the list, so it stops first and its last batch still reaches the ledger).
-        ingest = RegionReceiptIngest(deps.store, deps.tickets.keys, deps.book)
+        # The receipts regions sign are booked like the router's own (after the ledger in the
+        # list, so it stops first and its last batch still reaches the ledger); its cursor moves
+        # past a batch once the audit and the ledger wrote it.
+        async def written() -> bool:
+            try:
+                await deps.audit.flush()
+            except StateUnavailable:
+                return False
+            return await ledger.write()
+
+        ingest = RegionReceiptIngest(deps.store, deps.tickets.keys, deps.book, written)
         deps.background.append(ingest)
         deps.gauges.append(lambda: [("scheduler_region_receipts_booked", {}, float(ingest.booked)),
                                     ("scheduler_region_receipts_rejected", {}, float(ingest.rejected))])

@@ -4,8 +4,9 @@
 audit stream (MAXLEN ~ 100000). While the store is down, entries wait (bounded: beyond
 ``max_pending`` the oldest are dropped and counted) and are flushed when it is back. The
 writer survives any failure (an error answer such as OOM or READONLY included): the entry
-stays queued and is retried. Each entry is appended once per decision id (``xadd_once``): a
-write that timed out on our side but reached Redis is not appended again by the retry.
+stays queued and is retried. Each entry is appended once per (decision id, region, pool)
+(``xadd_once``): a write that timed out on our side but reached Redis is not appended again
+by the retry.
 Fields (shared format): decision_id, tenant, region, pool, energy_j, carbon_g, fallbacks
 (JSON), partial ("1" / "0"), end_reason, carbon_basis, config_version (the config the request
 was decided on; scheduler.server.config_reload), canary_arm (control | canary; empty without a
@@ -68,6 +69,7 @@ class AuditLog:
     written: int = field(default=0, init=False)
     _pending: deque[dict[str, str]] = field(default_factory=deque, init=False, repr=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def record(self, receipt: EnergyReceipt) -> None:
@@ -83,12 +85,19 @@ class AuditLog:
         return len(self._pending)
 
     async def flush(self) -> None:
-        """Write what is queued; on ``StateUnavailable`` leave the rest queued and re-raise."""
+        """Write what is queued; on ``StateUnavailable`` leave the rest queued and re-raise. One
+        flush at a time (the writer's, a region receipt batch's): each pops what it wrote."""
+        async with self._lock:
+            await self._flush()
+
+    async def _flush(self) -> None:
         while self._pending:
             entry = self._pending[0]
-            # Once per decision: an append that timed out on our side may still have landed.
-            await self.store.xadd_once(keys.AUDIT, entry, AUDIT_MAXLEN, keys.audit_once(entry["decision_id"]),
-                                       AUDIT_ONCE_TTL_S)
+            # Once per (decision, region, pool), as the ledger books them: an append that timed
+            # out on our side may still have landed, and the router's and the region's receipt
+            # of one proxied stream are one entry (the first to arrive).
+            once = keys.audit_once(f"{entry['decision_id']}:{entry['region']}:{entry['pool']}")
+            await self.store.xadd_once(keys.AUDIT, entry, AUDIT_MAXLEN, once, AUDIT_ONCE_TTL_S)
             self._pending.popleft()
             self.written += 1
 

@@ -79,6 +79,9 @@ class Incoming:
     # The policy's output budget for the request (None: none applies); enforced, the request
     # and the call already carry its max_tokens.
     output_budget: OutputBudget | None = None
+    # The router's own estimate of the prompt's tokens (from its bytes), whatever the client
+    # declared: what a receipt bills when the region reports no usage.
+    counted_prompt_tokens: int = 0
 
 
 def with_max_tokens(incoming: Incoming, max_tokens: int) -> Incoming:
@@ -257,7 +260,7 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         shared_prefix_tokens=shared,
     )
     detail = pb.DECISION_DETAIL_SUMMARY if msg.decision_detail == pb.DECISION_DETAIL_SUMMARY else pb.DECISION_DETAIL_FULL
-    return Incoming(request, RegionCall(path, body), estimated, detail)
+    return Incoming(request, RegionCall(path, body), estimated, detail, counted_prompt_tokens=text_tokens)
 
 
 def fallback_to_proto(fallback: Fallback) -> pb.Fallback:

@@ -2,9 +2,10 @@
 
 For each candidate it dispatches to (proxy mode) or hands to the client (direct mode), the
 router signs a ticket under the candidate region's active key. The ticket binds the
-prompt by its digest, so the region can check it without trusting the client; in direct
-mode it also carries the carbon intensity the decision saw (None when stale), with which
-the region prices its receipt.
+prompt by its digest, so the region can check it without trusting the client; it also
+carries the carbon intensity the decision saw (None when stale), with which the region
+prices its receipt (in proxy mode too: the region's receipt of a proxied stream may be the
+one the ledger keeps, ``docs/billing.md``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class TicketIssuer:
             "decision_id": decision_id, "request_id": request.request_id, "tenant": request.tenant,
             "max_tokens": request.max_tokens, "prompt_tokens_max": request.prompt_tokens, "prompt_sha256": prompt[0],
             "expires_at": self.clock() + self.ttl_s, "mode": mode, "workload_class": request.workload_class})
-        carbon = snapshot.carbon if mode == "direct" else {}
+        carbon = snapshot.carbon
         parts = self._own_parts
 
         def sign(candidate: Candidate) -> str:

@@ -7,10 +7,14 @@ measured stays ``None`` (absent in the proto).
 
 Partial receipts: a stream that relayed text and then ended early (the client cancelled, a
 deadline passed, the region failed) is billed too (``partial``, ``end_reason``). The region
-sends its usage only in the final event, so the completion tokens are then the number of
-content events the router relayed: vLLM streams about one token per event, so this is an
-approximation (a detokenizer that merges tokens makes it low; never high by more than the
-events that carried no new token). Energy is the model's estimate for those tokens.
+sends its usage only in the final event, so the router then counts the tokens itself
+(``tokens_estimated``): the completion tokens are the content events it relayed (vLLM
+streams about one token per event: a detokenizer that merges tokens makes it low), the
+prompt tokens its own estimate from the prompt's bytes, no cached tokens. Never the counts
+the client declared: a client could declare a short or fully cached prompt and have its
+prefill billed at nothing. Energy is the model's estimate for those tokens. A region with
+tickets writes its own receipt of the stream on the engine's counts, which replaces this one
+in the ledger (``scheduler.ledger.ledger``).
 
 Carbon is that energy x a carbon intensity x the region's PUE. The intensity is the
 snapshot's signal for the region's zone when ``signal_check.signal_problem`` accepts it
@@ -65,9 +69,9 @@ class ReceiptInputs:
     snapshot: FleetSnapshot
     fallbacks: tuple[Fallback, ...]
     failovers: tuple[Attempt, ...]
-    # What the decision assumed, used where the region reports nothing.
+    # The router's own count of the prompt's tokens, billed where the region reports nothing
+    # (never the client's declared prompt or cached tokens).
     prompt_tokens: int
-    cached_tokens: int
     usage: Mapping[str, Any] | None
     energy: Mapping[str, Any] | None
     ttft_ms: float | None
@@ -106,8 +110,9 @@ def _modelled_energy(inputs: ReceiptInputs, prompt: int, cached: int, completion
 
 def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
     usage = Usage.from_region(inputs.usage)
+    estimated = usage.prompt_tokens is None or usage.completion_tokens is None
     prompt = usage.prompt_tokens if usage.prompt_tokens is not None else inputs.prompt_tokens
-    cached = usage.cached_tokens if usage.cached_tokens is not None else inputs.cached_tokens
+    cached = usage.cached_tokens if usage.cached_tokens is not None else 0
     completion = usage.completion_tokens if usage.completion_tokens is not None else inputs.relayed_events
     candidate, snapshot = inputs.candidate, inputs.snapshot
     energy = (
@@ -140,8 +145,8 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         pool=candidate.pool.name,
         precision=candidate.deployment.precision,
         pue=candidate.region.pue,
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens if usage.completion_tokens is not None else inputs.relayed_events,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
         reused_tokens=usage.cached_tokens,
         carbon_g=carbon_g,
         carbon=carbon_used,
@@ -151,6 +156,7 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         duration_ms=inputs.duration_ms,
         partial=inputs.end_reason != "complete",
         end_reason=inputs.end_reason,
+        tokens_estimated=estimated,
         carbon_basis=basis,
         carbon_intensity_g_per_kwh=intensity,
         config_version=snapshot.config_version,

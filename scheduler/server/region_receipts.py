@@ -1,16 +1,22 @@
-"""Booking the receipts regions write for direct-mode dispatches.
+"""Booking the receipts regions write for their dispatches.
 
-In direct mode the client streams from the region, so no router sees the answer. The
-region signs a receipt (``scheduler.region_receipt``) and appends it to the store's
-``receipts`` stream. One router at a time (the store lock ``region-receipts``; another takes
-over within the lock's TTL when it dies) reads the stream after the cursor it keeps in the
-store, verifies each entry with the region's ticket key, and hands the receipt to the same
-audit log and receipt sinks (the ledger) as a proxied stream's receipt: budgets and audit
-behave alike in both modes. An entry that fails verification is logged and counted, never
-booked.
+In direct mode the client streams from the region, so no router sees the answer; in proxy
+mode the router that relayed the stream may have died, or seen it cut before the region's
+usage came. So the region signs a receipt of every dispatch with a ticket, on its engine's
+counts (``scheduler.region_receipt``), and appends it to the store's ``receipts`` stream.
+One router at a time (the store lock ``region-receipts``; another takes over within the
+lock's TTL when it dies) reads the stream after the cursor it keeps in the store, verifies
+each entry with the region's ticket key, and hands the receipt to the same audit log and
+receipt sinks (the ledger) as a proxied stream's receipt: budgets and audit behave alike in
+both modes. The ledger keeps one entry per (decision, region, pool), so a proxied stream's
+two receipts are one entry, on the engine's counts. An entry that fails verification is
+logged and counted, never booked.
 
-Delivery is at least once: a router that dies after booking a batch and before moving the
-cursor makes the next holder book that batch again (the window is one batch).
+Booking a receipt only queues it (the ledger and the audit write in the background), so the
+cursor moves past a batch only once ``written`` says the ledger and the audit hold it: a
+router that dies, SIGKILLed or not, before they wrote it leaves the cursor where it was, and
+the next holder books that batch again (each receipt counts once: the ledger keeps one entry
+per (decision, region, pool), the audit one entry). Delivery is at least once.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import contextlib
 import logging
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from scheduler.region_receipt import STREAM, RegionReceipt, verify_receipt
@@ -35,23 +41,32 @@ LOCK = "region-receipts"
 CURSOR = "receipts:cursor"
 
 
+async def _at_once() -> bool:
+    return True
+
+
 @dataclass
 class RegionReceiptIngest:
     store: StateStore
     keys: TicketKeyRing
     book: Callable[[EnergyReceipt], None]
+    # Whether what ``book`` was handed until now is in the store (the router's: it writes the
+    # ledger's and the audit's queues); the default is for a ``book`` that writes at once.
+    written: Callable[[], Awaitable[bool]] = _at_once
     interval_s: float = 0.5
     lock_ttl_s: float = 5.0
     batch: int = 500
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}")
     booked: int = field(default=0, init=False)
     rejected: int = field(default=0, init=False)
+    # The last entry of a batch booked but not yet written: the cursor waits for it.
+    _unwritten: str | None = field(default=None, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def ingest_once(self) -> int:
-        """Book what the stream holds after the cursor, if this router holds the lock; the
-        number of entries read."""
-        if not await self.store.acquire_lock(LOCK, self.owner, self.lock_ttl_s):
+        """Book what the stream holds after the cursor, if this router holds the lock and
+        wrote the last batch it booked; the number of entries read."""
+        if not await self.store.acquire_lock(LOCK, self.owner, self.lock_ttl_s) or not await self._advance():
             return 0
         cursor_raw = await self.store.get(CURSOR)
         cursor = cursor_raw.decode() if cursor_raw else None
@@ -67,8 +82,19 @@ class RegionReceiptIngest:
             self.book(receipt)
             self.booked += 1
         if entries:
-            await self.store.set(CURSOR, entries[-1][0].encode())
+            self._unwritten = entries[-1][0]
+            await self._advance()
         return len(entries)
+
+    async def _advance(self) -> bool:
+        """Move the cursor past the booked batch once it is written; False while it is not."""
+        if self._unwritten is None:
+            return True
+        if not await self.written():
+            return False
+        await self.store.set(CURSOR, self._unwritten.encode())
+        self._unwritten = None
+        return True
 
     async def _run(self) -> None:
         while True:
@@ -88,7 +114,8 @@ class RegionReceiptIngest:
 
     async def stop(self) -> None:
         await stop_task(self._task)
-        # Book what arrived until now, so a clean shutdown leaves nothing for the next holder.
+        # Book what arrived until now, so a clean shutdown leaves nothing for the next holder
+        # (a batch the store did not take stays behind the cursor for it).
         with contextlib.suppress(StateUnavailable):
             while await self.ingest_once() == self.batch:
                 pass

@@ -43,9 +43,10 @@ FLAGS = "flags"
 AUDIT = "audit"
 
 
-def audit_once(decision_id: str) -> str:
-    """Marks a decision's audit entry as appended (a retried XADD lands once)."""
-    return f"audit_once:{decision_id}"
+def audit_once(entry: str) -> str:
+    """Marks an audit entry as appended (a retried XADD lands once); ``entry`` names it (a
+    receipt's "{decision_id}:{region}:{pool}", a canary event's own name)."""
+    return f"audit_once:{entry}"
 
 
 def lock(name: str) -> str:

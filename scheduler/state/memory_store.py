@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from scheduler.state import keys
 
+# A ledger entry's rank, among its booked amounts (as Redis keeps it).
+_RANK = ".rank"
 
 @dataclass
 class MemoryStore:
@@ -25,6 +27,8 @@ class MemoryStore:
     _streams: dict[str, list[tuple[str, dict[str, str]]]] = field(default_factory=dict, init=False, repr=False)
     _expires: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _last_stream_id: tuple[int, int] = field(default=(0, 0), init=False, repr=False)
+    # The ledger hash each ledger entry was booked in (Redis keeps it in the entry, as '.hash').
+    _entry_hashes: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     def _live(self, key: str) -> bool:
         """Drop ``key`` if its TTL passed; True if it still exists."""
@@ -38,6 +42,7 @@ class MemoryStore:
         self._hashes.pop(key, None)
         self._streams.pop(key, None)
         self._expires.pop(key, None)
+        self._entry_hashes.pop(key, None)
 
     async def ping(self) -> bool:
         return True
@@ -145,10 +150,20 @@ class MemoryStore:
         self._expires[key] = now + capacity / rate_per_s + 1.0
         return granted, tokens
 
-    async def ledger_add(self, key: str, fields: Mapping[str, float], once_key: str | None,
-                         once_ttl_s: float) -> bool:
-        if once_key is not None and not await self.set_nx(once_key, b"1", once_ttl_s):
-            return False
+    async def ledger_add(self, key: str, fields: Mapping[str, float], entry_key: str | None,
+                         entry_ttl_s: float, rank: int = 0) -> bool:
+        if entry_key is not None:
+            booked = self._hashes.get(entry_key) if self._live(entry_key) else None
+            if booked is not None:
+                if booked[_RANK] >= rank:
+                    return False
+                for name, amount in booked.items():
+                    if name != _RANK:
+                        await self.hincrbyfloat(self._entry_hashes[entry_key], name, -amount)
+            self._drop(entry_key)
+            self._hashes[entry_key] = {_RANK: float(rank), **fields}
+            self._entry_hashes[entry_key] = key
+            self._expires[entry_key] = self.clock() + entry_ttl_s
         for name, amount in fields.items():
             await self.hincrbyfloat(key, name, amount)
         return True

@@ -86,14 +86,40 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
 return {granted, tostring(tokens)}
 """
 
-# KEYS[1] ledger hash; KEYS[2] once marker (absent: none); ARGV[1] marker ttl ms; ARGV[2..]
-# field, amount pairs. The marker and every increment land together or not at all.
+# KEYS[1] ledger hash; KEYS[2] entry hash (absent: none); ARGV[1] entry ttl ms; ARGV[2] rank;
+# ARGV[3..] field, amount pairs. The entry holds its rank ('.rank'), the ledger hash it was
+# booked in ('.hash': another month's when a replacement crosses a month's end; every key of
+# a namespace lives on one server) and the amounts booked. A replaced entry's amounts are
+# taken back as strings (a Lua number would pass through '%.14g' and lose digits); amounts
+# are never negative. (No empty key for "none": a cluster hashes every key passed to a
+# script, and all must share one slot.)
 _LEDGER_ADD = """
-if #KEYS > 1 and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then
-  return 0
+local entry = KEYS[2] or ''
+if entry ~= '' then
+  local booked = redis.call('HGET', entry, '.rank')
+  if booked then
+    if tonumber(booked) >= tonumber(ARGV[2]) then
+      return 0
+    end
+    local hash = redis.call('HGET', entry, '.hash')
+    local old = redis.call('HGETALL', entry)
+    for i = 1, #old, 2 do
+      if string.sub(old[i], 1, 1) ~= '.' then
+        redis.call('HINCRBYFLOAT', hash, old[i], '-' .. old[i + 1])
+      end
+    end
+    redis.call('DEL', entry)
+  end
+  redis.call('HSET', entry, '.rank', ARGV[2], '.hash', KEYS[1])
 end
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+  if entry ~= '' then
+    redis.call('HSET', entry, ARGV[i], ARGV[i + 1])
+  end
+end
+if entry ~= '' then
+  redis.call('PEXPIRE', entry, ARGV[1])
 end
 return 1
 """
@@ -282,12 +308,12 @@ class RedisStore:
             lambda: self._take_tokens(keys=[self._key(key)], args=[wanted, repr(rate_per_s), repr(capacity)]))
         return int(raw[0]), float(_text(raw[1]))
 
-    async def ledger_add(self, key: str, fields: Mapping[str, float], once_key: str | None,
-                         once_ttl_s: float) -> bool:
-        args: list[Any] = [_ms(once_ttl_s)]
+    async def ledger_add(self, key: str, fields: Mapping[str, float], entry_key: str | None,
+                         entry_ttl_s: float, rank: int = 0) -> bool:
+        args: list[Any] = [_ms(entry_ttl_s), rank]
         for name, amount in fields.items():
             args += [name, repr(float(amount))]
-        keys_ = [self._key(key)] if once_key is None else [self._key(key), self._key(once_key)]
+        keys_ = [self._key(key)] if entry_key is None else [self._key(key), self._key(entry_key)]
         added = await self._call(lambda: self._ledger_add(keys=keys_, args=args))
         return bool(added)
 

@@ -84,9 +84,12 @@ class StateStore(Protocol):
         Returns ``(granted, tokens_left)``; ``granted`` is 0 when the bucket holds less than one."""
         ...
 
-    async def ledger_add(self, key: str, fields: Mapping[str, float], once_key: str | None,
-                         once_ttl_s: float) -> bool:
-        """Add each amount of ``fields`` to hash ``key`` (HINCRBYFLOAT) atomically, all or none,
-        and only if ``once_key`` did not exist (it is then set for ``once_ttl_s``): a retried
-        entry counts once. True if added; ``once_key`` None: always added."""
+    async def ledger_add(self, key: str, fields: Mapping[str, float], entry_key: str | None,
+                         entry_ttl_s: float, rank: int = 0) -> bool:
+        """Book ``fields`` (hash field -> amount) into hash ``key`` (HINCRBYFLOAT) atomically, all
+        or none, as the entry ``entry_key``, which remembers them for ``entry_ttl_s``. A new entry
+        adds its amounts. An entry booked before at a lower ``rank`` is replaced: its amounts are
+        taken back from the hash it was booked in, then these are added. An entry booked at the
+        same or a higher rank stays as it is (a retried entry counts once). True if anything
+        was written; ``entry_key`` None: always added, nothing remembered."""
         ...

@@ -27,7 +27,7 @@ from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.carbon.store_io import write_forecast
 from scheduler.deferral.queue import DeferralQueue
 from scheduler.ledger.budget import TenantBudget
-from scheduler.ledger.ledger import Ledger, booked_key
+from scheduler.ledger.ledger import Ledger, entry_key
 from scheduler.state import keys as store_keys
 from scheduler.state.redis_store import RedisStore, delete_namespace
 from scheduler.types import Signal
@@ -132,7 +132,7 @@ async def test_a_held_request_waits_for_the_clean_window_then_runs_when_released
             break
         await asyncio.sleep(0.1)
     assert usage is not None and usage.requests == 1 and usage.energy_j == pytest.approx(receipt.energy_j)
-    assert await store.get(booked_key(receipt.decision_id)) is not None
+    assert await store.hgetall(entry_key(receipt.decision_id, receipt.region, receipt.pool))
 
 
 async def test_a_chain_step_and_a_near_deadline_are_released_at_once(

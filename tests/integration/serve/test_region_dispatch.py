@@ -19,6 +19,7 @@ import pytest
 from scheduler.client import AsyncSchedulerClient
 from scheduler.ledger.ledger import month_of, parse_month
 from scheduler.serve.stack import LocalStack
+from scheduler.serve.tiny_model import TINY_MODEL
 from scheduler.state import keys
 from scheduler.state.factory import open_store
 from scheduler.tickets import HEADER as TICKET_HEADER
@@ -177,3 +178,68 @@ async def test_the_openai_front_door_and_direct_mode_over_http_reach_the_real_re
     assert (proxied.receipt.region, proxied.receipt.pool) == (REGION, proxied.decision.ranked[0].pool)
     assert proxied.receipt.energy_j > 0 and proxied.receipt.completion_tokens > 0
     assert direct.receipt.precision == "bf16"  # as the region's config serves the model on that pool
+
+
+async def _region_receipt(stack: LocalStack, decision_id: str, timeout_s: float = 15.0) -> dict[str, Any]:
+    """The region's signed receipt of ``decision_id`` once its outbox wrote it to the store."""
+    from scheduler.region_receipt import STREAM, verify_receipt
+
+    assert stack.ticket_keys is not None
+    store = open_store(stack.state_url, stack.namespace)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for _, entry in await store.xrange(STREAM, 100_000):
+                claims = verify_receipt(stack.ticket_keys.of(REGION), entry)
+                if claims["decision_id"] == decision_id:
+                    return claims
+            assert time.monotonic() < deadline, f"no region receipt of {decision_id}"
+            await asyncio.sleep(0.25)
+    finally:
+        await store.close()
+
+
+@pytest.mark.timeout(180)
+async def test_a_stream_cut_after_two_tokens_is_billed_on_the_engines_counts(stack: LocalStack) -> None:
+    """vLLM's running usage (continuous_usage_stats, through Ray Serve LLM) and its tokenizer
+    behind ``RegionLLMServer.prompt_tokens`` give the region's receipt of a cut stream the
+    engine's own counts: the prompt a complete run of the same prompt reports, and at least
+    the tokens the client read."""
+    from ray import serve
+
+    prompt = LONG_PROMPT[:300]
+    url = f"{stack.endpoint(REGION)}/v1/completions"
+    complete = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True}
+    cut = {**complete, "max_tokens": 48}
+    ids = [uuid.uuid4().hex, uuid.uuid4().hex]
+    async with httpx.AsyncClient(timeout=60) as client:
+        answer = await client.post(url, json=complete, headers=ticket_headers(stack, complete, decision_id=ids[0],
+                                                                                mode="direct"))
+        read = 0
+        async with client.stream("POST", url, json=cut,
+                                 headers=ticket_headers(stack, cut, decision_id=ids[1], mode="proxy")) as response:
+            async for line in response.aiter_lines():
+                read += line.startswith("data: {") and '"choices":[{' in line
+                if read == 2:
+                    break
+    events = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
+    engine_prompt = events[-1]["usage"]["prompt_tokens"]
+    claims = await _region_receipt(stack, ids[1])
+    print(f"\nengine's prompt {engine_prompt} tokens; cut after 2 read: the region billed {claims['usage']}")
+    assert (await _region_receipt(stack, ids[0]))["end_reason"] == "complete"
+    assert claims["partial"] and claims["end_reason"] == "cancelled" and not claims["tokens_estimated"]
+    assert claims["usage"]["prompt_tokens"] == engine_prompt and 2 <= claims["usage"]["completion_tokens"] < 48
+    # What the gateway asks when a client leaves before any usage came: the same count.
+    app = serve.status().applications[REGION]
+    engine = next(name for name in app.deployments if name.startswith(f"LLMServer:{REGION}:h200-long:"))
+    handle = serve.get_deployment_handle(engine, app_name=REGION)
+    served = {**complete, "model": TINY_MODEL}  # the engine's body names the model it runs
+    assert await handle.prompt_tokens.remote(served, "stream_completions") == engine_prompt
+    # A chat's prompt is counted through the engine's chat template, as its usage says.
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "stream": True}
+    async with httpx.AsyncClient(timeout=60) as client:
+        chat_answer = await client.post(f"{stack.endpoint(REGION)}/v1/chat/completions", json=chat,
+                                        headers=ticket_headers(stack, chat, mode="direct"))
+    chat_events = [json.loads(line[6:]) for line in chat_answer.text.splitlines() if line.startswith("data: {")]
+    chat_prompt = chat_events[-1]["usage"]["prompt_tokens"]
+    assert await handle.prompt_tokens.remote({**chat, "model": TINY_MODEL}, "stream_chat") == chat_prompt

@@ -373,29 +373,53 @@ async def test_take_tokens_concurrent_callers_never_overdraw(subject: StoreUnder
         await store.delete("rate:race")
 
 
-async def test_ledger_add_applies_all_fields_once_per_marker(subject: StoreUnderTest) -> None:
+async def test_ledger_add_applies_all_fields_once_per_entry(subject: StoreUnderTest) -> None:
     store = subject.store
     key = keys.ledger("acme", "2026-03")
     fields = {"eu-north|model-v1|energy_j": 12.5, "eu-north|model-v1|carbon_g": 0.25,
               "eu-north|model-v1|requests": 1.0}
-    assert await store.ledger_add(key, fields, "ledger_booked:d1", 60.0) is True
-    # The same decision again (a retry, a re-read batch): nothing is added.
-    assert await store.ledger_add(key, fields, "ledger_booked:d1", 60.0) is False
-    assert await store.ledger_add(key, fields, "ledger_booked:d2", 60.0) is True
+    assert await store.ledger_add(key, fields, "ledger_entry:d1:eu-north:p", 60.0) is True
+    # The same entry again (a retry, a re-read batch): nothing is added.
+    assert await store.ledger_add(key, fields, "ledger_entry:d1:eu-north:p", 60.0) is False
+    assert await store.ledger_add(key, fields, "ledger_entry:d2:eu-north:p", 60.0) is True
     table = await store.hgetall(key)
     assert {name: float(value) for name, value in table.items()} == pytest.approx(
         {name: 2 * amount for name, amount in fields.items()})
-    # Without a marker every call adds.
+    # Without an entry key every call adds.
     assert await store.ledger_add(key, {"eu-north|model-v1|requests": 1.0}, None, 60.0) is True
     assert float((await store.hgetall(key))["eu-north|model-v1|requests"]) == pytest.approx(3.0)
 
 
-async def test_ledger_add_marker_expires(subject: StoreUnderTest) -> None:
+async def test_ledger_add_replaces_an_entry_only_with_a_higher_rank(subject: StoreUnderTest) -> None:
+    """A router's own count (rank 1) booked first, then the engine's (rank 2) under another
+    rule, in another month's hash: the first is taken back from where it was booked; a second
+    rank-1 booking changes nothing after that, nor does the rank-2 one again."""
+    store = subject.store
+    march, april = keys.ledger("acme", "2026-03"), keys.ledger("acme", "2026-04")
+    entry = "ledger_entry:d7:eu-north:p"
+    estimate = {"eu-north|model-v1|energy_j": 10.0, "eu-north|model-v1|requests": 1.0,
+                "eu-north|model-v1|prompt_tokens": 25.0}
+    engine = {"eu-north|equal-v1|energy_j": 12.5, "eu-north|equal-v1|requests": 1.0,
+              "eu-north|equal-v1|prompt_tokens": 40.0}
+    other = {"eu-north|model-v1|energy_j": 5.0, "eu-north|model-v1|requests": 1.0}
+    assert await store.ledger_add(march, other, "ledger_entry:d8:eu-north:p", 60.0, 1)
+    assert await store.ledger_add(march, estimate, entry, 60.0, 1) is True
+    assert await store.ledger_add(april, engine, entry, 60.0, 2) is True
+    assert await store.ledger_add(april, estimate, entry, 60.0, 1) is False
+    assert await store.ledger_add(april, engine, entry, 60.0, 2) is False
+    march_table = {name: float(value) for name, value in (await store.hgetall(march)).items()}
+    april_table = {name: float(value) for name, value in (await store.hgetall(april)).items()}
+    assert march_table == pytest.approx({"eu-north|model-v1|energy_j": 5.0, "eu-north|model-v1|requests": 1.0,
+                                         "eu-north|model-v1|prompt_tokens": 0.0})
+    assert april_table == pytest.approx(engine)
+
+
+async def test_ledger_add_entry_expires(subject: StoreUnderTest) -> None:
     store = subject.store
     key = keys.ledger("acme", "2026-04")
-    assert await store.ledger_add(key, {"x|r|requests": 1.0}, "ledger_booked:d9", 0.2)
+    assert await store.ledger_add(key, {"x|r|requests": 1.0}, "ledger_entry:d9:x:p", 0.2)
     await subject.advance(0.4)
-    assert await store.ledger_add(key, {"x|r|requests": 1.0}, "ledger_booked:d9", 0.2)
+    assert await store.ledger_add(key, {"x|r|requests": 1.0}, "ledger_entry:d9:x:p", 0.2)
     assert float((await store.hgetall(key))["x|r|requests"]) == pytest.approx(2.0)
 
 

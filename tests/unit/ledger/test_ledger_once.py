@@ -1,4 +1,5 @@
-"""The ledger counts a decision once, and a failing store never drops what was handed to it."""
+"""The ledger counts each (decision, region, pool) once, an engine's count over a router's, and a
+failing store never drops what was handed to it."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from dataclasses import dataclass
 
 import pytest
 
-from scheduler.ledger.ledger import Ledger, LedgerEntry
+from scheduler.ledger.ledger import ENGINE_COUNTED, ROUTER_COUNTED, Ledger, LedgerEntry
 from scheduler.ledger.service import LedgerService
 from scheduler.state.memory_store import MemoryStore
 
 NOW = 1_790_000_000.0
 
 
-def entry(decision_id: str, energy_j: float = 10.0) -> LedgerEntry:
-    return LedgerEntry(tenant="acme", region="eu-north", energy_j=energy_j, carbon_g=1.0, rule_version="model-v1",
-                       at=NOW, decision_id=decision_id)
+def entry(decision_id: str, energy_j: float = 10.0, region: str = "eu-north", pool: str = "h200-long",
+          completion_tokens: int = 0, counted_by: int = ENGINE_COUNTED) -> LedgerEntry:
+    return LedgerEntry(tenant="acme", region=region, energy_j=energy_j, carbon_g=1.0, rule_version="model-v1",
+                       at=NOW, decision_id=decision_id, pool=pool, prompt_tokens=40,
+                       completion_tokens=completion_tokens, counted_by=counted_by)
 
 
 @dataclass
@@ -27,11 +30,11 @@ class FlakyStore(MemoryStore):
 
     failing: bool = False
 
-    async def ledger_add(self, key: str, fields: Mapping[str, float], once_key: str | None,
-                         once_ttl_s: float) -> bool:
+    async def ledger_add(self, key: str, fields: Mapping[str, float], entry_key: str | None,
+                         entry_ttl_s: float, rank: int = 0) -> bool:
         if self.failing:
             raise RuntimeError("the store answered something unexpected")
-        return await super().ledger_add(key, fields, once_key, once_ttl_s)
+        return await super().ledger_add(key, fields, entry_key, entry_ttl_s, rank)
 
 
 def test_a_retried_entry_counts_once() -> None:
@@ -43,6 +46,38 @@ def test_a_retried_entry_counts_once() -> None:
         return usage.requests, usage.energy_j
 
     assert asyncio.run(scenario()) == (2.0, 20.0)
+
+
+def test_every_target_of_one_decision_is_billed_once() -> None:
+    """One Route hands out tickets for three targets; each used target is an entry of its own,
+    and a retry of any of them counts once."""
+
+    async def scenario() -> tuple[float, float]:
+        ledger = Ledger(MemoryStore(), clock=lambda: NOW)
+        targets = [("eu-north", "h200-long"), ("eu-north", "a100-batch"), ("us-east", "h100-chat")]
+        for region, pool in [*targets, targets[0], targets[2]]:
+            await ledger.record(entry("d1", region=region, pool=pool))
+        usage, _ = await ledger.usage("acme")
+        return usage.requests, usage.energy_j
+
+    assert asyncio.run(scenario()) == (3.0, 30.0)
+
+
+@pytest.mark.parametrize("order", [("router", "engine"), ("engine", "router")])
+def test_the_engines_count_replaces_a_routers_whichever_comes_first(order: tuple[str, str]) -> None:
+    """A cancelled proxied stream: the router books what it counted (2 tokens relayed), the
+    region its engine's count (5 generated); the ledger holds the engine's, once."""
+    booked = {"router": entry("d1", energy_j=4.0, completion_tokens=2, counted_by=ROUTER_COUNTED),
+              "engine": entry("d1", energy_j=9.0, completion_tokens=5, counted_by=ENGINE_COUNTED)}
+
+    async def scenario() -> tuple[float, float, float]:
+        ledger = Ledger(MemoryStore(), clock=lambda: NOW)
+        for name in order:
+            await ledger.record(booked[name])
+        usage, _ = await ledger.usage("acme")
+        return usage.requests, usage.energy_j, usage.completion_tokens
+
+    assert asyncio.run(scenario()) == (1.0, 9.0, 5.0)
 
 
 def test_an_unexpected_store_failure_keeps_the_batch_queued() -> None:

@@ -21,7 +21,12 @@ def test_entry_writes_the_shared_format() -> None:
         ("ledger:acme:2026-01", "eu-north|marginal-v1|energy_j", 12.5),
         ("ledger:acme:2026-01", "eu-north|marginal-v1|carbon_g", 0.4),
         ("ledger:acme:2026-01", "eu-north|marginal-v1|requests", 1.0),
+        ("ledger:acme:2026-01", "eu-north|marginal-v1|prompt_tokens", 0.0),
+        ("ledger:acme:2026-01", "eu-north|marginal-v1|completion_tokens", 0.0),
     )
+    assert e.key is None  # no decision id: nothing to tell a retry by
+    target = LedgerEntry("acme", "eu-north", 1.0, 0.1, "model-v1", at=JAN_31_LATE, decision_id="d1", pool="h200-long")
+    assert target.key == "ledger_entry:d1:eu-north:h200-long"
 
 
 @pytest.mark.parametrize(("energy_j", "carbon_g", "level", "what"), [

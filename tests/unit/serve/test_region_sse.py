@@ -127,3 +127,28 @@ def test_a_client_that_asked_for_continuous_usage_keeps_it() -> None:
     out = assembler.feed(PROGRESS[0])
     assert out is not None and json.loads(events(out)[0])["usage"]["completion_tokens"] == 1
     assert seen == [(200, 1)]
+
+
+def _with_running_usage(event: str, completion_tokens: int) -> str:
+    chunk = json.loads(event.removeprefix("data: "))
+    chunk["usage"] = {"prompt_tokens": 200, "completion_tokens": completion_tokens, "total_tokens": 200}
+    return "data: " + json.dumps(chunk) + "\n\n"
+
+
+def test_the_running_usage_is_kept_for_a_cut_stream_and_taken_off_the_chunks() -> None:
+    """With continuous usage stats every chunk says the engine's counts so far: a stream cut
+    after two chunks is billed those, and the client sees the chunks as without them."""
+    assembler = StreamAssembler(requested_model="m", clock=Ticks())
+    assert assembler.usage_so_far() is None
+    out = [assembler.feed(_with_running_usage(event, n + 1)) for n, event in enumerate(CONTENT)]
+    assert [json.loads(events(o)[0])["usage"] for o in out if o is not None] == [None, None]
+    assert assembler.content_events == 2 and assembler.usage is None
+    assert assembler.usage_so_far() == Usage(prompt_tokens=200, completion_tokens=2, cached_tokens=0)
+    # An engine whose usage lags the chunks: at least the chunks that carried text.
+    lagging = StreamAssembler(requested_model="m", clock=Ticks())
+    lagging.feed(_with_running_usage(CONTENT[0], 1))
+    lagging.feed(CONTENT[1])
+    assert lagging.usage_so_far() == Usage(prompt_tokens=200, completion_tokens=2, cached_tokens=0)
+    # The final usage, once it came, is the count.
+    assembler.feed(USAGE)
+    assert assembler.usage_so_far() == Usage(prompt_tokens=200, completion_tokens=16, cached_tokens=128)

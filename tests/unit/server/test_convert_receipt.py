@@ -64,7 +64,7 @@ def test_valid_request_converts() -> None:
 def _inputs(snap: FleetSnapshot, energy: dict[str, Any] | None) -> ReceiptInputs:
     candidate = snap.candidates_by_model["llama-3.1-8b"][0]
     usage = {"prompt_tokens": 120, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 100}}
-    return ReceiptInputs("d1", "r1", "acme", candidate, snap, (), (), 100, 0, usage, energy, 12.0, 80.0)
+    return ReceiptInputs("d1", "r1", "acme", candidate, snap, (), (), 100, usage, energy, 12.0, 80.0)
 
 
 def test_receipt_from_the_model_when_the_region_measures_nothing() -> None:
@@ -123,14 +123,17 @@ def test_carbon_is_never_booked_as_zero(snap: FleetSnapshot, intensity: float, b
 def test_a_partial_receipt_bills_the_relayed_events_when_the_region_sent_no_usage() -> None:
     snap = snapshot(carbon_age_s=60)
     candidate = snap.candidates_by_model["llama-3.1-8b"][0]
-    inputs = ReceiptInputs("d1", "r1", "acme", candidate, snap, (), (), 100, 0, None, None, 12.0, 80.0,
+    inputs = ReceiptInputs("d1", "r1", "acme", candidate, snap, (), (), 100, None, None, 12.0, 80.0,
                            relayed_events=7, end_reason="cancelled")
     receipt = build_receipt(inputs)
     expected = snap.perf[candidate.index].energy.estimate(100, 0, 7)
     assert receipt.partial and receipt.end_reason == "cancelled" and receipt.completion_tokens == 7
+    assert receipt.prompt_tokens == 100 and receipt.tokens_estimated
     assert receipt.measurement_source == "model" and receipt.energy_j == pytest.approx(expected.energy_j)
     message = convert.receipt_to_proto(receipt)
     assert message.partial and message.end_reason == "cancelled" and message.completion_tokens == 7
+    # With the region's usage the counts are the engine's, not the router's.
+    assert not build_receipt(_inputs(snap, None)).tokens_estimated
 
 
 def test_the_receipt_says_what_its_carbon_figure_is_and_its_embodied_line() -> None:
@@ -169,3 +172,22 @@ def test_embodied_catalogue_covers_every_gpu_and_amortises_over_its_lifetime() -
     assert a100.g_per_gpu_second == pytest.approx(318_000 / (5 * 365.25 * 86400))
     assert a100.grams(2, 10.0, 1.0) == pytest.approx(20 * a100.g_per_gpu_second)
     assert a100.grams(2, 10.0, 4.0) == pytest.approx(5 * a100.g_per_gpu_second)
+
+
+
+def test_the_prompt_a_partial_receipt_bills_is_the_routers_count_never_the_clients() -> None:
+    """A client that declares a short, fully cached prompt does not make its prefill cheap: the
+    router's own count (from the prompt's 400 bytes) is what a receipt bills without usage."""
+    declared = convert.incoming(build_request(model="llama-3.1-8b", max_tokens=8, prompt="x" * 400,
+                                              prompt_tokens=4, cached_tokens=4), "acme", snapshot())
+    honest = convert.incoming(build_request(model="llama-3.1-8b", max_tokens=8, prompt="x" * 400),
+                              "acme", snapshot())
+    assert declared.request.prompt_tokens == 4 and declared.request.cached_tokens == 4
+    assert declared.counted_prompt_tokens == honest.counted_prompt_tokens == 100
+    snap = snapshot(carbon_age_s=60)
+    candidate = snap.candidates_by_model["llama-3.1-8b"][0]
+    receipt = build_receipt(ReceiptInputs("d1", "r1", "acme", candidate, snap, (), (),
+                                          declared.counted_prompt_tokens, None, None, 12.0, 80.0,
+                                          relayed_events=0, end_reason="cancelled"))
+    expected = snap.perf[candidate.index].energy.estimate(100, 0, 0)
+    assert receipt.prompt_tokens == 100 and receipt.energy_j == pytest.approx(expected.energy_j)

@@ -91,3 +91,37 @@ def test_another_router_takes_over_when_the_holder_stops() -> None:
         return [r.decision_id for r in booked]
 
     assert asyncio.run(scenario()) == ["d2"]
+
+
+def test_the_cursor_moves_past_a_batch_only_once_it_is_written() -> None:
+    """Booking queues a receipt; a holder that dies before its ledger and audit wrote the batch
+    (a SIGKILL) has not moved the cursor, so the next holder books the batch again; a holder
+    that lives moves it once they wrote it."""
+    clock = [0.0]
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        store = MemoryStore(clock=lambda: clock[0])
+        written = [False]
+
+        async def is_written() -> bool:
+            return written[0]
+
+        queued: list[EnergyReceipt] = []
+        booked: list[EnergyReceipt] = []
+        holder = RegionReceiptIngest(store, RING, queued.append, is_written, owner="a", lock_ttl_s=5.0)
+        standby = RegionReceiptIngest(store, RING, booked.append, is_written, owner="b", lock_ttl_s=5.0)
+        for decision_id in ("d1", "d2"):
+            await store.xadd(STREAM, sign_receipt(RING.of("eu-north"), claims(decision_id)), STREAM_MAXLEN)
+        assert await holder.ingest_once() == 2
+        await store.xadd(STREAM, sign_receipt(RING.of("eu-north"), claims("d3")), STREAM_MAXLEN)
+        assert await holder.ingest_once() == 0  # nothing new is read while the batch is unwritten
+        clock[0] += 6.0  # it died with d1 and d2 queued: its lock expired
+        assert await standby.ingest_once() == 3
+        written[0] = True
+        await store.xadd(STREAM, sign_receipt(RING.of("eu-north"), claims("d4")), STREAM_MAXLEN)
+        assert await standby.ingest_once() == 1  # the cursor moved past d1..d3 first
+        return ([r.decision_id for r in queued], [r.decision_id for r in booked],
+                [r.decision_id for r in booked[3:]])
+
+    queued, booked, after = asyncio.run(scenario())
+    assert queued == ["d1", "d2"] and booked == ["d1", "d2", "d3", "d4"] and after == ["d4"]
