@@ -180,7 +180,7 @@ async def test_a_client_gone_during_the_prefill_is_billed_the_prompt(region: Reg
     else:
         assert claims["usage"]["prompt_tokens"] == 3 and claims["tokens_estimated"]  # ceil(300 / 128)
     assert claims["energy"]["phases"]["prefill_j"] > 0
-    assert region.host.gateway._in_flight[POOL].count == 0
+    assert region.host.gateway._flight.count(POOL) == 0
 
 
 async def test_an_engine_that_dies_mid_stream_is_billed_as_a_region_error(region: Region) -> None:
@@ -212,7 +212,7 @@ async def test_a_client_gone_before_the_answer_started_is_billed(region: Region)
     assert claims["partial"] and claims["end_reason"] == "cancelled"
     assert (claims["usage"]["prompt_tokens"], claims["usage"]["completion_tokens"]) == region.engine_counts("gone-early")
     for _ in range(100):
-        if region.host.gateway._in_flight[POOL].count == 0:
+        if region.host.gateway._flight.count(POOL) == 0:
             break
         await asyncio.sleep(0.02)
-    assert region.host.gateway._in_flight[POOL].count == 0
+    assert region.host.gateway._flight.count(POOL) == 0
