@@ -1,9 +1,14 @@
 """Dispatch tickets: the router's decision, signed, so that a region runs only what was decided.
 
-A ticket binds one dispatch: decision id, request id, tenant, region, pool, model,
-``max_tokens``, a bound on the prompt's tokens, a SHA-256 digest of the prompt, the dispatch
+A ticket binds one dispatch: decision id, request id, tenant, region, pool, model, the
+endpoint (``/v1/completions`` or ``/v1/chat/completions``), ``max_tokens``, a bound on the
+prompt's tokens, a SHA-256 digest of the body the engine will run (``body_digest``: every
+field of ``ENGINE_FIELDS`` but those checked on their own, in canonical JSON), the dispatch
 mode (proxy: the router streams and writes the receipt; direct: the client streams and the
-region writes the receipt) and an expiry at most ``MAX_TICKET_TTL_S`` ahead. It is signed with
+region writes the receipt) and an expiry at most ``MAX_TICKET_TTL_S`` ahead. A region
+rebuilds the engine's body from ``ENGINE_FIELDS`` (``engine_body``): any other field, a
+message key outside ``MESSAGE_KEYS``, or a body with both ``prompt`` and ``messages`` is
+refused, so what runs is exactly what the router decided on. It is signed with
 HMAC-SHA256 under a secret of the target region, named by a key id so keys can rotate:
 
     v1.<kid>.<base64url(JSON claims)>.<base64url(HMAC(key, "ticket.v1.<kid>.<claims>"))>
@@ -51,6 +56,24 @@ KEY_BYTES = 32
 # No tokenizer's token is longer than this many UTF-8 bytes, so ceil(bytes / this) is a lower
 # bound on a prompt's tokens that a gateway can check without loading the tokenizer.
 MAX_TOKEN_BYTES = 128
+
+# The fields of an OpenAI request body a region passes to its engine; any other is refused.
+ENGINE_FIELDS = frozenset({
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
+    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice",
+    "parallel_tool_calls", "user", "min_tokens", "ignore_eos",
+})
+# Checked on their own (the ticket's model and max_tokens, one completion, the stream the
+# region sets up), so not in the digest: a router and a client may write them differently.
+DIGEST_EXCLUDED = frozenset({"model", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options"})
+# Sampling fields that are real numbers: 0 and 0.0 are the same temperature, so the digest
+# writes them one way whatever JSON the client sent.
+REAL_FIELDS = frozenset({"temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                         "repetition_penalty"})
+_DIGESTED = ENGINE_FIELDS - DIGEST_EXCLUDED
+MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+COMPLETIONS, CHAT_COMPLETIONS = "/v1/completions", "/v1/chat/completions"
 
 Mode = Literal["proxy", "direct"]
 Purpose = Literal["ticket", "receipt"]
@@ -251,11 +274,38 @@ def verify(keys: RegionKeys, purpose: Purpose, token: str) -> dict[str, Any]:
     return claims
 
 
-def body_prompt_digest(body: Mapping[str, Any]) -> tuple[str, int] | None:
-    """(SHA-256 hex, a lower bound on its tokens) of an OpenAI request body's prompt: a string,
-    a list of token ids, or chat messages with string content (role and content bound).
-    None when the body has none of these shapes (a ticket cannot bind it)."""
-    digest = hashlib.sha256()
+def engine_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine's request from a client's body: its ``ENGINE_FIELDS``, checked to be the
+    shape a ticket binds; ``TicketRejected(403)`` naming what is not allowed."""
+    unknown = sorted(set(body) - ENGINE_FIELDS)
+    if unknown:
+        raise TicketRejected(403, f"field(s) {', '.join(map(repr, unknown))} not allowed (allowed: "
+                                  f"{', '.join(sorted(ENGINE_FIELDS))})")
+    if "prompt" in body and "messages" in body:
+        raise TicketRejected(403, "a request has a prompt or messages, not both")
+    messages = body.get("messages")
+    if messages is not None:
+        if not isinstance(messages, list):
+            raise TicketRejected(403, "messages must be a list")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise TicketRejected(403, f"messages[{i}] must be an object")
+            extra = sorted(set(message) - MESSAGE_KEYS)
+            if extra:
+                raise TicketRejected(403, f"messages[{i}]: key(s) {', '.join(map(repr, extra))} not allowed "
+                                          f"(allowed: {', '.join(sorted(MESSAGE_KEYS))})")
+    return dict(body)
+
+
+def _canonical(name: str, value: Any) -> Any:
+    if name in REAL_FIELDS and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _prompt_bytes(body: Mapping[str, Any]) -> int | None:
+    """UTF-8 bytes of the prompt's text (messages: roles and string contents), or -(token
+    count) for a prompt of token ids; None when there is no prompt of a known shape."""
     messages = body.get("messages")
     prompt = body.get("prompt")
     if messages is not None:
@@ -263,21 +313,32 @@ def body_prompt_digest(body: Mapping[str, Any]) -> tuple[str, int] | None:
             return None
         size = 0
         for message in messages:
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                    or not isinstance(message.get("content"), str):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 return None
-            role, content = message["role"].encode(), message["content"].encode()
-            digest.update(b"\x1e" + role + b"\x1f" + content)
-            size += len(role) + len(content)
-        return digest.hexdigest(), math.ceil(size / MAX_TOKEN_BYTES)
+            content = message.get("content")
+            text = content if isinstance(content, str) else orjson.dumps(content).decode()
+            size += len(message["role"].encode()) + len(text.encode())
+        return size
     if isinstance(prompt, str):
-        digest.update(b"\x1d" + prompt.encode())
-        return digest.hexdigest(), math.ceil(len(prompt.encode()) / MAX_TOKEN_BYTES)
+        return len(prompt.encode())
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        # Token ids: their number is the prompt's length exactly.
-        digest.update(b"\x1c" + ",".join(map(str, prompt)).encode())
-        return digest.hexdigest(), len(prompt)
+        return -len(prompt)
     return None
+
+
+def body_digest(body: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(SHA-256 hex of the body's content in canonical JSON, a lower bound on its prompt's
+    tokens): its ``ENGINE_FIELDS`` but ``DIGEST_EXCLUDED`` (a region refuses any other field
+    before it looks at the digest), keys sorted, real sampling values as floats.
+    None when the body has no prompt or messages of a known shape (a ticket cannot bind it)."""
+    size = _prompt_bytes(body)
+    if size is None:
+        return None
+    content = {name: _canonical(name, value) for name, value in body.items() if name in _DIGESTED}
+    digest = hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    # Token ids: their number is the prompt's length exactly; text: at least one token per
+    # MAX_TOKEN_BYTES bytes, a bound that needs no tokenizer.
+    return digest, -size if size < 0 else math.ceil(size / MAX_TOKEN_BYTES)
 
 
 @dataclass(frozen=True)
@@ -291,8 +352,10 @@ class Ticket:
     max_tokens: int
     # The most prompt tokens the decision allowed for.
     prompt_tokens_max: int
-    prompt_sha256: str
+    # ``body_digest`` of the body the engine will run, and the endpoint it goes to.
+    body_sha256: str
     expires_at: float  # epoch seconds
+    endpoint: str = COMPLETIONS
     mode: Mode = "proxy"
     workload_class: str = "interactive"
     # Direct mode: what the region needs to price the receipt (None: the signal was stale).
@@ -321,16 +384,27 @@ class Ticket:
             raise TicketRejected(401, "malformed ticket: unexpected claims") from None
 
 
-def check(ticket: Ticket, *, region: str, now: float, body: Mapping[str, Any], pool: str | None) -> None:
+# How far a region's clock may be from the router's before it refuses a ticket as expired or
+# as expiring too far ahead (the default of the gateway's ``ticket_clock_skew_s``).
+CLOCK_SKEW_S = 5.0
+
+
+def check(ticket: Ticket, *, region: str, now: float, body: Mapping[str, Any], pool: str | None,
+          endpoint: str, clock_skew_s: float = CLOCK_SKEW_S) -> None:
     """The checks a region makes of a signed ticket against the OpenAI request body it came
-    with (and the pool the request names, if any); ``TicketRejected`` with the failed check
-    (401 expired, 403 otherwise)."""
-    if now > ticket.expires_at:
-        raise TicketRejected(401, f"ticket expired {now - ticket.expires_at:.1f} s ago")
-    if ticket.expires_at - now > MAX_TICKET_TTL_S + 5.0:
-        raise TicketRejected(401, f"ticket expires in {ticket.expires_at - now:.0f} s, more than {MAX_TICKET_TTL_S:.0f} s")
+    with (``engine_body`` of it), the endpoint it was sent to and the pool it names, if any;
+    ``TicketRejected`` with the failed check (401 expired, 403 otherwise). ``clock_skew_s``: how
+    far the region's clock may be behind or ahead of the router's."""
+    if now > ticket.expires_at + clock_skew_s:
+        raise TicketRejected(401, f"ticket expired {now - ticket.expires_at:.1f} s ago (clock-skew tolerance "
+                                  f"{clock_skew_s:g} s)")
+    if ticket.expires_at - now > MAX_TICKET_TTL_S + clock_skew_s:
+        raise TicketRejected(401, f"ticket expires in {ticket.expires_at - now:.0f} s, more than "
+                                  f"{MAX_TICKET_TTL_S:.0f} s (clock-skew tolerance {clock_skew_s:g} s)")
     if ticket.region != region:
         raise TicketRejected(403, f"ticket is for region {ticket.region}, not {region}")
+    if endpoint != ticket.endpoint:
+        raise TicketRejected(403, f"ticket is for {ticket.endpoint}, the request went to {endpoint}")
     if pool is not None and pool != ticket.pool:
         raise TicketRejected(403, f"ticket is for pool {ticket.pool}, the request asks for {pool}")
     model = body.get("model")
@@ -343,16 +417,16 @@ def check(ticket: Ticket, *, region: str, now: float, body: Mapping[str, Any], p
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value > ticket.max_tokens:
             raise TicketRejected(403, f"{name} {value!r} exceeds the ticket's {ticket.max_tokens}")
-    # Fields that multiply the work of one request: a ticket covers one completion.
-    for name in ("n", "best_of"):
-        if body.get(name, 1) != 1:
-            raise TicketRejected(403, f"{name}={body[name]!r}: a ticket covers one completion")
-    prompt = body_prompt_digest(body)
-    if prompt is None:
-        raise TicketRejected(403, "the request's prompt is not a string, token ids or messages with string content")
-    digest, min_tokens = prompt
-    if digest != ticket.prompt_sha256:
-        raise TicketRejected(403, "the prompt is not the one the ticket was issued for")
+    # A ticket covers one completion.
+    if body.get("n", 1) != 1:
+        raise TicketRejected(403, f"n={body['n']!r}: a ticket covers one completion")
+    bound = body_digest(body)
+    if bound is None:
+        raise TicketRejected(403, "the request's prompt is not a string, token ids or a list of messages")
+    digest, min_tokens = bound
+    if digest != ticket.body_sha256:
+        raise TicketRejected(403, "the request is not the one the ticket was issued for (its prompt, messages "
+                                  "or sampling fields differ)")
     if min_tokens > ticket.prompt_tokens_max:
         raise TicketRejected(403, f"a prompt of at least {min_tokens:,} tokens exceeds the ticket's bound of "
                                   f"{ticket.prompt_tokens_max:,} tokens")

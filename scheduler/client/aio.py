@@ -92,7 +92,17 @@ class AsyncDirectGeneration(_AsyncStream):
             raise direct.no_targets()
         failovers: list[messages_pb2.Failover] = []
         http = client._lean_http()
-        for target in routed.targets:
+        pending, rerouted = list(routed.targets), False
+        while pending:
+            target = pending.pop(0)
+            if direct.expired(target) and not rerouted:
+                # Its ticket lapsed while earlier targets hung: a fresh decision, once, without
+                # the regions that failed.
+                rerouted = True
+                routed = await client._route(self.request, self.remaining())
+                self.decision = routed.decision
+                pending = direct.untried(routed.targets, failovers)
+                continue
             stream = direct.DirectStream()
             received = False
             read_s = direct.read_timeout_s(self.remaining())

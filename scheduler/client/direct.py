@@ -8,6 +8,8 @@ Only the region's reply carries text, so the router's CPU per request is one ``R
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,18 @@ def region_body(request: pb.GenerateRequest, target: router_pb2.DirectTarget,
 def region_payload(request: pb.GenerateRequest, target: router_pb2.DirectTarget,
                    decision: pb.Decision | None = None) -> bytes:
     return orjson.dumps(region_body(request, target, decision))
+
+
+def expired(target: router_pb2.DirectTarget, margin_s: float = 1.0) -> bool:
+    """The target's ticket lapses within ``margin_s`` (by this machine's clock)."""
+    return time.time() + margin_s > target.expires_at_unix_s
+
+
+def untried(targets: Sequence[router_pb2.DirectTarget],
+            failovers: Sequence[pb.Failover]) -> list[router_pb2.DirectTarget]:
+    """``targets`` without the regions that already failed this request."""
+    failed = {f.region for f in failovers}
+    return [t for t in targets if t.region not in failed]
 
 
 def headers(target: router_pb2.DirectTarget) -> dict[str, str]:

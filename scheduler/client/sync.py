@@ -88,7 +88,16 @@ class DirectGeneration(_Stream):
             raise direct.no_targets()
         failovers: list[messages_pb2.Failover] = []
         http = client._http_client()
-        for target in routed.targets:
+        pending, rerouted = list(routed.targets), False
+        while pending:
+            target = pending.pop(0)
+            if direct.expired(target) and not rerouted:
+                # Its ticket lapsed while earlier targets hung (see AsyncDirectGeneration).
+                rerouted = True
+                routed = client._route(self.request, self.remaining())
+                self.decision = routed.decision
+                pending = direct.untried(routed.targets, failovers)
+                continue
             stream = direct.DirectStream()
             received = False
             try:

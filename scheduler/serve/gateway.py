@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import json
 import logging
 import math
@@ -69,7 +70,7 @@ from scheduler.state import codec
 from scheduler.state.prefix_warm import PrefixHits
 from scheduler.state.store import StateUnavailable
 from scheduler.tasks import start_loop, stop_task
-from scheduler.tickets import RegionKeys, Ticket, TicketKeyRing, TicketRejected
+from scheduler.tickets import CLOCK_SKEW_S, RegionKeys, Ticket, TicketKeyRing, TicketRejected
 from scheduler.types import PoolLiveState, RegionLiveState
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,12 @@ class GatewaySettings:
     tickets: Literal["required", "disabled"] = "required"
     # The region's ticket keys; None: read from the file $SCHEDULER_TICKET_KEYS_FILE names.
     ticket_keys: RegionKeys | None = None
+    # How far this region's clock may be behind or ahead of the routers' (scheduler.tickets.check).
+    ticket_clock_skew_s: float = CLOCK_SKEW_S
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.ticket_clock_skew_s <= 300.0:
+            raise ValueError(f"ticket_clock_skew_s must be within [0, 300] s, got {self.ticket_clock_skew_s}")
 
 
 @dataclass
@@ -320,8 +327,10 @@ class RegionGateway:
 
     # --- the OpenAI API ---------------------------------------------------------------
 
-    def _admit(self, request: Request, body: dict[str, Any], scheduler_info: Any) -> tuple[str, Ticket | None]:
-        """(pool, ticket) of an admissible request; ``TicketRejected`` otherwise."""
+    def _admit(self, request: Request, body: dict[str, Any], scheduler_info: Any, endpoint: str,
+               ) -> tuple[str, Ticket | None]:
+        """(pool, ticket) of an admissible request (``body``: its ``tickets.engine_body``, sent to
+        ``endpoint``); ``TicketRejected`` otherwise."""
         asked_pool = scheduler_info.get("pool") if isinstance(scheduler_info, dict) else None
         if asked_pool is not None and not isinstance(asked_pool, str):
             raise TicketRejected(403, f"x_scheduler.pool must be a string, got {asked_pool!r}")
@@ -331,7 +340,8 @@ class RegionGateway:
         if not token:
             raise TicketRejected(401, f"no dispatch ticket: send the router's ticket in the {tickets.HEADER} header")
         ticket = Ticket.verify(self._keys, token)
-        tickets.check(ticket, region=self._settings.region.name, now=time.time(), body=body, pool=asked_pool)
+        tickets.check(ticket, region=self._settings.region.name, now=time.time(), body=body, pool=asked_pool,
+                      endpoint=endpoint, clock_skew_s=self._settings.ticket_clock_skew_s)
         return ticket.pool, ticket
 
     async def _generate(self, request: Request, method: str) -> Response:
@@ -346,8 +356,12 @@ class RegionGateway:
             return openai_error(f"model must be a string, got {model!r}", 400, "BadRequestError")
         scheduler_info = body.pop("x_scheduler", None)
         region = self._settings.region.name
+        endpoint = tickets.CHAT_COMPLETIONS if method == "stream_chat" else tickets.COMPLETIONS
         try:
-            pool, ticket = self._admit(request, body, scheduler_info)
+            # Only the fields an engine request may carry, in the shape a ticket binds: the
+            # engine runs exactly what the router decided on (scheduler.tickets.engine_body).
+            body = tickets.engine_body(body)
+            pool, ticket = self._admit(request, body, scheduler_info, endpoint)
         except TicketRejected as exc:
             self._metrics.refused_request(exc.status)
             log.warning("region %s: refused a request: %s", region, exc.reason)
@@ -371,6 +385,10 @@ class RegionGateway:
         # (InFlight), and what a stream cut before its end is billed on (the engine's counts).
         engine_body = {**body, "model": self._settings.pools[pool].served_model,
                        "stream_options": {**asked_options, "include_usage": True, "continuous_usage_stats": True}}
+        if ticket is not None:
+            # The tenant's own prefix cache: its KV never serves another tenant's request, and its
+            # cached_tokens never tell it what another tenant's prompts began with.
+            engine_body["cache_salt"] = self._cache_salt(ticket.tenant)
         request_id = uuid.uuid4().hex
         hinted = scheduler_info.get("prefix_key") if isinstance(scheduler_info, dict) else None
         prefix_key = hinted if isinstance(hinted, str) and hinted else None
@@ -500,7 +518,7 @@ class RegionGateway:
                 prompt = int(await self._llms[pool].prompt_tokens.remote(dict(engine_body), method))
         except Exception as exc:
             # The engine is gone or silent: a lower bound (no token is longer than MAX_TOKEN_BYTES).
-            bound = tickets.body_prompt_digest(engine_body)
+            bound = tickets.body_digest(engine_body)
             prompt, estimated = (bound[1] if bound is not None else 0), True
             log.warning("region %s: the engine of pool %s could not count the prompt of decision %s (%r); "
                         "billing a lower bound of %d tokens", self._settings.region.name, pool, ticket.decision_id,
@@ -512,6 +530,13 @@ class RegionGateway:
                          ttft_s: float | None, duration_s: float, end_reason: str, tokens_estimated: bool) -> None:
         energy = energy_object(self._profiles[pool], model, usage, share)
         self._receipt(ticket, energy, usage, ttft_s, duration_s, end_reason, tokens_estimated)
+
+    def _cache_salt(self, tenant: str) -> str:
+        """vLLM's ``cache_salt`` for ``tenant``: a keyed hash (no client can name another
+        tenant's salt); it changes with the region's active ticket key (one cold cache then)."""
+        assert self._keys is not None
+        key = self._keys.keys[self._keys.active]
+        return hmac.new(key, b"cache-salt\0" + tenant.encode(), "sha256").hexdigest()[:32]
 
     def _precision(self, pool: str, model: str) -> str:
         """The precision the region's config serves ``model`` at on ``pool`` ("": not configured)."""

@@ -309,7 +309,7 @@ class RouterCore:
         for admit in deps.admission:
             admit(incoming.request)
         sign = issuer.signer(decision_id=decision_id, request=incoming.request, body=incoming.call.body,
-                             snapshot=snapshot, mode="direct")
+                             endpoint=incoming.call.path, snapshot=snapshot, mode="direct")
         expires_at = issuer.clock() + issuer.ttl_s
         targets = tuple(
             Target(candidate.region.name, candidate.pool.name, candidate.deployment.name,
@@ -336,8 +336,8 @@ class RouterCore:
         tenant = incoming.request.tenant
         issuer = deps.tickets
         ticket_for: Callable[[Candidate], str] | None = None if issuer is None else issuer.signer(
-            decision_id=decision_id, request=incoming.request, body=incoming.call.body, snapshot=snapshot,
-            mode="proxy")
+            decision_id=decision_id, request=incoming.request, body=incoming.call.body,
+            endpoint=incoming.call.path, snapshot=snapshot, mode="proxy")
         client_deadline = None if remaining_s is None else started + remaining_s
         # The stream's deadline: the client's, capped by the router's max_stream_s.
         # The prefix key and workflow go along: the region publishes the keys its cache served

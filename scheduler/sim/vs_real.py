@@ -70,7 +70,7 @@ from scheduler.energy.step import StepCosts
 from scheduler.sim.replica import Seq, replay
 from scheduler.sim.workload import load_trace
 from scheduler.tickets import HEADER as TICKET_HEADER
-from scheduler.tickets import RegionKeys, Ticket, TicketKeyRing, body_prompt_digest
+from scheduler.tickets import RegionKeys, Ticket, TicketKeyRing, body_digest
 
 # Token ids drawn for synthetic prompts: above the tokenizer's special tokens.
 FIRST_TOKEN_ID = 10
@@ -291,11 +291,11 @@ class RegionClient:
     def _headers(self, body: dict[str, Any]) -> dict[str, str] | None:
         if self.keys is None:
             return None
-        digest = body_prompt_digest(body)
+        digest = body_digest(body)
         assert digest is not None
         ticket = Ticket(decision_id=uuid.uuid4().hex, request_id="sim-vs-real", tenant="sim-vs-real",
                         region=self.keys.region, pool=self.pool, model=self.model, max_tokens=body["max_tokens"],
-                        prompt_tokens_max=digest[1], prompt_sha256=digest[0], expires_at=time.time() + 30.0)
+                        prompt_tokens_max=digest[1], body_sha256=digest[0], expires_at=time.time() + 30.0)
         return {TICKET_HEADER: ticket.sign(self.keys)}
 
     def tokens(self, rng: random.Random, n: int) -> list[int]:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler import tickets
 from scheduler.tickets import (
@@ -17,7 +19,7 @@ from scheduler.tickets import (
     TicketKeyRing,
     TicketKeysError,
     TicketRejected,
-    body_prompt_digest,
+    body_digest,
 )
 from scheduler.types import FleetSnapshot
 
@@ -27,20 +29,21 @@ BODY = {"model": "llama-3.1-8b", "prompt": "Hello there", "max_tokens": 64}
 
 
 def ticket(**overrides: object) -> Ticket:
-    digest, _ = body_prompt_digest(BODY) or ("", 0)
+    digest, _ = body_digest(BODY) or ("", 0)
     fields: dict[str, object] = dict(
         decision_id="d1", request_id="r1", tenant="acme", region="eu-north", pool="h200-long",
-        model="llama-3.1-8b", max_tokens=64, prompt_tokens_max=8, prompt_sha256=digest, expires_at=NOW + 30,
+        model="llama-3.1-8b", max_tokens=64, prompt_tokens_max=8, body_sha256=digest, expires_at=NOW + 30,
     )
     fields.update(overrides)
     return Ticket(**fields)  # type: ignore[arg-type]
 
 
 def admit(token: str, body: dict[str, object] = BODY, *, region: str = "eu-north", now: float = NOW,
-          pool: str | None = None) -> Ticket:
+          pool: str | None = None, endpoint: str = tickets.COMPLETIONS, skew_s: float = tickets.CLOCK_SKEW_S) -> Ticket:
     """The gateway's checks, in its order."""
+    engine = tickets.engine_body(body)
     checked = Ticket.verify(RING.of(region), token)
-    tickets.check(checked, region=region, now=now, body=body, pool=pool)
+    tickets.check(checked, region=region, now=now, body=engine, pool=pool, endpoint=endpoint, clock_skew_s=skew_s)
     return checked
 
 
@@ -69,7 +72,7 @@ REFUSED = [
                                                                         max_tokens=100000), {}, 401, "bad ticket signature"),
     ("signed with another region's key", lambda: dataclasses.replace(ticket(), region="us-east").sign(RING.of("us-east")),
      {}, 401, "unknown key id"),
-    ("expired", lambda: ticket(expires_at=NOW - 1).sign(RING.of("eu-north")), {}, 401, "ticket expired"),
+    ("expired", lambda: ticket(expires_at=NOW - 6).sign(RING.of("eu-north")), {}, 401, "ticket expired"),
     ("expiry beyond the 30 s limit", lambda: ticket(expires_at=NOW + 3600).sign(RING.of("eu-north")), {}, 401,
      "more than 30 s"),
     ("request asks for another pool", lambda: ticket().sign(RING.of("eu-north")), {"pool": "a100-batch"}, 403,
@@ -81,13 +84,13 @@ REFUSED = [
     ("n completions for one ticket", lambda: ticket().sign(RING.of("eu-north")),
      {"body": {**BODY, "n": 100}}, 403, "n=100: a ticket covers one completion"),
     ("best_of for one ticket", lambda: ticket().sign(RING.of("eu-north")),
-     {"body": {**BODY, "best_of": 8}}, 403, "best_of=8: a ticket covers one completion"),
+     {"body": {**BODY, "best_of": 8}}, 403, "'best_of' not allowed"),
     ("another model in the request", lambda: ticket().sign(RING.of("eu-north")),
      {"body": {**BODY, "model": "llama-3.1-70b"}}, 403, "ticket is for model llama-3.1-8b"),
     ("another prompt in the request", lambda: ticket().sign(RING.of("eu-north")),
      {"body": {**BODY, "prompt": "Hello there!"}}, 403, "not the one the ticket was issued for"),
     ("a prompt far beyond the token bound", lambda: ticket(
-        prompt_sha256=body_prompt_digest({"prompt": "x" * 600_000})[0],  # type: ignore[index]
+        body_sha256=body_digest({"prompt": "x" * 600_000})[0],  # type: ignore[index]
         prompt_tokens_max=1).sign(RING.of("eu-north")),
      {"body": {**BODY, "prompt": "x" * 600_000}}, 403, "at least 4,688 tokens exceeds the ticket's bound of 1 tokens"),
 ]
@@ -136,13 +139,15 @@ def test_chat_messages_are_bound_by_role_and_content() -> None:
     chat = {"messages": [{"role": "user", "content": "Hi"}]}
     same = {"messages": [{"role": "user", "content": "Hi"}], "model": "m"}
     other_role = {"messages": [{"role": "system", "content": "Hi"}]}
-    assert body_prompt_digest(chat) == body_prompt_digest(same)
-    assert body_prompt_digest(chat) != body_prompt_digest(other_role)
-    assert body_prompt_digest({"messages": [{"role": "user", "content": ["a list"]}]}) is None
-    assert body_prompt_digest({"prompt": ["a", "list"]}) is None
-    ids = body_prompt_digest({"prompt": [1, 2, 3]})
+    assert body_digest(chat) == body_digest(same)
+    assert body_digest(chat) != body_digest(other_role)
+    # Content parts (a list) are bound as they are, and differ from the same text as a string.
+    parts = body_digest({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]})
+    assert parts is not None and parts != body_digest(chat)
+    assert body_digest({"prompt": ["a", "list"]}) is None
+    ids = body_digest({"prompt": [1, 2, 3]})
     assert ids is not None and ids[1] == 3  # token ids: their count, exactly
-    assert body_prompt_digest({"prompt": [1, 2, 3]}) != body_prompt_digest({"prompt": "1,2,3"})
+    assert body_digest({"prompt": [1, 2, 3]}) != body_digest({"prompt": "1,2,3"})
 
 
 def test_the_key_file_round_trips_and_names_what_is_wrong(tmp_path: Path) -> None:
@@ -266,7 +271,8 @@ def test_the_issuer_reuses_a_candidates_claims_until_its_carbon_signal_changes()
     ring = RING.of("eu-north")
 
     def carbon(snapshot: FleetSnapshot, decision_id: str) -> object:
-        token = issuer.signer(decision_id=decision_id, request=request, body=BODY, snapshot=snapshot,
+        token = issuer.signer(decision_id=decision_id, request=request, body=BODY, endpoint=tickets.COMPLETIONS,
+                              snapshot=snapshot,
                               mode="direct")(snapshot.candidates[0])
         ticket = Ticket.verify(ring, token)
         assert ticket.decision_id == decision_id
@@ -285,7 +291,8 @@ def test_the_issuer_signs_every_ticket_field_and_the_fresh_carbon_only() -> None
     issuer = TicketIssuer(RING, clock=lambda: NOW)
     request = testing.request(prompt_tokens=8, max_tokens=64, request_id="r1")
     by_region = {c.region.name: c for c in snap.candidates}
-    tokens = {mode: {name: issuer.signer(decision_id="d1", request=request, body=BODY, snapshot=snap,
+    tokens = {mode: {name: issuer.signer(decision_id="d1", request=request, body=BODY, endpoint=tickets.COMPLETIONS,
+                                         snapshot=snap,
                                          mode=mode)(c)  # type: ignore[arg-type]
                      for name, c in by_region.items()} for mode in ("direct", "proxy")}
     fields = {f.name for f in dataclasses.fields(Ticket)}
@@ -295,9 +302,97 @@ def test_the_issuer_signs_every_ticket_field_and_the_fresh_carbon_only() -> None
         for name, issued in signed[mode].items():
             assert set(tickets.verify(RING.of(name), "ticket", by_name[name])) == fields
             assert (issued.region, issued.mode, issued.decision_id, issued.expires_at) == (name, mode, "d1", NOW + 30)
-            tickets.check(issued, region=name, now=NOW, body=BODY, pool=issued.pool)
+            tickets.check(issued, region=name, now=NOW, body=BODY, pool=issued.pool,
+                          endpoint=tickets.COMPLETIONS)
     # Either mode carries the carbon the decision saw while fresh (the region prices its receipt
     # with it); a stale signal, none.
     for mode in ("direct", "proxy"):
         assert (signed[mode]["eu-north"].carbon_g_per_kwh, signed[mode]["eu-north"].carbon_zone) == (30.0, "NO")
         assert signed[mode]["us-east"].carbon_g_per_kwh is None
+
+
+# --- the ticket binds the whole request (issue 26) -------------------------------------------
+
+CHAT = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64}
+
+
+def chat_ticket() -> str:
+    digest, _ = body_digest(CHAT) or ("", 0)
+    return ticket(body_sha256=digest, endpoint=tickets.CHAT_COMPLETIONS).sign(RING.of("eu-north"))
+
+
+def test_a_chat_ticket_admits_its_own_request() -> None:
+    assert admit(chat_ticket(), CHAT, endpoint=tickets.CHAT_COMPLETIONS).endpoint == tickets.CHAT_COMPLETIONS
+
+
+@settings(max_examples=300, deadline=None)
+@given(change=st.one_of(
+    st.just(("endpoint", None, None)),
+    st.tuples(st.just("prompt"), st.text(min_size=1, max_size=50), st.none()),
+    st.tuples(st.just("engine-field"), st.sampled_from(sorted(tickets.ENGINE_FIELDS - tickets.DIGEST_EXCLUDED
+                                                              - {"messages", "prompt"})),
+              st.one_of(st.integers(0, 5), st.floats(0.1, 2.0), st.text(max_size=20), st.booleans())),
+    st.tuples(st.just("foreign-field"), st.text(min_size=1, max_size=20).filter(lambda k: k not in tickets.ENGINE_FIELDS),
+              st.one_of(st.integers(), st.text(max_size=50_000))),
+    st.tuples(st.just("message-key"), st.text(min_size=1, max_size=20).filter(lambda k: k not in tickets.MESSAGE_KEYS),
+              st.text(max_size=50_000)),
+))
+def test_any_change_to_the_request_or_its_endpoint_is_refused(change: tuple[str, object, object]) -> None:
+    """The ticket for one chat request, and that request changed one way: another endpoint, a
+    prompt beside the messages, any engine field the ticket was not issued with, any field no
+    engine request may carry, an extra key in a message. Every one is a 403."""
+    kind, name, value = change
+    body: dict[str, object] = {**CHAT, "messages": [dict(m) for m in CHAT["messages"]]}  # type: ignore[attr-defined]
+    endpoint = tickets.CHAT_COMPLETIONS
+    if kind == "endpoint":
+        endpoint = tickets.COMPLETIONS
+    elif kind == "prompt":
+        body["prompt"] = name
+    elif kind in ("engine-field", "foreign-field"):
+        body[str(name)] = value
+    else:
+        body["messages"][0][str(name)] = value  # type: ignore[index]
+    with pytest.raises(TicketRejected) as refused:
+        admit(chat_ticket(), body, endpoint=endpoint)
+    assert refused.value.status == 403, refused.value.reason
+
+
+@pytest.mark.parametrize("offset_s", [-40.0, -35.1, -34.9, -10.0, 0.0, 4.9, 5.1, 30.0])
+@pytest.mark.parametrize("skew_s", [0.0, 5.0, 30.0])
+def test_clock_skew_sweep(offset_s: float, skew_s: float) -> None:
+    """The region's clock ``offset_s`` from the router's, which signed a ticket good for 30 s:
+    accepted while the region sees it unexpired within the tolerance and not expiring more than
+    30 s ahead beyond it."""
+    issued = ticket(expires_at=NOW + MAX_TICKET_TTL_S).sign(RING.of("eu-north"))
+    region_now = NOW + offset_s
+    expected = region_now <= NOW + MAX_TICKET_TTL_S + skew_s and NOW + MAX_TICKET_TTL_S - region_now <= \
+        MAX_TICKET_TTL_S + skew_s
+    try:
+        admit(issued, now=region_now, skew_s=skew_s)
+        accepted = True
+    except TicketRejected as exc:
+        assert exc.status == 401
+        accepted = False
+    assert accepted == expected, (offset_s, skew_s)
+
+
+def test_each_proxied_attempt_gets_its_own_expiry() -> None:
+    """A dispatch's first region hangs 61 s before failing; the router signs the next
+    candidate's ticket then, and that ticket is live at the second region (it expires 30 s after
+    its own attempt, not the dispatch's start)."""
+    from scheduler import testing
+    from scheduler.server.issuer import TicketIssuer
+
+    snap = testing.snapshot(testing.region("eu-north", "EU", zone="NO", carbon=30.0),
+                            testing.region("us-east", "US", zone="PJM", carbon=380.0), now=NOW)
+    clock = [NOW]
+    issuer = TicketIssuer(RING, clock=lambda: clock[0])
+    request = testing.request(prompt_tokens=8, max_tokens=64, request_id="r1")
+    sign = issuer.signer(decision_id="d1", request=request, body=BODY, endpoint=tickets.COMPLETIONS, snapshot=snap,
+                         mode="proxy")
+    first, second = snap.candidates[0], snap.candidates[1]
+    at_first = Ticket.verify(RING.of(first.region.name), sign(first))
+    assert at_first.expires_at == NOW + MAX_TICKET_TTL_S
+    clock[0] = NOW + 61.0  # the first region hung past its 60 s read timeout
+    token = sign(second)
+    assert admit(token, region=second.region.name, now=clock[0]).expires_at == NOW + 61.0 + MAX_TICKET_TTL_S

@@ -38,7 +38,7 @@ def receipt(decision_id: str, energy_j: float = 100.0) -> EnergyReceipt:
 def direct_entry(decision_id: str) -> dict[str, str]:
     ticket = Ticket(decision_id=decision_id, request_id=f"r-{decision_id}", tenant="acme", region="eu-north",
                     pool="h200-long", model="llama-3.1-8b", max_tokens=16, prompt_tokens_max=10,
-                    prompt_sha256="x", expires_at=0.0, mode="direct", carbon_g_per_kwh=100.0,
+                    body_sha256="x", expires_at=0.0, mode="direct", carbon_g_per_kwh=100.0,
                     carbon_zone="NO", carbon_observed_at=NOW, carbon_source="csv")
     claims = receipt_claims(ticket, pue=1.1, energy={"energy_j": 36.0, "measurement_source": "model",
                                                      "attribution_method": "model-v1"},

@@ -27,7 +27,7 @@ from scheduler.region_receipt import STREAM, verify_receipt
 from scheduler.state.factory import open_store
 from scheduler.state.store import StateStore
 from scheduler.tickets import HEADER as TICKET_HEADER
-from scheduler.tickets import RegionKeys, Ticket, body_prompt_digest, sign
+from scheduler.tickets import RegionKeys, Ticket, body_digest, sign
 from tests.integration.ledger.conftest import SHARED_REDIS
 from tests.region_host import EngineTally, InProcessRegion, StubEngine, read_tallies, start_gateway
 
@@ -82,11 +82,11 @@ def request(tag: str, max_tokens: int = 8, mode: str = "direct") -> tuple[dict[s
     bytes: the engine counts 100 + tokens, a router's estimate 75 + 1."""
     body = {"model": MODEL, "prompt": f"[rid={tag}] " + "w" * (299 - len(tag) - 7), "max_tokens": max_tokens,
             "stream": True, "stream_options": {"include_usage": True}, "x_scheduler": {"pool": POOL}}
-    digest = body_prompt_digest(body)
+    digest = body_digest(body)
     assert digest is not None
     decision_id = uuid.uuid4().hex
     ticket = Ticket(decision_id=decision_id, request_id=tag, tenant="acme", region=REGION, pool=POOL, model=MODEL,
-                    max_tokens=max_tokens, prompt_tokens_max=4096, prompt_sha256=digest[0],
+                    max_tokens=max_tokens, prompt_tokens_max=4096, body_sha256=digest[0],
                     expires_at=time.time() + 30, mode=mode)  # type: ignore[arg-type]
     return body, {TICKET_HEADER: sign(KEYS, "ticket", asdict(ticket))}, decision_id
 

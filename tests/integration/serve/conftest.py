@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from scheduler.serve.stack import LocalStack, StackOptions, live_children
 from scheduler.tickets import HEADER as TICKET_HEADER
-from scheduler.tickets import Ticket, body_prompt_digest, sign
+from scheduler.tickets import Ticket, body_digest, sign
 
 REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_REGIONS", "redis://127.0.0.1:6379/4")
 REGION = "eu-north"
@@ -80,12 +80,12 @@ def ticket_headers(stack: LocalStack, body: dict[str, Any], *, pool: str = "h200
     """A dispatch ticket for ``body`` signed as the stack's router signs them (``sign_as``:
     with another region's keys), with ``overrides`` of its claims."""
     assert stack.ticket_keys is not None
-    digest = body_prompt_digest(body)
+    digest = body_digest(body)
     assert digest is not None
     claims: dict[str, Any] = dict(
         decision_id=uuid.uuid4().hex, request_id="test", tenant="test", region=region, pool=pool,
         model=body["model"], max_tokens=body["max_tokens"], prompt_tokens_max=max(digest[1], 4096),
-        prompt_sha256=digest[0], expires_at=time.time() + 30,
+        body_sha256=digest[0], expires_at=time.time() + 30,
     )
     claims.update(overrides)
     # The low-level signer: Ticket.sign refuses another region's keys (which a forger would not).

@@ -23,7 +23,7 @@ from scheduler.serve.tiny_model import TINY_MODEL
 from scheduler.state import keys
 from scheduler.state.factory import open_store
 from scheduler.tickets import HEADER as TICKET_HEADER
-from scheduler.tickets import RegionKeys, Ticket, body_prompt_digest
+from scheduler.tickets import RegionKeys, Ticket, body_digest
 from tests.integration.serve.conftest import REGION, ticket_headers
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -47,10 +47,10 @@ def _forge(headers: dict[str, str], **changes: Any) -> dict[str, str]:
 async def test_the_region_refuses_every_dispatch_the_router_did_not_sign_for_it(stack: LocalStack) -> None:
     url = f"{stack.endpoint(REGION)}/v1/completions"
     foreign = RegionKeys.generate(REGION, kid="someone-elses")
-    digest = body_prompt_digest(BODY)
+    digest = body_digest(BODY)
     assert digest is not None
     stranger = Ticket(decision_id="x", request_id="x", tenant="x", region=REGION, pool="h200-long", model=MODEL,
-                      max_tokens=3, prompt_tokens_max=8, prompt_sha256=digest[0], expires_at=time.time() + 30)
+                      max_tokens=3, prompt_tokens_max=8, body_sha256=digest[0], expires_at=time.time() + 30)
     cases: list[tuple[str, dict[str, Any], dict[str, str], int, str]] = [
         ("unsigned", BODY, {}, 401, "no dispatch ticket"),
         ("expired", BODY, ticket_headers(stack, BODY, expires_at=time.time() - 1), 401, "ticket expired"),

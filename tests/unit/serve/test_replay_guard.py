@@ -15,7 +15,7 @@ NOW = 1_780_000_000.0
 
 def ticket(decision_id: str = "d1", pool: str = "h200-long") -> Ticket:
     return Ticket(decision_id=decision_id, request_id="r", tenant="t", region="eu-north", pool=pool,
-                  model="llama-3.1-8b", max_tokens=8, prompt_tokens_max=8, prompt_sha256="x", expires_at=NOW + 30)
+                  model="llama-3.1-8b", max_tokens=8, prompt_tokens_max=8, body_sha256="x", expires_at=NOW + 30)
 
 
 class DeadStore:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler import exit_codes
 from scheduler.cli import main
 from scheduler.server.config_reload import ConfigSources, read_bundle
 from scheduler.server.config_signing import BundleSignature, ConfigTrust
@@ -91,7 +92,7 @@ def test_the_router_warns_when_its_arguments_hold_a_password(
     with caplog.at_level(logging.WARNING, logger="scheduler.server.cli"):
         code = main(["router", "--state", f"redis://:{PASSWORD}@127.0.0.1:1/0", "--regions", str(tmp_path / "none"),
                      "--insecure", "--insecure-no-tickets"])
-    assert code == 1
+    assert code == exit_codes.CONFIG
     warnings = [r.getMessage() for r in caplog.records if "--state holds a password" in r.getMessage()]
     assert warnings and PASSWORD not in " ".join(warnings) + capsys.readouterr().err
     caplog.clear()
@@ -99,5 +100,5 @@ def test_the_router_warns_when_its_arguments_hold_a_password(
     secret.write_text(f"redis://:{PASSWORD}@127.0.0.1:1/0")
     with caplog.at_level(logging.WARNING, logger="scheduler.server.cli"):
         assert main(["router", "--state-file", str(secret), "--regions", str(tmp_path / "none"), "--insecure",
-                     "--insecure-no-tickets"]) == 1
+                     "--insecure-no-tickets"]) == exit_codes.CONFIG
     assert not [r for r in caplog.records if "password" in r.getMessage()]

@@ -18,7 +18,7 @@ ENERGY = {"energy_j": 36.0, "energy_j_low": 30.0, "energy_j_high": 42.0, "measur
 
 def ticket(decision_id: str, region: str = "eu-north", g_per_kwh: float | None = 100.0) -> Ticket:
     return Ticket(decision_id=decision_id, request_id=f"r-{decision_id}", tenant="acme", region=region,
-                  pool="h200-long", model="llama-3.1-8b", max_tokens=16, prompt_tokens_max=10, prompt_sha256="x",
+                  pool="h200-long", model="llama-3.1-8b", max_tokens=16, prompt_tokens_max=10, body_sha256="x",
                   expires_at=0.0, mode="direct", carbon_g_per_kwh=g_per_kwh, carbon_zone="NO",
                   carbon_observed_at=1000.0, carbon_source="csv")
 
