@@ -49,9 +49,13 @@ from scheduler.state.store import StateStore, StateUnavailable
 log = logging.getLogger(__name__)
 
 FIELDS = ("energy_j", "carbon_g", "requests", "prompt_tokens", "completion_tokens")
-# How long a booked entry is remembered: past the month it is booked in, and past any re-read
-# of the region receipts stream.
-ENTRY_TTL_S = 40 * 86400.0
+# How long a booked entry is remembered: the idempotency window, not the billing month (the
+# month's totals live in its hash). A second booking of one (decision, region, pool) comes
+# within minutes: a retry after a lost reply, a re-read of the region receipts stream, the
+# region's receipt of a proxied stream after the router's; only receipts queued on both sides
+# through a store outage longer than this would be booked twice. At 100 requests/s a day of
+# entries is ~8.6 M keys (docs/state-keys.md has the measured bytes).
+ENTRY_TTL_S = 86400.0
 # Whose token counts an entry rests on (the rank ``ledger_add`` compares): a router's own
 # count (content events relayed, the prompt's bytes) or the engine's.
 ROUTER_COUNTED = 1
