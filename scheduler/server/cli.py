@@ -46,7 +46,8 @@ def register(sub: Any) -> None:
                              "another router published is adopted within it (default 1)")
     router.add_argument("--max-streams-per-tenant", type=int, default=None,
                         help="concurrent Generate streams one tenant may hold on this router; a key's "
-                             "max_concurrent_streams overrides it (default: a quarter of the dispatch pool, 256)")
+                             "max_concurrent_streams overrides it (default 64: a quarter of one region gateway "
+                             "replica's 256; docs/security.md)")
     router.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     router.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     router.add_argument("--tls-client-ca", type=Path, help="CA for client certificates: mutual TLS")
