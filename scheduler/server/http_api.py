@@ -286,7 +286,9 @@ class HttpApi:
         try:
             return authenticate(keys, path, headers.get("authorization"))
         except errors.Unauthenticated as exc:
-            self.deps.metrics.request(_METRIC_METHODS.get(path, "http.other"), "UNAUTHENTICATED")
+            status_path = method == "GET" and path.startswith(DEFERRED_PREFIX)
+            self.deps.metrics.request("openai.deferred.get" if status_path else _METRIC_METHODS.get(path, "http.other"),
+                                      "UNAUTHENTICATED")
             if path == GENERATE_PATH:  # a Connect stream: its error in the end-of-stream message
                 return HttpResponse(200, connect_end(exc)[0], CONNECT_PROTO)
             response, _ = connect_error(exc) if path == ROUTE_PATH else openai_error(exc)
