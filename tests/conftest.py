@@ -58,11 +58,15 @@ def make_snapshot(default_policy: PolicyConfig) -> SnapshotFactory:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The fault suite's table (tests/faults), when any of its scenarios ran."""
-    from tests.faults.load import HEADER, REPORT
+    """The fault suite's table and figures (tests/faults), when any of its scenarios ran."""
+    from tests.faults.load import FIGURES, HEADER, REPORT
 
     if REPORT:
         terminalreporter.write_sep("=", "fault suite")
         terminalreporter.write_line(HEADER)
         for row in REPORT:
             terminalreporter.write_line(row.line())
+    for test, lines in FIGURES.items():
+        terminalreporter.write_sep("=", test)
+        for line in lines:
+            terminalreporter.write_line(line)

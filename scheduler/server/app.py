@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -31,7 +32,7 @@ from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
-from scheduler.http.server import HttpServer
+from scheduler.http.server import HttpServer, ServerLimits
 from scheduler.ledger.budget import TenantBudget
 from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.filters.region_health import region_verdict
@@ -40,12 +41,13 @@ from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.deferred import Deferrals
 from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
-from scheduler.server.http_api import build_http_server, server_ssl_context
+from scheduler.server.http_api import MAX_BODY_BYTES, build_http_server, server_ssl_context
 from scheduler.server.issuer import TicketIssuer
-from scheduler.server.metrics import MetricsEndpoint, RouterMetrics, Sample
+from scheduler.server.metrics import METRICS_LIMITS, MetricsEndpoint, RouterMetrics, Sample, http_samples
 from scheduler.server.rate_limit import SharedRateLimiter
 from scheduler.server.region_receipts import RegionReceiptIngest
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
+from scheduler.server.stalls import StalledWrites
 from scheduler.server.stream_slots import StreamSlots
 from scheduler.server.tracing import RouterTracing
 from scheduler.state.store import StateStore, StateUnavailable
@@ -89,6 +91,51 @@ class TlsFiles:
             root_certificates=client_ca,
             require_client_auth=client_ca is not None,
         )
+
+
+@dataclass(frozen=True)
+class GrpcLimits:
+    """What one client may hold on the gRPC port (grpcio's channel arguments, and the edge's
+    write watch). grpcio has no per-address connection cap and one message limit for every
+    call: a call's key is checked before its message is read instead (scheduler.server.edge)."""
+
+    # Connections at once (grpc.max_allowed_incoming_connections; refused at accept past it).
+    max_connections: int = 10_000
+    # Calls one connection may have open at once (grpc.max_concurrent_streams; HTTP/2's
+    # recommended minimum, above a tenant's default stream cap).
+    max_streams_per_connection: int = 100
+    # The largest request (a 4 MiB prompt and its envelope, as the HTTP front door's body);
+    # larger: RESOURCE_EXHAUSTED.
+    max_message_bytes: int = MAX_BODY_BYTES
+    # A new connection's TLS and HTTP/2 handshake, to the client's SETTINGS
+    # (grpc.server_handshake_timeout_ms; gRPC's default is 120 s).
+    handshake_timeout_s: float = 10.0
+    # A connection without calls this long is sent GOAWAY (grpc.max_connection_idle_ms).
+    idle_timeout_s: float = 75.0
+    # How long one message may wait on a client that does not read (scheduler.server.stalls).
+    write_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_streams_per_connection", "max_message_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GrpcLimits.{name}: expected an integer >= 1, got {value!r}")
+        for name in ("handshake_timeout_s", "idle_timeout_s", "write_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"GrpcLimits.{name}: expected seconds > 0, got {value!r}")
+
+    def options(self) -> list[tuple[str, int]]:
+        return [("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+                ("grpc.max_allowed_incoming_connections", self.max_connections),
+                ("grpc.server_handshake_timeout_ms", round(self.handshake_timeout_s * 1000)),
+                ("grpc.max_connection_idle_ms", round(self.idle_timeout_s * 1000)),
+                # Off: with it gRPC grows every stream's receive window to 4 MiB before the
+                # server reads anything, so a call refused from its metadata could still push
+                # 4 MiB per stream. Off, a stream gets 64 KiB until its message is read, and
+                # the window grows to a message's size while it is being read.
+                ("grpc.http2.bdp_probe", 0)]
 
 
 def _version() -> str:
@@ -150,10 +197,10 @@ class RouterDeps:
     # router neither holds nor releases deferred requests). Started last, stopped first: a
     # release cut short by the stop books its partial receipt while the ledger still runs.
     deferrals: Deferrals | None = None
-    # The largest request gRPC accepts (a 4 MiB prompt and its envelope); larger: RESOURCE_EXHAUSTED.
-    max_message_bytes: int = 8 * 2**20
-    # HTTP/2 streams one client connection may have open at once.
-    max_concurrent_streams: int = 1024
+    # What one client may hold and how long it may take, per port (docs/security.md).
+    grpc_limits: GrpcLimits = field(default_factory=GrpcLimits)
+    http_limits: ServerLimits = field(default_factory=lambda: ServerLimits(max_body_bytes=MAX_BODY_BYTES))
+    metrics_limits: ServerLimits = METRICS_LIMITS
     state_backend: str = "memory"
     host_id: str = field(default_factory=socket.gethostname)
     version: str = field(default_factory=_version)
@@ -264,15 +311,19 @@ def with_services(
 
 
 def create_server(
-    address: str, deps: RouterDeps, health: HealthServicer | None = None
+    address: str, deps: RouterDeps, health: HealthServicer | None = None, stalls: StalledWrites | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """The gRPC server with every service, bound to ``address`` (``127.0.0.1:0``: any free port);
-    not started. ``health``: the health servicer to serve (a new one, NOT_SERVING, if None)."""
+    not started. ``health``: the health servicer to serve (a new one, NOT_SERVING, if None);
+    ``stalls``: what ends its streams whose client stopped reading (a new one if None)."""
+    limits = deps.grpc_limits
+    if stalls is None:
+        stalls = StalledWrites(limits.write_timeout_s, deps.dispatcher.settings.max_stream_s)
     server = grpc.aio.server(
-        interceptors=[EdgeInterceptor(lambda: deps.keys, deps.limiter, deps.metrics, deps.slots, deps.tracing)],
+        interceptors=[EdgeInterceptor(lambda: deps.keys, deps.limiter, deps.metrics, deps.slots, deps.tracing,
+                                      stalls)],
         options=[("grpc.so_reuseport", 1 if deps.reuse_port else 0), ("grpc.keepalive_permit_without_calls", 1),
-                 ("grpc.max_receive_message_length", deps.max_message_bytes),
-                 ("grpc.max_concurrent_streams", deps.max_concurrent_streams)],
+                 *limits.options()],
     )
     # The generated grpc modules carry no type annotations.
     router_pb2_grpc.add_GlobalRouterServicer_to_server(GlobalRouterService(deps), server)  # type: ignore[no-untyped-call]
@@ -321,11 +372,23 @@ class RunningRouter:
     port: int
     health: HealthServicer
     deps: RouterDeps
+    stalls: StalledWrites
     metrics_endpoint: MetricsEndpoint | None = None
     http: HttpServer | None = None
     http_port: int | None = None
     serving: bool = False
     _started: list[BackgroundTask] = field(default_factory=list)
+
+    def samples(self) -> list[Sample]:
+        """Every gauge of /metrics: the router's and its ports' (connections, refusals, stalls)."""
+        samples = router_gauges(self.deps)
+        samples.extend(("scheduler_router_stalled_streams_total", {"reason": reason}, float(count))
+                       for reason, count in sorted(self.stalls.ended.items()))
+        if self.metrics_endpoint is not None:
+            samples.extend(http_samples("metrics", self.metrics_endpoint.server))
+        if self.http is not None:
+            samples.extend(http_samples("http", self.http))
+        return samples
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self.serving = False
@@ -352,20 +415,21 @@ class RunningRouter:
 
 async def start_router(address: str, deps: RouterDeps) -> RunningRouter:
     health = HealthServicer()
-    server, port = create_server(address, deps, health)
-    running = RunningRouter(server, port, health, deps)
+    stalls = StalledWrites(deps.grpc_limits.write_timeout_s, deps.dispatcher.settings.max_stream_s)
+    server, port = create_server(address, deps, health, stalls)
+    running = RunningRouter(server, port, health, deps, stalls)
     try:
         for task in deps.lifecycle():
             await task.start()
             running._started.append(task)
         if deps.metrics_port is not None:
-            endpoint = MetricsEndpoint(lambda: deps.metrics.exposition(router_gauges(deps)), lambda: running.serving,
-                                       host=deps.metrics_host, port=deps.metrics_port)
+            endpoint = MetricsEndpoint(lambda: deps.metrics.exposition(running.samples()), lambda: running.serving,
+                                       host=deps.metrics_host, port=deps.metrics_port, limits=deps.metrics_limits)
             await endpoint.start()
             running.metrics_endpoint = endpoint
             running._started.append(endpoint)
         if deps.http_port is not None:
-            http = build_http_server(deps)
+            http = build_http_server(deps, deps.http_limits)
             tls = deps.tls
             context = None if tls is None else server_ssl_context(tls.cert, tls.key, tls.client_ca)
             running.http_port = await http.start(deps.http_host, deps.http_port, context, reuse_port=deps.reuse_port)

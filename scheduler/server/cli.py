@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
 from scheduler.server.config_signing import TRUST_FILE_ENV
 from scheduler.state.url import STATE_ENV
 from scheduler.tickets import KEYS_FILE_ENV
+
+if TYPE_CHECKING:
+    from scheduler.http.server import ServerLimits
+    from scheduler.server.app import GrpcLimits
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +67,8 @@ def register(sub: Any) -> None:
                              "controls the fleet (local development only; warned at every start)")
     router.add_argument("--max-streams-per-tenant", type=int, default=None,
                         help="concurrent Generate streams one tenant may hold on this router; a key's "
-                             "max_concurrent_streams overrides it (default: a quarter of the dispatch pool, 256)")
+                             "max_concurrent_streams overrides it (default 64: a quarter of one region gateway "
+                             "replica's 256; docs/security.md)")
     router.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     router.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     router.add_argument("--tls-client-ca", type=Path, help="CA for client certificates: mutual TLS")
@@ -97,6 +103,36 @@ def register(sub: Any) -> None:
     router.add_argument("--max-stream-s", type=float, default=600.0,
                         help="longest a Generate stream may last, whatever the client's deadline; past it "
                              "the stream ends with DEADLINE_EXCEEDED and a partial receipt (0: no limit; default 600)")
+    # What one client may hold and how long it may take, per port (docs/security.md).
+    router.add_argument("--http-max-connections", type=int, default=10_000,
+                        help="connections the HTTP front door holds at once; past it 503 (default 10000)")
+    router.add_argument("--http-max-connections-per-client", type=int, default=1_000,
+                        help="connections one remote address may hold on the HTTP front door; past it 503 "
+                             "(0: no cap; behind a proxy that hides client addresses raise it or use 0; default 1000)")
+    router.add_argument("--metrics-max-connections", type=int, default=64,
+                        help="connections the /metrics port holds at once (default 64)")
+    router.add_argument("--metrics-max-connections-per-client", type=int, default=8,
+                        help="connections one remote address may hold on the /metrics port (0: no cap; default 8)")
+    router.add_argument("--grpc-max-connections", type=int, default=10_000,
+                        help="connections the gRPC port holds at once; past them refused at accept (default 10000; "
+                             "grpcio has no per-address cap)")
+    router.add_argument("--grpc-max-streams-per-connection", type=int, default=100,
+                        help="calls one gRPC connection may have open at once (HTTP/2 MAX_CONCURRENT_STREAMS; "
+                             "default 100)")
+    router.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a client has to send a request's line and headers on the HTTP and /metrics "
+                             "ports (a new connection: its first request's), and to finish the TLS and HTTP/2 "
+                             "handshake on the gRPC port; past it 408, or closed (default 10)")
+    router.add_argument("--body-timeout", type=float, default=30.0,
+                        help="seconds a request's body may take to arrive after its headers (HTTP and /metrics "
+                             "ports); past it 408 (default 30)")
+    router.add_argument("--idle-timeout", type=float, default=75.0,
+                        help="seconds a kept-alive connection may wait for its next request (on gRPC: without "
+                             "calls) before it is closed, on every port (default 75)")
+    router.add_argument("--write-timeout", type=float, default=30.0,
+                        help="seconds an answer may wait on a client that does not read (HTTP: the socket's "
+                             "buffer full; gRPC: flow control), on every port; past it the stream is ended and "
+                             "billed as cancelled (default 30)")
     router.add_argument("--otlp-endpoint", metavar="URL",
                         help="export request traces (OpenTelemetry) to this OTLP collector over http/protobuf, "
                              "e.g. http://collector:4318 (needs the `otlp` extra; default: tracing off; "
@@ -212,6 +248,11 @@ def _router(args: argparse.Namespace) -> int:
     if args.max_streams_per_tenant is not None and args.max_streams_per_tenant < 1:
         print(f"--max-streams-per-tenant: expected at least 1, got {args.max_streams_per_tenant}", file=sys.stderr)
         return 2
+    try:
+        grpc_limits, http_limits, metrics_limits = connection_limits(args)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if keys is None:
         log.warning("--insecure: authentication is OFF, every caller is an admin (local development only)")
     elif args.insecure:
@@ -248,6 +289,7 @@ def _router(args: argparse.Namespace) -> int:
     deps.tracing = tracing
     deps.metrics_host = args.metrics_host
     deps.http_port, deps.http_host = args.http_port, args.http_host
+    deps.grpc_limits, deps.http_limits, deps.metrics_limits = grpc_limits, http_limits, metrics_limits
     if args.worker_index is not None:
         # One of --workers: the ports are shared (SO_REUSEPORT); each has its own /metrics.
         deps.reuse_port = True
@@ -286,6 +328,42 @@ def _router(args: argparse.Namespace) -> int:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(serve())
     return 0
+
+
+def connection_limits(args: argparse.Namespace) -> tuple[GrpcLimits, ServerLimits, ServerLimits]:
+    """The gRPC, HTTP front door and /metrics limits from the router's flags; ``ValueError``
+    naming the flag and the value when one is out of range."""
+    from dataclasses import replace
+
+    from scheduler.http.server import ServerLimits
+    from scheduler.server.app import GrpcLimits
+    from scheduler.server.http_api import MAX_BODY_BYTES
+    from scheduler.server.metrics import METRICS_LIMITS
+
+    counts = (("--http-max-connections", args.http_max_connections, 1),
+              ("--http-max-connections-per-client", args.http_max_connections_per_client, 0),
+              ("--metrics-max-connections", args.metrics_max_connections, 1),
+              ("--metrics-max-connections-per-client", args.metrics_max_connections_per_client, 0),
+              ("--grpc-max-connections", args.grpc_max_connections, 1),
+              ("--grpc-max-streams-per-connection", args.grpc_max_streams_per_connection, 1))
+    for flag, count, least in counts:
+        if count < least:
+            raise ValueError(f"{flag}: expected an integer >= {least}, got {count}")
+    for flag, seconds in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout),
+                          ("--idle-timeout", args.idle_timeout), ("--write-timeout", args.write_timeout)):
+        if not 0 < seconds < math.inf:
+            raise ValueError(f"{flag}: expected seconds > 0, got {seconds}")
+    timeouts = {"header_timeout_s": args.header_timeout, "body_timeout_s": args.body_timeout,
+                "idle_timeout_s": args.idle_timeout, "write_timeout_s": args.write_timeout}
+    http = ServerLimits(max_body_bytes=MAX_BODY_BYTES, max_connections=args.http_max_connections,
+                        max_connections_per_client=args.http_max_connections_per_client, **timeouts)
+    metrics = replace(METRICS_LIMITS, max_connections=args.metrics_max_connections,
+                      max_connections_per_client=args.metrics_max_connections_per_client, **timeouts)
+    grpc = GrpcLimits(max_connections=args.grpc_max_connections,
+                      max_streams_per_connection=args.grpc_max_streams_per_connection,
+                      handshake_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
+                      write_timeout_s=args.write_timeout)
+    return grpc, http, metrics
 
 
 def _supervise(args: argparse.Namespace, state_url: str) -> int:

@@ -1,15 +1,19 @@
 """The router's edge: one interceptor that admits each call and maps its failure once.
 
 For every scheduler.v1 method it (1) authenticates the ``authorization: Bearer`` key (from
-the current key ring: the keys file is reloaded without a restart), (2) requires the admin
-role for ``RouterAdmin``, (3) applies the tenant's rate limit (shared by the routers through
-the store), (3b) for streaming methods (Generate) takes one of the tenant's concurrent-stream
-slots, given back however the stream ends, then runs the servicer with the caller's
-``Principal`` available through ``current_principal()``, and (4) turns any
-``scheduler.errors`` outcome (or an unexpected exception) into a gRPC status with
-``google.rpc`` details (``scheduler.server.status``). Health and reflection stay open, as
-load balancers and grpcurl expect. Generate and Route get the request's trace span
-(``current_trace()``; ``scheduler.server.tracing``), ended here with the call's status.
+the current key ring: the keys file is reloaded without a restart) and (2) requires the admin
+role for ``RouterAdmin``, both from the call's metadata before its message is read: a call
+refused there is answered by a handler that never reads the message, so gRPC's flow control
+lets at most one stream window (64 KiB, with BDP probing off: ``scheduler.server.app``) of it
+in. Then (3) it applies the tenant's rate limit (shared by the routers through the store),
+(3b) for streaming methods (Generate) takes one of the tenant's concurrent-stream slots,
+given back however the stream ends, and watches its writes (``scheduler.server.stalls``: a
+client that stops reading is ended), then runs the servicer with the caller's ``Principal``
+available through ``current_principal()``, and (4) turns any ``scheduler.errors`` outcome (or
+an unexpected exception) into a gRPC status with ``google.rpc`` details
+(``scheduler.server.status``). Health and reflection stay open, as load balancers and grpcurl
+expect. Generate and Route get the request's trace span (``current_trace()``;
+``scheduler.server.tracing``), ended here with the call's status.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +31,7 @@ from scheduler import errors
 from scheduler.server.auth import KeyRing, Principal
 from scheduler.server.metrics import RouterMetrics
 from scheduler.server.rate_limit import SharedRateLimiter
+from scheduler.server.stalls import StalledWrites
 from scheduler.server.status import status_for
 from scheduler.server.stream_slots import StreamSlots
 from scheduler.server.tracing import NO_TRACE, RequestTrace, RouterTracing
@@ -85,22 +90,29 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Statu
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
-async def admit(keys: KeyRing | None, limiter: SharedRateLimiter, method: str, authorization: str | None, *,
-                admin_method: bool = False) -> Principal:
-    """Who calls ``method`` (``Unauthenticated`` / ``PermissionDenied`` if nobody allowed), after
-    the tenant's rate limit (not for admin methods). Every edge, gRPC and HTTP, admits so."""
+def authenticate(keys: KeyRing | None, method: str, authorization: str | None, *,
+                 admin_method: bool = False) -> Principal:
+    """Who calls ``method`` (``Unauthenticated`` / ``PermissionDenied`` if nobody allowed)."""
     if keys is None:
         return LOCAL_PRINCIPAL
     principal = keys.authenticate(authorization)
     if admin_method and not principal.admin:
         raise errors.PermissionDenied(f"{method} needs an admin key; tenant {principal.tenant!r} has none")
-    if not admin_method:
+    return principal
+
+
+async def admit(keys: KeyRing | None, limiter: SharedRateLimiter, method: str, authorization: str | None, *,
+                admin_method: bool = False) -> Principal:
+    """``authenticate``, then the tenant's rate limit (not for admin methods). Every edge, gRPC
+    and HTTP, admits so."""
+    principal = authenticate(keys, method, authorization, admin_method=admin_method)
+    if keys is not None and not admin_method:
         await limiter.check(principal)
     return principal
 
 
-def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-    for key, value in context.invocation_metadata() or ():
+def _authorization(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+    for key, value in metadata or ():
         if key == "authorization":
             return value if isinstance(value, str) else value.decode()
     return None
@@ -112,7 +124,8 @@ def _trace_context(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str
 
 
 Unary = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
-Streaming = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
+Streaming = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncGenerator[Any, None]]
+Writing = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
 
 
 @dataclass
@@ -123,6 +136,8 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     metrics: RouterMetrics
     slots: StreamSlots
     tracing: RouterTracing = field(default_factory=RouterTracing)
+    # Ends streams whose client stopped reading.
+    stalls: StalledWrites = field(default_factory=StalledWrites)
 
     def _begin(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> RequestTrace:
         if not self.tracing.enabled or method not in TRACED_METHODS:
@@ -131,22 +146,32 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         _trace.set(trace)
         return trace
 
-    async def admit(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
-        return await admit(self.keys(), self.limiter, method, _authorization(context),
-                           admin_method=method.startswith(ADMIN_PREFIX))
-
     def _status(self, exc: Exception) -> grpc.Status:
         """The one mapping of an outcome to a status (and the metric a budget refusal adds)."""
         if isinstance(exc, errors.BudgetExhausted):
             self.metrics.inc("scheduler_budget_rejections_total", {"tenant": exc.tenant})
         return status_for(exc)
 
-    def _unary(self, method: str, inner: Unary) -> Unary:
+    def _refusal(self, method: str, exc: errors.SchedulerError) -> grpc.RpcMethodHandler[Any, Any]:
+        """A handler for a call refused from its metadata. It takes the request as a stream (gRPC
+        then asks the transport for no message) and never reads it: the status goes out at once,
+        and flow control lets at most one stream window of the message in."""
+        status = self._status(exc)
+
+        async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            self.metrics.request(method, status.code.name)
+            await _abort(context, status)
+
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+    def _unary(self, method: str, inner: Unary, principal: Principal, limited: bool) -> Unary:
         async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             code, message = grpc.StatusCode.OK, ""
             trace = self._begin(method, context)
             try:
-                _principal.set(await self.admit(method, context))
+                if limited:
+                    await self.limiter.check(principal)
+                _principal.set(principal)
                 _refuse_rejected(request)
                 return await inner(request, context)
             except grpc.aio.AbortError:
@@ -162,19 +187,30 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
         return behavior
 
-    def _streaming(self, method: str, inner: Streaming) -> Streaming:
-        async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+    def _streaming(self, method: str, inner: Streaming, principal: Principal, limited: bool) -> Writing:
+        """The servicer's async generator, its messages written here (``context.write``) so that
+        each write is watched: a client that stops reading ends the call."""
+        stalls = self.stalls
+
+        async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             code, message = grpc.StatusCode.OK, ""
             slot: Principal | None = None
+            responses: AsyncGenerator[Any, None] | None = None
+            watched = None
             trace = self._begin(method, context)
             try:
-                principal = await self.admit(method, context)
+                if limited:
+                    await self.limiter.check(principal)
                 _principal.set(principal)
                 _refuse_rejected(request)
                 self.slots.acquire(principal)
                 slot = principal
-                async for response in inner(request, context):
-                    yield response
+                watched = stalls.watch()
+                responses = inner(request, context)
+                async for response in responses:
+                    watched.since = stalls.now
+                    await context.write(response)
+                    watched.since = None
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
@@ -186,6 +222,14 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 code, message = status.code, status.details
                 await _abort(context, status)
             finally:
+                if watched is not None:
+                    stalls.forget(watched)
+                    if watched.ended is not None:
+                        message = f"the client stopped reading ({watched.ended})"
+                if responses is not None:
+                    # Here, not when the generator is collected: the receipt is booked and the
+                    # region stream closed before the slot is given back.
+                    await responses.aclose()
                 if slot is not None:
                     self.slots.release(slot)
                 self.metrics.request(method, code.name)
@@ -203,12 +247,21 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
+        keys = self.keys()
+        admin_method = method.startswith(ADMIN_PREFIX)
+        try:
+            # Here gRPC has read the call's headers, not its message.
+            principal = authenticate(keys, method, _authorization(handler_call_details.invocation_metadata),  # type: ignore[attr-defined]
+                                     admin_method=admin_method)
+        except (errors.Unauthenticated, errors.PermissionDenied) as exc:
+            return self._refusal(method, exc)
+        limited = keys is not None and not admin_method
         if method in GUARDED_DESERIALIZERS:
             handler = handler._replace(request_deserializer=GUARDED_DESERIALIZERS[method])
         elif handler.request_deserializer is not None:
             handler = handler._replace(request_deserializer=decoded(handler.request_deserializer, f"request to {method}"))
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=self._unary(method, handler.unary_unary))
+            return handler._replace(unary_unary=self._unary(method, handler.unary_unary, principal, limited))
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=self._streaming(method, handler.unary_stream))
+            return handler._replace(unary_stream=self._streaming(method, handler.unary_stream, principal, limited))
         return handler

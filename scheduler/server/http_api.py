@@ -52,7 +52,7 @@ from scheduler.server import convert, openai_front
 from scheduler.server.auth import Principal
 from scheduler.server.core import TRANSIENT_PLUGINS, ProxyRun, RouterCore
 from scheduler.server.deferred import Deferrals
-from scheduler.server.edge import GUARDED_DESERIALIZERS, admit
+from scheduler.server.edge import GUARDED_DESERIALIZERS, admit, authenticate
 from scheduler.server.status import rpc_status_for
 from scheduler.server.wire import RejectedRequest
 from scheduler.v1 import messages_pb2, router_pb2
@@ -74,6 +74,11 @@ PROTO = "application/proto"
 JSON = "application/json"
 # The largest body the OpenAI endpoints and Route take: a 4 MiB prompt and its envelope.
 MAX_BODY_BYTES = 5 * 2**20
+# The method label (scheduler_router_requests_total) of a request refused before its handler
+# runs: its endpoint's, as the handler counts it.
+_METRIC_METHODS = {ROUTE_PATH: "Route", GENERATE_PATH: GENERATE_PATH, "/v1/completions": "openai.completions",
+                   "/v1/chat/completions": "openai.chat.completions", "/v1/models": "openai.models",
+                   DEFERRED_COMPLETIONS_PATH: "openai.deferred.completions"}
 
 _CONNECT_STATUS = {code_pb2.OK: 200, code_pb2.CANCELLED: 499, code_pb2.UNKNOWN: 500, code_pb2.INVALID_ARGUMENT: 400,
                    code_pb2.DEADLINE_EXCEEDED: 504, code_pb2.NOT_FOUND: 404, code_pb2.ALREADY_EXISTS: 409,
@@ -270,7 +275,30 @@ class HttpApi:
             ("POST", DEFERRED_COMPLETIONS_PATH): self.deferred_completions,
         }, {("GET", DEFERRED_PREFIX): self.deferred_status})
 
+    def authorize(self, method: str, path: str, headers: Mapping[str, str]) -> Principal | HttpResponse | None:
+        """The server's check when a request's headers are complete (every endpoint here takes a
+        key): the key's principal, for the handler, or the 401 that refuses the request before
+        ``100 Continue`` and before any of its body is read (the server then closes the
+        connection); None without keys (--insecure: nothing to check)."""
+        keys = self.deps.keys
+        if keys is None:
+            return None
+        try:
+            return authenticate(keys, path, headers.get("authorization"))
+        except errors.Unauthenticated as exc:
+            status_path = method == "GET" and path.startswith(DEFERRED_PREFIX)
+            self.deps.metrics.request("openai.deferred.get" if status_path else _METRIC_METHODS.get(path, "http.other"),
+                                      "UNAUTHENTICATED")
+            if path == GENERATE_PATH:  # a Connect stream: its error in the end-of-stream message
+                return HttpResponse(200, connect_end(exc)[0], CONNECT_PROTO)
+            response, _ = connect_error(exc) if path == ROUTE_PATH else openai_error(exc)
+            return response
+
     async def _admit(self, request: HttpRequest, method: str) -> Principal:
+        principal = request.auth
+        if isinstance(principal, Principal):  # the key was checked with the headers
+            await self.deps.limiter.check(principal)
+            return principal
         return await admit(self.deps.keys, self.deps.limiter, method, request.headers.get("authorization"))
 
     # --- Route (Connect unary) ------------------------------------------------------------
@@ -341,7 +369,7 @@ class HttpApi:
             self.deps.metrics.request(GENERATE_PATH, code)
             trace.end(code, str(exc), 200)
             return HttpResponse(200, end, CONNECT_PROTO)
-        return StreamingResponse(200, self._connect_stream(principal, run), CONNECT_PROTO)
+        return StreamingResponse(200, self._connect_stream(principal, run), CONNECT_PROTO, max_s=_remaining_s(run))
 
     @staticmethod
     def _generate_message(body: bytes) -> messages_pb2.GenerateRequest:
@@ -488,7 +516,8 @@ class HttpApi:
             trace.end(code, str(exc), response.status)
             return response
         if call.stream:
-            return StreamingResponse(200, self._sse(principal, run, call, method), headers=_stream_headers(run))
+            return StreamingResponse(200, self._sse(principal, run, call, method), headers=_stream_headers(run),
+                                     max_s=_remaining_s(run))
         return await self._whole(principal, run, call, method)
 
     async def _whole(self, principal: Principal, run: ProxyRun, call: openai_front.OpenAiCall,
@@ -568,6 +597,13 @@ def _stream_headers(run: ProxyRun) -> tuple[tuple[str, str], ...]:
     return (("cache-control", "no-cache"), ("x-scheduler-decision-id", run.decision_id))
 
 
+def _remaining_s(run: ProxyRun) -> float | None:
+    """How long the stream may still last: its deadline (the client's, capped by max_stream_s),
+    which the server enforces while the client does not read (None: no deadline)."""
+    deadline = run.stream.deadline_s
+    return None if deadline is None else max(0.0, deadline - run.stream.clock())
+
+
 def server_ssl_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLContext:
     """TLS for the HTTP port from the router's gRPC TLS files (mutual when ``client_ca``)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -579,5 +615,6 @@ def server_ssl_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSL
 
 
 def build_http_server(deps: RouterDeps, limits: ServerLimits | None = None) -> HttpServer:
-    return HttpServer(HttpApi(deps).routes(), limits=limits or ServerLimits(max_body_bytes=MAX_BODY_BYTES),
-                      name="carbon-scheduler-router")
+    api = HttpApi(deps)
+    return HttpServer(api.routes(), limits=limits or ServerLimits(max_body_bytes=MAX_BODY_BYTES),
+                      name="carbon-scheduler-router", authorize=api.authorize)

@@ -16,17 +16,18 @@ Gauges (read from the router's state at scrape time):
 
 ``MetricsEndpoint`` serves ``GET /metrics`` (Prometheus text format 0.0.4) and ``GET /healthz``
 (200 while the gRPC health status is SERVING, else 503) on a separate plaintext port, so
-that probes and scrapers need no TLS client certificate.
+that probes and scrapers need no TLS client certificate. It runs on the router's HTTP server
+(scheduler.http.server) with limits for a port only scrapers and probes use
+(``METRICS_LIMITS``: a few connections per address, no bodies, the same timeouts).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from scheduler.http.server import HttpRequest, HttpResponse, HttpServer, ServerLimits, ServerStats
 from scheduler.types import Decision
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,22 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+# Scrapers (one connection each, kept alive) and the kubelet's probes (a connection per probe):
+# a few per address; requests have no body.
+METRICS_LIMITS = ServerLimits(max_header_bytes=8 * 1024, max_body_bytes=0, max_connections=64,
+                              max_connections_per_client=8)
+
+
+def http_samples(port: str, server: HttpServer) -> list[Sample]:
+    """An HTTP port's gauges: connections open, bytes received, connections closed by a limit."""
+    stats: ServerStats = server.stats
+    samples: list[Sample] = [("scheduler_http_connections", {"port": port}, float(server.connections)),
+                             ("scheduler_http_received_bytes_total", {"port": port}, float(stats.received_bytes))]
+    samples.extend(("scheduler_http_refused_total", {"port": port, "reason": reason}, float(count))
+                   for reason, count in sorted(stats.refused.items()))
+    return samples
+
+
 @dataclass
 class MetricsEndpoint:
     """``GET /metrics`` and ``GET /healthz`` on ``host:port`` (0: any free port)."""
@@ -120,42 +137,24 @@ class MetricsEndpoint:
     # Loopback by default: open it (the router's --metrics-host) only where scrapers need it.
     host: str = "127.0.0.1"
     port: int = 0
-    _server: asyncio.Server | None = field(default=None, init=False, repr=False)
+    limits: ServerLimits = METRICS_LIMITS
+    server: HttpServer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.server = HttpServer({("GET", "/metrics"): self._metrics, ("GET", "/healthz"): self._healthz},
+                                 limits=self.limits, name="carbon-scheduler-metrics")
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = await self.server.start(self.host, self.port)
         log.info("metrics and /healthz on http://%s:%d", self.host, self.port)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        await self.server.stop(grace_s=1.0)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_line = await asyncio.wait_for(reader.readline(), timeout=5.0)
-            while (await asyncio.wait_for(reader.readline(), timeout=5.0)) not in (b"\r\n", b"\n", b""):
-                pass  # headers: nothing here needs them
-            parts = request_line.decode("latin-1").split()
-            method, path = (parts[0], parts[1].split("?", 1)[0]) if len(parts) >= 2 else ("", "")
-            if method != "GET":
-                status, body, kind = "405 Method Not Allowed", "only GET\n", "text/plain"
-            elif path == "/metrics":
-                status, body, kind = "200 OK", self.render(), "text/plain; version=0.0.4"
-            elif path == "/healthz":
-                up = self.serving()
-                status, body, kind = ("200 OK", "SERVING\n", "text/plain") if up else (
-                    "503 Service Unavailable", "NOT_SERVING\n", "text/plain")
-            else:
-                status, body, kind = "404 Not Found", "try /metrics or /healthz\n", "text/plain"
-            data = body.encode()
-            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(data)}\r\n"
-                         f"Connection: close\r\n\r\n".encode() + data)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+    async def _metrics(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, self.render().encode(), "text/plain; version=0.0.4")
+
+    async def _healthz(self, request: HttpRequest) -> HttpResponse:
+        if self.serving():
+            return HttpResponse(200, b"SERVING\n", "text/plain")
+        return HttpResponse(503, b"NOT_SERVING\n", "text/plain")

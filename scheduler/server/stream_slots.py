@@ -1,11 +1,16 @@
-"""Per-tenant caps on concurrent Generate streams: fair use of the router's dispatch pool.
+"""Per-tenant caps on concurrent Generate streams: fair use of the router's dispatch pool and
+of the regions behind it.
 
 A router relays every Generate stream over one connection of its dispatch pool
-(``DispatchSettings.max_connections``, 1,024); one tenant opening hundreds of long streams
-would starve the others. Each tenant may hold at most ``max_streams`` streams at once on one
-router (the router's default, a quarter of the pool, or its key's ``max_concurrent_streams``);
-the next one is refused with ``StreamLimited`` (RESOURCE_EXHAUSTED) before anything is
-dispatched. The edge takes a slot before the stream starts and gives it back when the stream
+(``DispatchSettings.max_connections``, 1,024), to a region gateway whose replica takes at most
+``GATEWAY_MAX_ONGOING`` requests at once (its Serve ``max_ongoing_requests``); one tenant
+opening hundreds of long streams would starve the others. Each tenant may hold at most
+``max_streams`` streams at once on one router (the router's default, or its key's
+``max_concurrent_streams``); the next one is refused with ``StreamLimited``
+(RESOURCE_EXHAUSTED) before anything is dispatched. The default is a quarter of one gateway
+replica: a tenant at its cap leaves a one-replica region three quarters of its capacity (a
+cap of 256, a quarter of the dispatch pool, was a whole replica's), and a tenant that needs
+more gets it by its key. The edge takes a slot before the stream starts and gives it back when the stream
 ends, however it ends (done, error, client cancel). Counted in this process only: it guards
 this router's pool, not a fleet-wide quota.
 """
@@ -17,11 +22,13 @@ from dataclasses import dataclass, field
 
 from scheduler import errors
 from scheduler.server.auth import Principal
-from scheduler.server.dispatch import DispatchSettings
 from scheduler.server.metrics import Sample
 
-# The router's default share of its dispatch pool one tenant may hold.
-DEFAULT_MAX_STREAMS = DispatchSettings().max_connections // 4
+# Requests one region gateway replica takes at once (scheduler.serve.gateway's Serve deployment;
+# not imported from there, which would import Ray into the router).
+GATEWAY_MAX_ONGOING = 256
+# The streams one tenant may hold by default: a quarter of one gateway replica.
+DEFAULT_MAX_STREAMS = GATEWAY_MAX_ONGOING // 4
 
 
 @dataclass

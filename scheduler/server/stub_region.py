@@ -208,11 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="stub")
     parser.add_argument("--first-token-delay-ms", type=float, default=0.0)
     parser.add_argument("--token-interval-ms", type=float, default=0.0)
+    parser.add_argument("--word-bytes", type=int, default=0,
+                        help="stream one word of this many bytes per token (0: the usual words): a stream "
+                             "that fills its reader's buffers in a few tokens")
     args = parser.parse_args(argv)
+    if args.word_bytes < 0:
+        parser.error(f"--word-bytes: expected bytes >= 0, got {args.word_bytes}")
     import uvicorn
 
     settings = StubRegionSettings(name=args.name, first_token_delay_s=args.first_token_delay_ms / 1000,
                                   token_interval_s=args.token_interval_ms / 1000)
+    if args.word_bytes:
+        settings.words = ("x" * args.word_bytes + " ",)
     sock = bind(port=args.port)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(build_app(settings), log_level="warning", access_log=False, lifespan="off")

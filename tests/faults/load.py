@@ -96,6 +96,8 @@ class Row:
 
 # Rows of the scenarios run in this session; printed in the terminal summary (tests/conftest.py).
 REPORT: list[Row] = []
+# Figures of the fault tests that are not rows of the table (test: lines), printed after it.
+FIGURES: dict[str, list[str]] = {}
 
 HEADER = ("| scenario | requests | lost before first token | errors (code n) | ledger lost | ledger doubled | "
           "audit lost/doubled | partial receipts | note |")

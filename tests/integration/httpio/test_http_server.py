@@ -74,7 +74,7 @@ async def served() -> AsyncIterator[tuple[App, str, HttpServer]]:
                          ("GET", "/slow"): app.slow,
                          ("GET", "/broken"): app.broken, ("GET", "/broken-stream"): app.broken_stream},
                         limits=ServerLimits(max_header_bytes=4096, max_body_bytes=10_000, max_connections=8,
-                                            request_timeout_s=0.5))
+                                            header_timeout_s=0.5, body_timeout_s=0.5))
     port = await server.start("127.0.0.1", 0)
     try:
         yield app, f"http://127.0.0.1:{port}", server

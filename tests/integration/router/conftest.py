@@ -17,7 +17,15 @@ from scheduler.config.loader import load_fleet
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.ledger.budget import TenantBudget
-from scheduler.server.app import RouterDeps, RunningRouter, TlsFiles, build_deps, start_router, with_services
+from scheduler.server.app import (
+    GrpcLimits,
+    RouterDeps,
+    RunningRouter,
+    TlsFiles,
+    build_deps,
+    start_router,
+    with_services,
+)
 from scheduler.server.auth import KeyRing, NewKey, create_key
 from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.server.tracing import RouterTracing
@@ -93,13 +101,15 @@ async def make_router() -> AsyncIterator[RouterFactory]:
                    budgets: Mapping[str, TenantBudget] | None = None,
                    metrics_port: int | None = None, http: bool = False,
                    ticket_keys: TicketKeyRing | None = None, tracing: RouterTracing | None = None,
-                   policy: PolicyConfig | None = None) -> RunningRouter:
+                   policy: PolicyConfig | None = None, grpc_limits: GrpcLimits | None = None) -> RunningRouter:
         fleet = load_fleet()
         deps: RouterDeps = build_deps(SnapshotBuilder(tuple(regions), policy or fleet.policy("default")),
                                       store or MemoryStore(), "memory", keys=keys, tls=tls,
                                       rate_limit_rps=rate_limit_rps, metrics_port=metrics_port,
                                       ticket_keys=ticket_keys)
         deps.http_port = 0 if http else None
+        if grpc_limits is not None:
+            deps.grpc_limits = grpc_limits
         if tracing is not None:
             deps.tracing = tracing
         if budgets is not None:

@@ -112,6 +112,9 @@ async def test_the_sync_openai_client_and_its_errors(stub_fleet: Fleet, make_rou
 
     # The blocking client runs in a thread while the router and regions serve on this loop.
     await asyncio.to_thread(use_sync_client)
+    # The bad key was refused with the headers, and counted under its endpoint.
+    assert router.deps.metrics.value("scheduler_router_requests_total",
+                                     {"code": "UNAUTHENTICATED", "method": "openai.models"}) == 1
 
 
 async def test_curl_streams_sse_then_done_then_the_receipt(stub_fleet: Fleet, make_router: RouterFactory) -> None:

@@ -4,14 +4,17 @@ jurisdictions (table-driven)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+import scheduler
 from scheduler import errors
 from scheduler.server.auth import Principal, TenantRateLimiter, scope_jurisdictions
 from scheduler.server.rate_limit import SharedRateLimiter
-from scheduler.server.stream_slots import DEFAULT_MAX_STREAMS, StreamSlots
+from scheduler.server.stream_slots import DEFAULT_MAX_STREAMS, GATEWAY_MAX_ONGOING, StreamSlots
 from scheduler.state.memory_store import MemoryStore
 
 
@@ -23,8 +26,15 @@ class Clock:
         return self.t
 
 
+def test_the_default_stream_cap_is_a_quarter_of_one_gateway_replica() -> None:
+    # Read from the gateway's source: importing it would import Ray.
+    source = (Path(scheduler.__file__).parent / "serve" / "gateway.py").read_text()
+    declared = re.search(r"@serve\.deployment\([^)]*max_ongoing_requests=(\d+)", source)
+    assert declared is not None and int(declared.group(1)) == GATEWAY_MAX_ONGOING
+    assert DEFAULT_MAX_STREAMS == 64 == GATEWAY_MAX_ONGOING // 4
+
+
 def test_stream_slots_cap_each_tenant_and_give_back() -> None:
-    assert DEFAULT_MAX_STREAMS == 256
     slots = StreamSlots(max_streams=2)
     acme, vip, globex = Principal("acme", False), Principal("acme", False, max_concurrent_streams=3), \
         Principal("globex", False)
