@@ -6,8 +6,11 @@ ranked list: the first pool that is up takes it and hands it to one of its repli
 (``scheduler.sim.pools``); a pool that is down is skipped (failover before the first token).
 When a region goes down, the requests waiting in it fail over the same way; those already
 admitted finish (simplification). A replica's next step boundary is an event; one an arrival
-made obsolete (a decode run cut short to admit it) is skipped by its version. An arrival and
-a step boundary at the same instant: the arrival comes first (it joins that step).
+made obsolete (a decode run cut short to admit it) is skipped by its version. An arrival of
+the workload and a step boundary at the same instant, to within ``TIE_S`` (1 us): the arrival
+comes first (it joins that step; ``scheduler.sim.replica``, "Ties"). Arrivals that are events
+themselves (a held request's release, a workflow's next step) take the heap's order: time,
+then the order they were pushed in.
 
 The simulator measures each request itself, on the pool's true step costs
 (``scheduler.sim.truth``): TTFT = RTT + first-token time - arrival, queue wait = admission -
@@ -68,7 +71,7 @@ from scheduler.sim.deferral import summary as deferral_summary
 from scheduler.sim.forecast import CarbonForecast
 from scheduler.sim.pools import Job, PoolSim
 from scheduler.sim.predicted import Predictions
-from scheduler.sim.replica import Replica, Seq
+from scheduler.sim.replica import TIE_S, Replica, Seq
 from scheduler.sim.report import FallbackAges, PolicyResult, RunOutcome
 from scheduler.sim.truth import truth_costs
 from scheduler.sim.workflow import figures as workflow_figures
@@ -442,8 +445,10 @@ class Simulation:
 
         for i in roots:
             t = arrival[i]
-            # Step boundaries at t come after the arrival (it joins that step); outages at t before.
-            while heap and (heap[0][0] < t or (heap[0][0] == t and heap[0][2] != _STEP)):
+            # Step boundaries at t (to within TIE_S) come after the arrival, which joins that
+            # step (``scheduler.sim.replica``, "Ties"); outages at t before.
+            due = t - TIE_S
+            while heap and (heap[0][0] < due or (heap[0][0] <= t and heap[0][2] != _STEP)):
                 handle(heapq.heappop(heap))
             arrive(i, t)
         while heap:

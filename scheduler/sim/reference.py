@@ -1,6 +1,7 @@
 """The replica of ``scheduler.sim.replica``, one step at a time: slow, and plainly the rules.
 
-Each iteration: requests that arrived by the step's start join the waiting queue; every
+Each iteration: requests that arrived by the step's start (to within ``TIE_S``, the replica's
+tie rule) join the waiting queue; every
 running sequence whose prompt is in the cache decodes one token; the rest of the token budget
 goes to running prefills in admission order, then to waiting requests admitted FCFS while
 one fits (fewer than ``max_num_seqs`` running, prompt + output within the KV cache, or the
@@ -16,7 +17,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from scheduler.energy.step import StepCosts
-from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, PrefixCache, Seq
+from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, TIE_S, PrefixCache, Seq
 
 
 def reference_replay(costs: StepCosts, seqs: Sequence[Seq], prefix_entries: int = PREFIX_ENTRIES_PER_REPLICA) -> float:
@@ -30,9 +31,9 @@ def reference_replay(costs: StepCosts, seqs: Sequence[Seq], prefix_entries: int 
     t = 0.0
     busy = 0.0
     while pending or waiting or running:
-        if not waiting and not running:
-            t = max(t, pending[0].arrived)
-        while pending and pending[0].arrived <= t:
+        if not waiting and not running and pending[0].arrived > t + TIE_S:
+            t = pending[0].arrived  # idle until the next arrival
+        while pending and pending[0].arrived <= t + TIE_S:
             waiting.append(pending.popleft())
         decodes = [s for s in running if s.in_kv == s.prompt]
         budget = costs.max_batched_tokens - len(decodes)

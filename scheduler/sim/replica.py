@@ -35,12 +35,22 @@ a = t_step + t_token D + (t_kv + t_pair) S and h = (t_kv + t_pair) D / 2, and k 
 
 The run ends at the step the first of its sequences finishes (known at admission), or earlier
 when a request arrives that can be admitted: it joins at the first step that starts at or
-after its arrival, the smallest k with run start + T(k) >= arrival (a quadratic, settled on
-the boundary times as the replica computes them). The shared
+after its arrival, the smallest k with run start + T(k) >= arrival - TIE_S (a quadratic,
+settled on the boundary times as the replica computes them). The shared
 ``e_step`` goes through one running sum per replica, A += e_step / (sequences in the step)
 (k e_step / D for a run): a sequence pays A(its last step) - A(before its first step).
 Prefill steps are taken one at a time. ``scheduler.sim.reference`` runs the same rules step by
 step; tests/unit/sim/test_replica.py checks that both agree.
+
+Ties. An arrival joins the step that starts when it arrives: "when" to within ``TIE_S``
+(1 us), so a step that starts at most 1 us before an arrival takes it. The fast replica and
+the reference compute a boundary's time in different ways (run start + T(k), a running sum of
+step times), and at an exact tie the two floats can land on either side of the arrival, by a
+few ulps; 1 us is far above that (2.4e-7 s is one ulp of an epoch time in seconds) and far
+below any step (a millisecond or more), so both take the same arrivals into the same steps.
+``replay`` and the fleet simulator's event loop handle an arrival before every step boundary
+up to ``TIE_S`` before it, the reference admits every arrival up to ``TIE_S`` after a step's
+start; a request so admitted has an admission time up to 1 us before its arrival.
 """
 
 from __future__ import annotations
@@ -54,6 +64,8 @@ from scheduler.energy.step import StepCosts
 
 # Prefix-cache entries (distinct shared prefixes) each replica keeps before evicting the LRU one.
 PREFIX_ENTRIES_PER_REPLICA = 8
+# An arrival at most this long after a step's start joins that step (module doc, "Ties") [s].
+TIE_S = 1e-6
 
 
 class Seq:
@@ -219,23 +231,23 @@ class Replica:
         return self._run_t0 + self._a * k + self._h * k * (k - 1)
 
     def _steps_before(self, now: float) -> int:
-        """The smallest k >= 0 whose step starts at or after ``now`` in the run in progress.
+        """The smallest k >= 0 whose step takes an arrival at ``now`` in the run in progress:
+        step k starts at or after now - ``TIE_S`` (module doc, "Ties").
 
         The quadratic gives an estimate from now - run start; the answer is settled on the
         boundary times themselves, ``_run_time(k)`` (monotone in k), the very times the
-        replica publishes. Settling it on T(k) >= now - run start instead can disagree with
-        them by the rounding of that subtraction: an arrival exactly on a boundary would miss
-        the step that starts then (the documented rule and ``replay`` let it join), or one just
-        before a boundary could be given a next step that starts before it arrived."""
-        x = now - self._run_t0
+        replica publishes, so that an arrival on a boundary joins the step that starts there
+        and none joins a step that started more than ``TIE_S`` before it."""
+        due = now - TIE_S
+        x = due - self._run_t0
         if x <= 0.0:
             return 0
         a, h = self._a, self._h
         b = a - h
         k = math.ceil((2.0 * x / (b + math.sqrt(b * b + 4.0 * h * x))) if h > 0.0 else x / a)
-        while k > 0 and self._run_time(k - 1) >= now:
+        while k > 0 and self._run_time(k - 1) >= due:
             k -= 1
-        while self._run_time(k) < now:
+        while self._run_time(k) < due:
             k += 1
         return k
 
@@ -395,12 +407,13 @@ class Replica:
 
 def replay(costs: StepCosts, seqs: list[Seq], prefix_entries: int = PREFIX_ENTRIES_PER_REPLICA) -> Replica:
     """Run ``seqs`` on one replica, filling in what each measured, with the event rules of the
-    fleet simulator: a boundary at the same time as an arrival comes after it."""
+    fleet simulator: a boundary at the same time as an arrival (to within ``TIE_S``) comes
+    after it."""
     replica = Replica(costs, lambda seq: None, prefix_entries=prefix_entries)
     events: list[tuple[float, int]] = []
 
     def until(t: float) -> None:
-        while events and events[0][0] < t:
+        while events and events[0][0] < t - TIE_S:
             at, version = heapq.heappop(events)
             if version == replica.version:
                 then = replica.boundary(at)
