@@ -16,10 +16,12 @@ from scheduler.sim.carbon_feed import ProviderOutage
 from scheduler.sim.deferral import Deferral
 from scheduler.sim.engine import RegionOutage
 from scheduler.sim.scenario import ScenarioSpec
+from scheduler.sim.truth import TruthModel
 from scheduler.sim.workflow import WorkflowSpec
 from scheduler.sim.workload import DEFAULT_CONTINENTS, TraceError, WorkloadConfig, with_shares
 
 DEFAULT_POLICIES = "default,latency-first,carbon-first"
+TRUTHS = ("model-form", "rated")
 
 
 def _offset_s(value: str) -> float:
@@ -138,9 +140,15 @@ def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float
                              "TOKENS-token prefix (e.g. fanout:8:4096); each policy runs with and without affinity")
     parser.add_argument("--capacity-scale", type=float, default=1.0,
                         help="multiply every pool's GPU count (size the fleet to the simulated rate)")
-    parser.add_argument("--truth-error", type=_non_negative, default=0.1, metavar="SIGMA",
-                        help="lognormal sigma of each pool's true step costs around the rated ones the scheduler "
-                             "predicts with, per coefficient group (0: none)")
+    parser.add_argument("--truth", choices=TRUTHS, default="model-form",
+                        help="what the pools and the network really do: model-form (a KV knee past 4,096 tokens, "
+                             "each GPU type's energy biased by a held-out residual of the energy model, RTT jitter "
+                             "with a tail) or rated (the scheduler's own step model with per-pool noise, the RTT "
+                             "as predicted); docs/simulation.md, 'Truth model'")
+    parser.add_argument("--truth-error", type=_non_negative, default=None, metavar="SIGMA",
+                        help="lognormal sigma of each pool's step costs around its truth, per coefficient group "
+                             f"(default {TruthModel().pool_sigma} with model-form, {TruthModel.rated().pool_sigma} "
+                             "with rated; 0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1,
                         help="parallel processes: the policies (simulate), time shards of the one policy (bench simulate)")
@@ -179,13 +187,20 @@ def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> Sc
             for region, offset, duration in args.region_outage
         ),
         capacity_scale=args.capacity_scale,
-        truth_error=args.truth_error,
+        truth=truth_from_args(args.truth, args.truth_error),
         twelve_regions=twelve_regions,
         deferral=None if args.no_deferral else Deferral(forecast_error=args.forecast_error),
         workflow=args.workflow,
         seed=args.seed,
         progress=not args.no_progress,
     )
+
+
+def truth_from_args(name: str, sigma: float | None) -> TruthModel:
+    """``--truth`` and ``--truth-error`` as a ``TruthModel``."""
+    if name == "rated":
+        return TruthModel.rated() if sigma is None else TruthModel.rated(sigma)
+    return TruthModel() if sigma is None else TruthModel(pool_sigma=sigma)
 
 
 def register(sub: Any) -> None:

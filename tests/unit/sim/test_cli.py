@@ -30,6 +30,40 @@ def test_simulate_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert sorted(path.name for path in plots.iterdir()) == ["grid_intensity.png", "policies.png", "region_share.png"]
 
 
+@pytest.mark.timeout(300)
+def test_simulate_reports_prediction_errors_per_gpu_type_under_either_truth(capsys: pytest.CaptureFixture[str]) -> None:
+    # 0.5 % of the shipped fleet at 20 requests/s for 2 minutes: queues, A100 and H200 pools busy.
+    shape = ["simulate", "--compare", "default", "--capacity-scale", "0.005", "--rate", "20", "--hours", "0.03",
+             "--seed", "1", "--json", "--no-progress"]
+    runs = {}
+    for truth in ("model-form", "rated"):
+        assert main([*shape, "--truth", truth]) == 0
+        runs[truth] = json.loads(capsys.readouterr().out)
+    model_form, rated = runs["model-form"], runs["rated"]
+    assert model_form["scenario"]["truth"]["name"] == "model-form"
+    assert model_form["scenario"]["truth"]["kv_knee_factor"] == 1.5
+    factors = model_form["scenario"]["truth"]["gpu_energy_factor"]
+    assert set(factors) == {"A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"}
+    assert rated["scenario"]["truth"] == {
+        "name": "rated", "pool_sigma": 0.1, "kv_knee_tokens": 4096, "kv_knee_factor": 1.0, "gpu_bias": False,
+        "rtt_sigma": 0.0, "rtt_tail_share": 0.0, "rtt_tail_s": 0.2}
+    for run in (model_form, rated):
+        errors = run["policies"][0]["prediction_error"]
+        assert errors["all"]["energy"] == run["policies"][0]["energy_error"]
+        by_gpu = errors["by_gpu"]
+        assert sum(g["requests"] for g in by_gpu.values()) == errors["all"]["requests"] > 0
+        for group in by_gpu.values():
+            for kind in ("energy", "ttft"):
+                stats = group[kind]
+                assert stats["p10_pct"] <= stats["p50_pct"] <= stats["p90_pct"] <= stats["p99_pct"]
+    # Under the model-form truth a GPU type's mean energy error follows its drawn bias: the
+    # predictor is 1 / factor - 1 off on top of what the batch and queue do.
+    gpu, factor = max(factors.items(), key=lambda item: abs(item[1] - 1.0))
+    rated_mean = rated["policies"][0]["prediction_error"]["by_gpu"][gpu]["energy"]["mean_pct"]
+    model_mean = model_form["policies"][0]["prediction_error"]["by_gpu"][gpu]["energy"]["mean_pct"]
+    assert (model_mean - rated_mean) * (1.0 - factor) > 0
+
+
 def test_simulate_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--compare", "greenest", "--hours", "0.01", "--no-progress"]) == 1
     assert "no policy named 'greenest'" in capsys.readouterr().err

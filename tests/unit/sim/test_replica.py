@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from scheduler.energy.step import StepCosts
 from scheduler.sim.reference import reference_replay
-from scheduler.sim.replica import TIE_S, Replica, Seq, replay
+from scheduler.sim.replica import TIE_S, KvKnee, Replica, Seq, replay
 
 # Round numbers: a step costs 10 ms + 1 ms a token + 0.1 ms a KV token read + 0.01 ms a pair,
 # and 10 J + 1 J a token + 0.1 J a KV token + 0.01 J a pair.
@@ -133,7 +133,8 @@ def test_an_arrival_exactly_on_a_decode_step_boundary_joins_that_step() -> None:
 # draws every step takes exactly t_step (the other time coefficients 0), so arrivals fall on
 # step boundaries: the fast replica computes a boundary in closed form (run start + T(k)), the
 # reference as a running sum of step times, and the two round differently. Both must still put
-# an arrival on a boundary into the step that starts there (``replica.TIE_S``).
+# an arrival on a boundary into the step that starts there (``replica.TIE_S``). Half the draws
+# have a KV knee (the truth model's) that prompts and outputs cross.
 requests = st.lists(
     st.tuples(st.integers(0, 400), st.integers(1, 120), st.integers(1, 40), st.sampled_from([None, "a", "b", "c"]),
               st.integers(1, 100)),
@@ -148,26 +149,29 @@ costs = st.builds(
     st.tuples(st.floats(0.1, 10), st.floats(0, 1), st.floats(0, 0.1), st.floats(0, 0.01)),
     st.integers(1, 5), st.integers(0, 60), st.integers(20, 400), st.booleans(),
 )
+knees = st.one_of(st.none(), st.builds(KvKnee, st.integers(0, 150), st.floats(1.0, 4.0)))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests, costs, st.integers(1, 3))
+@given(requests, costs, st.integers(1, 3), knees)
 def test_the_fast_replica_matches_the_step_by_step_reference(
-    spec: list[tuple[int, int, int, str | None, int]], step_costs: StepCosts, prefix_entries: int
+    spec: list[tuple[int, int, int, str | None, int]], step_costs: StepCosts, prefix_entries: int,
+    knee: KvKnee | None,
 ) -> None:
     def build() -> list[Seq]:
         return [Seq(at * step_costs.t_step, prompt, output, key, prefix if key else 0)
                 for at, prompt, output, key, prefix in spec]
 
     fast, slow = build(), build()
-    replica = replay(step_costs, fast, prefix_entries)
-    busy = reference_replay(step_costs, slow, prefix_entries)
+    replica = replay(step_costs, fast, prefix_entries, knee)
+    busy = reference_replay(step_costs, slow, prefix_entries, knee)
     for i, (f, s) in enumerate(zip(fast, slow, strict=True)):
         for name in ("cached", "admitted", "first_token", "done", "energy_j"):
             assert getattr(f, name) == pytest.approx(getattr(s, name), rel=1e-9, abs=1e-9), (i, name)
     assert replica.busy_s == pytest.approx(busy, rel=1e-9)
     assert sum(f.energy_j for f in fast) == pytest.approx(replica.energy_j, rel=1e-9)
     assert (replica.running, replica.kv_held, replica.kv_reserved, replica.context_sum) == (0, 0, 0, 0)
+    assert (replica.past, replica.excess) == (0, 0)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -24,6 +24,7 @@ from scheduler.plugins import register_all
 from scheduler.plugins.filters import residency
 from scheduler.sim.carbon_feed import ProviderOutage
 from scheduler.sim.engine import RegionOutage
+from scheduler.sim.truth import TruthModel
 from tests.unit.sim.kit import NEW_YORK, OSLO, PARIS, START, Files, policy, region, simulate, write_trace
 
 T0 = START.timestamp()
@@ -57,7 +58,7 @@ def test_clean_region_outside_the_ttft_slo_takes_none(files: Files) -> None:
     near_ttft = 0.002 + costs.step_time(100, 0, 100 * 101 // 2)
     assert near_ttft < 0.015
     tight = policy(ttft_ms=(near_ttft + 0.021) / 2 * 1e3, ttft_ms_per_1k=0.0)
-    result, _ = simulate(files, regions, tight, hours=0.25, rate=2.0, truth_error=0.0)
+    result, _ = simulate(files, regions, tight, hours=0.25, rate=2.0)
     assert result.region_share == {"near": 1.0, "clean": 0.0}
     assert result.slo_attainment == 1.0
     assert result.unschedulable == 0
@@ -180,8 +181,8 @@ def test_fallback_ages_grow_with_the_clock_while_a_snapshot_is_reused(files: Fil
 def test_prediction_error_shows_the_truth_models_error(files: Files) -> None:
     # One request every 5 s on an idle region: what the scheduler predicts is the same in both
     # runs; the measured energy moves with the pool's true costs.
-    exact, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2, truth_error=0.0)
-    perturbed, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2, truth_error=0.5)
+    exact, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2)
+    perturbed, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2, truth=TruthModel.rated(0.5))
     assert exact.j_per_request != pytest.approx(perturbed.j_per_request, rel=0.05)
     shift = perturbed.energy_error["mean_pct"] - exact.energy_error["mean_pct"]
     predicted_exact = exact.j_per_request * (1 + exact.energy_error["mean_pct"] / 100)
