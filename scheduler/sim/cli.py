@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,14 +36,47 @@ def _offset_s(value: str) -> float:
     return seconds
 
 
-def _window(value: str) -> tuple[str, float, float]:
-    """'NAME@START+DURATION' (offsets from the simulation start) -> (name, start_s, duration_s)."""
+@dataclass(frozen=True)
+class Window:
+    """``NAME@START+DURATION``: START an ISO time (``at``, epoch seconds) or an offset from the
+    simulation start (``offset_s``)."""
+
+    name: str
+    at: float | None
+    offset_s: float
+    duration_s: float
+
+    def bounds(self, sim_start: float) -> tuple[float, float]:
+        """(start, end) in epoch seconds."""
+        start = self.at if self.at is not None else sim_start + self.offset_s
+        return start, start + self.duration_s
+
+
+def _window(value: str) -> Window:
+    """'NAME@START+DURATION': START '2023-06-01T06:00Z' (ISO, UTC unless it says), '+6h' or '6h'
+    (an offset from the simulation start), DURATION like '6h' or '30m'."""
     try:
         name, rest = value.split("@", 1)
-        start, duration = rest.split("+", 1)
-        return name, _offset_s(start), parse_duration(duration)
+        start, duration = rest.rsplit("+", 1)  # the last '+': an ISO time may carry a '+00:00'
+        if not name or not start:
+            raise ValueError("a name and a start are needed")
+        duration_s = parse_duration(duration)
+        if start.startswith("+"):
+            return Window(name, None, _offset_s(start[1:]), duration_s)
+        try:
+            return Window(name, None, _offset_s(start), duration_s)
+        except ValueError:
+            return Window(name, _iso_time(start), 0.0, duration_s)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected NAME@START+DURATION like eu-north@6h+30m, got {value!r} ({exc})") from None
+        raise argparse.ArgumentTypeError(
+            f"expected NAME@START+DURATION like eu-north@+6h+30m or DE-LU@2023-06-01T06:00Z+6h, got {value!r} ({exc})"
+        ) from None
+
+
+def _iso_time(value: str) -> float:
+    """An ISO time ('2023-06-01T06:00Z'; UTC when it names no zone) in epoch seconds."""
+    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def _duration(value: str) -> float:
@@ -70,10 +104,9 @@ def _shares(value: str) -> dict[str, float]:
 
 def _start(value: str) -> float:
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return _iso_time(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an ISO time like 2023-06-01T00:00Z, got {value!r}") from None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def _share(value: str) -> float:
@@ -114,9 +147,11 @@ def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float
     parser.add_argument("--carbon-delay", type=_duration, default=0.0, metavar="DURATION",
                         help="publication delay of each hourly value (e.g. 15m)")
     parser.add_argument("--carbon-outage", type=_window, action="append", default=[], metavar="ZONE@START+DURATION",
-                        help="no new carbon values for ZONE ('*': all) in that window (repeatable)")
+                        help="ZONE's carbon feed ('*': every zone's) publishes nothing new in that window: the last "
+                             "value published before START stays, aging (repeatable); START an ISO time "
+                             "(2023-06-01T06:00Z) or an offset from the simulation start (+6h)")
     parser.add_argument("--region-outage", type=_window, action="append", default=[], metavar="REGION@START+DURATION",
-                        help="REGION down in that window (repeatable)")
+                        help="REGION down in that window (repeatable; START as for --carbon-outage)")
     parser.add_argument("--model", default="llama-3.1-8b", help="the model every trace request asks for")
     parser.add_argument("--clients", type=_shares, default=None, metavar="CONTINENT=SHARE,...",
                         help="client shares per continent (default: population shares)")
@@ -179,13 +214,9 @@ def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> Sc
         carbon_year=args.carbon_year,
         carbon_delay_s=args.carbon_delay,
         carbon_outages=tuple(
-            ProviderOutage(None if zone == "*" else zone, start + offset, start + offset + duration)
-            for zone, offset, duration in args.carbon_outage
+            ProviderOutage(None if w.name == "*" else w.name, *w.bounds(start)) for w in args.carbon_outage
         ),
-        region_outages=tuple(
-            RegionOutage(region, start + offset, start + offset + duration)
-            for region, offset, duration in args.region_outage
-        ),
+        region_outages=tuple(RegionOutage(w.name, *w.bounds(start)) for w in args.region_outage),
         capacity_scale=args.capacity_scale,
         truth=truth_from_args(args.truth, args.truth_error),
         twelve_regions=twelve_regions,

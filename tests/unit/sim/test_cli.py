@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from scheduler.cli import main
+from scheduler.sim.carbon_feed import ProviderOutage
+from scheduler.sim.cli import add_scenario_args, spec_from_args
 
 
 @pytest.mark.timeout(300)
@@ -16,7 +20,8 @@ def test_simulate_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[s
     code = main([
         "simulate", "--compare", "default,latency-first", "--trace", "code", "--hours", "0.05", "--rate", "5",
         "--seed", "3", "--json", "--plots", str(plots), "--no-progress",
-        "--carbon-outage", "*@0+1h", "--region-outage", "eu-north@0+10m",
+        "--carbon-outage", "*@0+1h", "--carbon-outage", "DE-LU@2023-06-01T00:01Z+30m",
+        "--region-outage", "eu-north@0+10m",
     ])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
@@ -27,6 +32,8 @@ def test_simulate_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert p["region_share"]["eu-north"] == 0.0
         assert sum(p["region_share"].values()) == pytest.approx(1.0)
     assert out["scenario"]["carbon_outages"][0]["zone"] is None
+    one = datetime(2023, 6, 1, 0, 1, tzinfo=UTC).timestamp()
+    assert out["scenario"]["carbon_outages"][1] == {"zone": "DE-LU", "start": one, "end": one + 1800.0}
     assert sorted(path.name for path in plots.iterdir()) == ["grid_intensity.png", "policies.png", "region_share.png"]
 
 
@@ -72,6 +79,19 @@ def test_simulate_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str]) 
 def test_simulate_rejects_a_bad_outage_window() -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--region-outage", "eu-north@soon", "--no-progress"])
+    with pytest.raises(SystemExit):
+        main(["simulate", "--carbon-outage", "DE-LU@2023-06-01T06:00Z", "--no-progress"])
+
+
+@pytest.mark.parametrize("window", ["DE-LU@2023-06-01T06:00Z+6h", "DE-LU@2023-06-01T08:00+02:00+6h",
+                                    "DE-LU@+6h+6h", "DE-LU@6h+360m", "DE-LU@21600+6h"])
+def test_a_carbon_outage_starts_at_an_iso_time_or_an_offset(window: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_scenario_args(parser, hours=24.0, rate=None)
+    spec = spec_from_args(parser.parse_args(["--carbon-outage", window, "--carbon-outage", "*@+1h+30m"]))
+    six = datetime(2023, 6, 1, 6, tzinfo=UTC).timestamp()
+    assert spec.carbon_outages == (ProviderOutage("DE-LU", six, six + 6 * 3600.0),
+                                   ProviderOutage(None, six - 5 * 3600.0, six - 4.5 * 3600.0))
 
 
 def test_sim_vs_real_rejects_a_bad_request_count_before_starting_an_engine(capsys: pytest.CaptureFixture[str]) -> None:
