@@ -45,11 +45,11 @@ h = (t_kv (D + (f - 1) P) + t_pair D) / 2, and k steps take
     T(k) = a k + h k (k - 1)           (energy E(k) alike, with the e_ coefficients)
 
 The run ends at the step the first of its sequences finishes or passes the knee (both known
-when its prefill ends), or earlier when a request arrives that can be admitted: it joins at the first step that starts at or
-after its arrival, the smallest k with run start + T(k) >= arrival - TIE_S (a quadratic,
-settled on the boundary times as the replica computes them). The shared
-``e_step`` goes through one running sum per replica, A += e_step / (sequences in the step)
-(k e_step / D for a run): a sequence pays A(its last step) - A(before its first step).
+when its prefill ends), or earlier when a request arrives that can be admitted: it joins at
+the first step that starts at or after its arrival, the smallest k with run start + T(k) >=
+arrival - TIE_S (a quadratic, settled on the boundary times as the replica computes them).
+The shared ``e_step`` goes through one running sum per replica, A += e_step / (sequences in
+the step) (k e_step / D for a run): a sequence pays A(its last step) - A(before its first step).
 Prefill steps are taken one at a time. ``scheduler.sim.reference`` runs the same rules step by
 step; tests/unit/sim/test_replica.py checks that both agree.
 
