@@ -1,10 +1,18 @@
 """Carbon signals replayed from hourly CSV files, as a provider would have published them.
 
-The value for hour h becomes known at h + publication delay; during a provider outage no
-new value arrives, so the last one keeps its old ``observed_at`` and ages past the policy's
-``max_age.carbon`` (the scorer then abstains and the ranking falls back). Accounting (grams a
-request really cost) uses the true value of the hour the request ran in, never the
-published one.
+The value for hour h becomes known at h + publication delay; during a provider outage
+(``ProviderOutage``, ``scheduler simulate --carbon-outage``) no new value arrives: from the
+outage's start until its end the zone's signal is the last value published before the start
+(strictly before: the provider is quiet from that instant on), with its true ``observed_at``,
+so it ages past the policy's ``max_age.carbon`` (the scorer then abstains and the ranking
+falls back). Overlapping outages of a zone make one quiet period, from the earliest start.
+After the end the provider publishes again: the latest value published by then, fresh.
+Accounting (grams a request really cost) uses the true value of the hour the request ran in,
+never the published one.
+
+``trailing_max(zone, now, window_s)``: the highest accepted value (``signal_check``: finite,
+within the physical bounds) among those a router had received by ``now`` (published by then,
+and during an outage before its start) that were observed in the window [now - window_s, now].
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.datalayer.carbon_csv import ZoneSeries, load_zone, zone_file
+from scheduler.signal_check import value_problem
 from scheduler.types import Signal
 
 
@@ -68,11 +77,32 @@ class CarbonReplay:
         return self._published_row(zone, t)
 
     def _published_row(self, zone: str, t: float) -> int:
-        for outage in self.outages:
-            if outage.covers(zone, t):
-                t = outage.start  # what was known when the provider went quiet
         times = self.series[zone].times
+        quiet = self.quiet_since(zone, t)
+        if quiet is not None:  # what was known when the provider went quiet
+            return bisect.bisect_left(times, quiet - self.delay_s) - 1
         return bisect.bisect_right(times, t - self.delay_s) - 1
+
+    def quiet_since(self, zone: str, t: float) -> float | None:
+        """The start of the quiet period of ``zone`` (outages, overlapping ones joined) that
+        ``t`` is in; None when its provider publishes at ``t``."""
+        since = None
+        while True:
+            at = t if since is None else since
+            earlier = [o.start for o in self.outages if o.covers(zone, at) and (since is None or o.start < since)]
+            if not earlier:
+                return since
+            since = min(earlier)
+
+    def trailing_max(self, zone: str, now: float, window_s: float) -> float | None:
+        """The highest accepted value of ``zone`` a router had received by ``now`` among those
+        observed in [now - window_s, now] (module doc); None when there is none."""
+        last = self._published_row(zone, now)
+        times = self.series[zone].times
+        first = bisect.bisect_left(times, now - window_s, 0, last + 1)
+        accepted = [self._signal(zone, row).value for row in range(first, last + 1)
+                    if value_problem(self._signal(zone, row)) is None]
+        return max(accepted, default=None)
 
     def published(self, t: float) -> Mapping[str, Signal]:
         """Zone -> the latest signal a provider had published by ``t`` (absent: none yet)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ from scheduler.sim.carbon_feed import ProviderOutage
 from scheduler.sim.deferral import Deferral
 from scheduler.sim.engine import RegionOutage
 from scheduler.sim.scenario import ScenarioSpec
+from scheduler.sim.truth import TruthModel
 from scheduler.sim.workflow import WorkflowSpec
 from scheduler.sim.workload import DEFAULT_CONTINENTS, TraceError, WorkloadConfig, with_shares
 
 DEFAULT_POLICIES = "default,latency-first,carbon-first"
+TRUTHS = ("model-form", "rated")
 
 
 def _offset_s(value: str) -> float:
@@ -34,14 +37,47 @@ def _offset_s(value: str) -> float:
     return seconds
 
 
-def _window(value: str) -> tuple[str, float, float]:
-    """'NAME@START+DURATION' (offsets from the simulation start) -> (name, start_s, duration_s)."""
+@dataclass(frozen=True)
+class Window:
+    """``NAME@START+DURATION``: START an ISO time (``at``, epoch seconds) or an offset from the
+    simulation start (``offset_s``)."""
+
+    name: str
+    at: float | None
+    offset_s: float
+    duration_s: float
+
+    def bounds(self, sim_start: float) -> tuple[float, float]:
+        """(start, end) in epoch seconds."""
+        start = self.at if self.at is not None else sim_start + self.offset_s
+        return start, start + self.duration_s
+
+
+def _window(value: str) -> Window:
+    """'NAME@START+DURATION': START '2023-06-01T06:00Z' (ISO, UTC unless it says), '+6h' or '6h'
+    (an offset from the simulation start), DURATION like '6h' or '30m'."""
     try:
         name, rest = value.split("@", 1)
-        start, duration = rest.split("+", 1)
-        return name, _offset_s(start), parse_duration(duration)
+        start, duration = rest.rsplit("+", 1)  # the last '+': an ISO time may carry a '+00:00'
+        if not name or not start:
+            raise ValueError("a name and a start are needed")
+        duration_s = parse_duration(duration)
+        if start.startswith("+"):
+            return Window(name, None, _offset_s(start[1:]), duration_s)
+        try:
+            return Window(name, None, _offset_s(start), duration_s)
+        except ValueError:
+            return Window(name, _iso_time(start), 0.0, duration_s)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected NAME@START+DURATION like eu-north@6h+30m, got {value!r} ({exc})") from None
+        raise argparse.ArgumentTypeError(
+            f"expected NAME@START+DURATION like eu-north@+6h+30m or DE-LU@2023-06-01T06:00Z+6h, got {value!r} ({exc})"
+        ) from None
+
+
+def _iso_time(value: str) -> float:
+    """An ISO time ('2023-06-01T06:00Z'; UTC when it names no zone) in epoch seconds."""
+    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def _duration(value: str) -> float:
@@ -69,10 +105,9 @@ def _shares(value: str) -> dict[str, float]:
 
 def _start(value: str) -> float:
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return _iso_time(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an ISO time like 2023-06-01T00:00Z, got {value!r}") from None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def _share(value: str) -> float:
@@ -113,9 +148,11 @@ def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float
     parser.add_argument("--carbon-delay", type=_duration, default=0.0, metavar="DURATION",
                         help="publication delay of each hourly value (e.g. 15m)")
     parser.add_argument("--carbon-outage", type=_window, action="append", default=[], metavar="ZONE@START+DURATION",
-                        help="no new carbon values for ZONE ('*': all) in that window (repeatable)")
+                        help="ZONE's carbon feed ('*': every zone's) publishes nothing new in that window: the last "
+                             "value published before START stays, aging (repeatable); START an ISO time "
+                             "(2023-06-01T06:00Z) or an offset from the simulation start (+6h)")
     parser.add_argument("--region-outage", type=_window, action="append", default=[], metavar="REGION@START+DURATION",
-                        help="REGION down in that window (repeatable)")
+                        help="REGION down in that window (repeatable; START as for --carbon-outage)")
     parser.add_argument("--model", default="llama-3.1-8b", help="the model every trace request asks for")
     parser.add_argument("--clients", type=_shares, default=None, metavar="CONTINENT=SHARE,...",
                         help="client shares per continent (default: population shares)")
@@ -139,9 +176,15 @@ def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float
                              "TOKENS-token prefix (e.g. fanout:8:4096); each policy runs with and without affinity")
     parser.add_argument("--capacity-scale", type=float, default=1.0,
                         help="multiply every pool's GPU count (size the fleet to the simulated rate)")
-    parser.add_argument("--truth-error", type=_non_negative, default=0.1, metavar="SIGMA",
-                        help="lognormal sigma of each pool's true step costs around the rated ones the scheduler "
-                             "predicts with, per coefficient group (0: none)")
+    parser.add_argument("--truth", choices=TRUTHS, default="model-form",
+                        help="what the pools and the network really do: model-form (a KV knee past 4,096 tokens, "
+                             "each GPU type's energy biased by a held-out residual of the energy model, RTT jitter "
+                             "with a tail) or rated (the scheduler's own step model with per-pool noise, the RTT "
+                             "as predicted); docs/simulation.md, 'Truth model'")
+    parser.add_argument("--truth-error", type=_non_negative, default=None, metavar="SIGMA",
+                        help="lognormal sigma of each pool's step costs around its truth, per coefficient group "
+                             f"(default {TruthModel().pool_sigma} with model-form, {TruthModel.rated().pool_sigma} "
+                             "with rated; 0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1,
                         help="parallel processes: the policies (simulate), time shards of the one policy (bench simulate)")
@@ -172,21 +215,24 @@ def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> Sc
         carbon_year=args.carbon_year,
         carbon_delay_s=args.carbon_delay,
         carbon_outages=tuple(
-            ProviderOutage(None if zone == "*" else zone, start + offset, start + offset + duration)
-            for zone, offset, duration in args.carbon_outage
+            ProviderOutage(None if w.name == "*" else w.name, *w.bounds(start)) for w in args.carbon_outage
         ),
-        region_outages=tuple(
-            RegionOutage(region, start + offset, start + offset + duration)
-            for region, offset, duration in args.region_outage
-        ),
+        region_outages=tuple(RegionOutage(w.name, *w.bounds(start)) for w in args.region_outage),
         capacity_scale=args.capacity_scale,
-        truth_error=args.truth_error,
+        truth=truth_from_args(args.truth, args.truth_error),
         twelve_regions=twelve_regions,
         deferral=None if args.no_deferral else Deferral(forecast_error=args.forecast_error),
         workflow=args.workflow,
         seed=args.seed,
         progress=not args.no_progress,
     )
+
+
+def truth_from_args(name: str, sigma: float | None) -> TruthModel:
+    """``--truth`` and ``--truth-error`` as a ``TruthModel``."""
+    if name == "rated":
+        return TruthModel.rated() if sigma is None else TruthModel.rated(sigma)
+    return TruthModel() if sigma is None else TruthModel(pool_sigma=sigma)
 
 
 def register(sub: Any) -> None:

@@ -6,11 +6,14 @@ ranked list: the first pool that is up takes it and hands it to one of its repli
 (``scheduler.sim.pools``); a pool that is down is skipped (failover before the first token).
 When a region goes down, the requests waiting in it fail over the same way; those already
 admitted finish (simplification). A replica's next step boundary is an event; one an arrival
-made obsolete (a decode run cut short to admit it) is skipped by its version. An arrival and
-a step boundary at the same instant: the arrival comes first (it joins that step).
+made obsolete (a decode run cut short to admit it) is skipped by its version. An arrival of
+the workload and a step boundary at the same instant, to within ``TIE_S`` (1 us): the arrival
+comes first (it joins that step; ``scheduler.sim.replica``, "Ties"). Arrivals that are events
+themselves (a held request's release, a workflow's next step) take the heap's order: time,
+then the order they were pushed in.
 
-The simulator measures each request itself, on the pool's true step costs
-(``scheduler.sim.truth``): TTFT = RTT + first-token time - arrival, queue wait = admission -
+The simulator measures each request itself, on the pool's true step costs and the true RTT
+(``scheduler.sim.truth``): TTFT = true RTT + first-token time - arrival, queue wait = admission -
 arrival, energy by the attribution rule of ``scheduler.sim.replica``, grams = energy x the
 true grid intensity of the hour it was admitted in x the region's PUE, compliance from the
 request's own rules and the region it ran in. Beside them it records what the scheduler
@@ -68,9 +71,9 @@ from scheduler.sim.deferral import summary as deferral_summary
 from scheduler.sim.forecast import CarbonForecast
 from scheduler.sim.pools import Job, PoolSim
 from scheduler.sim.predicted import Predictions
-from scheduler.sim.replica import Replica, Seq
+from scheduler.sim.replica import TIE_S, Replica, Seq
 from scheduler.sim.report import FallbackAges, PolicyResult, RunOutcome
-from scheduler.sim.truth import truth_costs
+from scheduler.sim.truth import EXACT_TRUTH, HeldOutResiduals, TruthModel
 from scheduler.sim.workflow import figures as workflow_figures
 from scheduler.sim.workload import RequestFactory, Workload
 from scheduler.types import WORKLOAD_CLASSES, Decision, FleetSnapshot, Request
@@ -94,8 +97,9 @@ class RegionOutage:
 class Scenario:
     refresh_s: float = 1.0
     region_outages: tuple[RegionOutage, ...] = ()
-    # Lognormal sigma of the truth model's per-pool errors (0: pools run at the rated costs).
-    truth_error: float = 0.0
+    # What the pools and the network really do (default: the rated costs exactly, the RTT as
+    # predicted; ``scheduler simulate`` runs ``TruthModel()``, the model-form truth).
+    truth: TruthModel = EXACT_TRUTH
     # The deferral queue for deferrable requests (None: they are decided and run at arrival).
     deferral: Deferral | None = None
     # The router's and the pools' prefix and workflow affinity (module docstring).
@@ -114,11 +118,14 @@ class Simulation:
         scheduler: Scheduler | None = None,
         hour_origin: float | None = None,
         span_until: float | None = None,
+        first_row: int = 0,
     ) -> None:
         """``scheduler``: the decision function (default: every registered plugin, with a
         tie-break RNG seeded from ``seed``, as in the router); ``hour_origin``: the start of
         hour 0 of the hourly counts (default: the first arrival); ``span_until``: the fleet's
-        idle energy counts until then at least (a shard: the next shard's first arrival)."""
+        idle energy counts until then at least (a shard: the next shard's first arrival);
+        ``first_row``: the row of the workload's first request in the whole run (a shard's),
+        which the truth's per-request draws are keyed on."""
         self.regions = tuple(regions)
         self.policy = policy
         self.workload = workload
@@ -128,12 +135,11 @@ class Simulation:
         self.scheduler = scheduler
         self.hour_origin = hour_origin
         self.span_until = span_until
+        self.first_row = first_row
         known = {r.name for r in self.regions}
         for outage in scenario.region_outages:
             if outage.region not in known:
                 raise ValueError(f"region outage names unknown region {outage.region!r} (known: {sorted(known)})")
-        if scenario.truth_error < 0:
-            raise ValueError(f"truth error must be >= 0, got {scenario.truth_error}")
 
     def run(self, progress: bool = True) -> PolicyResult:
         return self.outcome(progress).summary()
@@ -166,7 +172,7 @@ class Simulation:
         grams = [0.0] * n
         predicted_j = [math.nan] * n
         predicted_ttft = [math.nan] * n
-        # the pool each request ran in (index into by_pool)
+        # the pool each request ran in (its ``PoolSim.number``)
         ran_pool = [-1] * n
         arrival = list(w.arrival_s)
         first_arrival = arrival[roots[0]] if n else 0.0
@@ -244,6 +250,9 @@ class Simulation:
                         seq_no += 1
 
         # One simulated pool per (region, pool) serving the workload's model, at its true costs.
+        truth = self.scenario.truth
+        residuals = HeldOutResiduals.load() if truth.gpu_bias else None
+        knee = truth.knee
         pool_of: dict[int, PoolSim] = {}
         by_pool: dict[tuple[str, str], PoolSim] = {}
         for c in builder.candidates:
@@ -253,8 +262,9 @@ class Simulation:
             if key not in by_pool:
                 d = c.deployment
                 rated = builder.energy_model.rated_costs(c.model, c.gpu, d.precision, d.tensor_parallel).costs
-                costs = truth_costs(rated, self.scenario.truth_error, self.seed, f"{key[0]}/{key[1]}")
-                by_pool[key] = PoolSim(c, costs, done, self.seed, prefix_aware=affinity, number=len(by_pool))
+                costs = truth.costs(rated, c.gpu.name, self.seed, f"{key[0]}/{key[1]}", residuals)
+                by_pool[key] = PoolSim(c, costs, done, self.seed, prefix_aware=affinity, number=len(by_pool),
+                                       knee=knee)
             pool_of[c.index] = by_pool[key]
         for number, sim_pool in enumerate(by_pool.values()):
             assert sim_pool.number == number
@@ -315,6 +325,10 @@ class Simulation:
                 if decision.rejected:
                     unschedulable_by[decision.rejected[-1].plugin] += 1
 
+        # Per request row: the factor on its predicted RTT and the time added to it (None: the
+        # RTT as predicted).
+        rtt_draws = None if truth.exact_rtt else truth.rtt_draws(self.seed, self.first_row, n)
+
         def dispatch(job: Job, now: float, snap: FleetSnapshot) -> None:
             nonlocal seq_no
             decision = job.decision
@@ -330,8 +344,11 @@ class Simulation:
                 if k > first:
                     counters["failovers"] += k - first
                 request = job.request
-                job.predicted_j, job.predicted_ttft_s, job.rtt_s, prefill = predictions.at_dispatch(
-                    snap, request, candidate)
+                job.predicted_j, job.predicted_ttft_s, rtt, prefill = predictions.at_dispatch(snap, request, candidate)
+                if rtt_draws is not None:
+                    row = job.row
+                    rtt = rtt * float(rtt_draws[0][row]) + float(rtt_draws[1][row])
+                job.rtt_s = rtt
                 data.record_dispatch(snap, candidate, request, now, prefill)
                 pool.sent(request.prompt_tokens)
                 replica = pool.choose(job)
@@ -442,8 +459,10 @@ class Simulation:
 
         for i in roots:
             t = arrival[i]
-            # Step boundaries at t come after the arrival (it joins that step); outages at t before.
-            while heap and (heap[0][0] < t or (heap[0][0] == t and heap[0][2] != _STEP)):
+            # Step boundaries at t (to within TIE_S) come after the arrival, which joins that
+            # step (``scheduler.sim.replica``, "Ties"); outages at t before.
+            due = t - TIE_S
+            while heap and (heap[0][0] < due or (heap[0][0] <= t and heap[0][2] != _STEP)):
                 handle(heapq.heappop(heap))
             arrive(i, t)
         while heap:
@@ -483,6 +502,9 @@ class Simulation:
             energy_j=energy_a,
             grams=grams_a,
             output_tokens=np.asarray(w.output_tokens),
+            prompt_tokens=np.asarray(w.prompt_tokens),
+            ran_pool=np.asarray(ran_pool, dtype=np.int64),
+            pool_gpus=[pool.candidate.gpu.name for pool in by_pool.values()],
             predicted_j=np.asarray(predicted_j),
             predicted_ttft_s=np.asarray(predicted_ttft),
             hourly=np.asarray(hourly, dtype=np.int64).reshape(len(hourly), len(region_names)),

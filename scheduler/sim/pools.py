@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 from scheduler.datalayer.snapshot import replicas_of
 from scheduler.energy.step import StepCosts
-from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, Replica, Seq, Totals
+from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, KvKnee, Replica, Seq, Totals
 from scheduler.sim.slots import slot_setters
 from scheduler.types import Candidate, Decision, PoolLiveState, Request
 
@@ -74,14 +74,14 @@ class PoolSim:
                  "candidate", "costs", "down", "number", "prefix_aware", "replicas", "totals")
 
     def __init__(self, candidate: Candidate, costs: StepCosts, on_done: Callable[[Seq], None], seed: int = 0,
-                 prefix_aware: bool = False, number: int = 0) -> None:
-        """``costs``: the true step costs of one replica of this pool; ``number``: its index
-        among the simulation's pools."""
+                 prefix_aware: bool = False, number: int = 0, knee: KvKnee | None = None) -> None:
+        """``costs`` and ``knee``: the true step costs and KV knee of one replica of this pool;
+        ``number``: its index among the simulation's pools."""
         self.candidate = candidate
         self.number = number
         self.costs = costs
         self.totals = Totals()
-        self.replicas = tuple(Replica(costs, on_done, self.totals) for _ in range(replicas_of(candidate)))
+        self.replicas = tuple(Replica(costs, on_done, self.totals, knee=knee) for _ in range(replicas_of(candidate)))
         self.down = False
         self.prefix_aware = prefix_aware
         # prefix key -> the replica it was last sent to (least recently sent first)

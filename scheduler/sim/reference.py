@@ -1,12 +1,14 @@
 """The replica of ``scheduler.sim.replica``, one step at a time: slow, and plainly the rules.
 
-Each iteration: requests that arrived by the step's start join the waiting queue; every
+Each iteration: requests that arrived by the step's start (to within ``TIE_S``, the replica's
+tie rule) join the waiting queue; every
 running sequence whose prompt is in the cache decodes one token; the rest of the token budget
 goes to running prefills in admission order, then to waiting requests admitted FCFS while
 one fits (fewer than ``max_num_seqs`` running, prompt + output within the KV cache, or the
 replica empty); the step's time and energy are summed from each sequence's own tokens, KV
-reads and attention pairs (module doc of ``scheduler.sim.replica``), each sequence paying
-its own terms plus e_step / (sequences in the step). Used by the tests only, as the standard
+reads and attention pairs (module doc of ``scheduler.sim.replica``; with a ``KvKnee``, a
+context c reads kv(c) KV tokens), each sequence paying its own terms plus e_step / (sequences
+in the step). Used by the tests only, as the standard
 the fast replica must meet.
 """
 
@@ -16,12 +18,14 @@ from collections import deque
 from collections.abc import Sequence
 
 from scheduler.energy.step import StepCosts
-from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, PrefixCache, Seq
+from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, TIE_S, KvKnee, PrefixCache, Seq
 
 
-def reference_replay(costs: StepCosts, seqs: Sequence[Seq], prefix_entries: int = PREFIX_ENTRIES_PER_REPLICA) -> float:
+def reference_replay(costs: StepCosts, seqs: Sequence[Seq], prefix_entries: int = PREFIX_ENTRIES_PER_REPLICA,
+                     knee: KvKnee | None = None) -> float:
     """Run ``seqs`` (in arrival order) on one replica, filling in what each measured; returns
     the replica's busy time [s]."""
+    read = KvKnee(0, 1.0).read if knee is None else knee.read
     cache = PrefixCache(prefix_entries)
     pending = deque(sorted(seqs, key=lambda s: s.arrived))
     waiting: deque[Seq] = deque()
@@ -30,9 +34,9 @@ def reference_replay(costs: StepCosts, seqs: Sequence[Seq], prefix_entries: int 
     t = 0.0
     busy = 0.0
     while pending or waiting or running:
-        if not waiting and not running:
-            t = max(t, pending[0].arrived)
-        while pending and pending[0].arrived <= t:
+        if not waiting and not running and pending[0].arrived > t + TIE_S:
+            t = pending[0].arrived  # idle until the next arrival
+        while pending and pending[0].arrived <= t + TIE_S:
             waiting.append(pending.popleft())
         decodes = [s for s in running if s.in_kv == s.prompt]
         budget = costs.max_batched_tokens - len(decodes)
@@ -57,15 +61,17 @@ def reference_replay(costs: StepCosts, seqs: Sequence[Seq], prefix_entries: int 
             chunks.append((head, m))
             budget -= m
         members = len(decodes) + len(chunks)
-        tokens = kv = pairs = 0
+        tokens = pairs = 0
+        kv = 0.0
         for s in decodes:
             context = s.prompt + decoded[id(s)] + 1
-            tokens, kv, pairs = tokens + 1, kv + context, pairs + context
-            s.energy_j += costs.e_step / members + costs.e_token + (costs.e_kv + costs.e_pair) * context
+            tokens, kv, pairs = tokens + 1, kv + read(context), pairs + context
+            s.energy_j += costs.e_step / members + costs.e_token + costs.e_kv * read(context) + costs.e_pair * context
         for s, m in chunks:
             chunk_pairs = m * s.in_kv + m * (m + 1) // 2
-            tokens, kv, pairs = tokens + m, kv + s.in_kv, pairs + chunk_pairs
-            s.energy_j += costs.e_step / members + costs.e_token * m + costs.e_kv * s.in_kv + costs.e_pair * chunk_pairs
+            tokens, kv, pairs = tokens + m, kv + read(s.in_kv), pairs + chunk_pairs
+            s.energy_j += (costs.e_step / members + costs.e_token * m + costs.e_kv * read(s.in_kv)
+                           + costs.e_pair * chunk_pairs)
         duration = costs.step_time(tokens, kv, pairs)
         t += duration
         busy += duration

@@ -26,21 +26,42 @@ Each sequence pays the energy of its own tokens, KV reads and pairs, plus ``e_st
 number of sequences in the step) for every step it is in; idle time draws ``idle_w``
 (fleet idle energy, attributed to no request).
 
-Advancing in closed form. Between two events (an admission, a prefill step, a completion)
-every step holds the same D decoding sequences and nothing else, and their summed context
-S grows by D per step, so step i of such a run takes a + 2 h i seconds, with
-a = t_step + t_token D + (t_kv + t_pair) S and h = (t_kv + t_pair) D / 2, and k steps take
+A KV knee (``KvKnee``, the simulator's truth model: ``scheduler.sim.truth``) makes the KV reads
+of a long context dearer per token than the step model's linear term: a context of c tokens
+reads
+
+    kv(c) = c + (f - 1) x max(0, c - K)      KV-token equivalents (f: the knee's factor, K its tokens)
+
+in place of c (a decode's KV tokens and a prefill chunk's, not the attention pairs). Without a
+knee kv(c) = c.
+
+Advancing in closed form. Between two events (an admission, a prefill step, a completion, a
+sequence's context passing the knee) every step holds the same D decoding sequences and
+nothing else; their summed context S grows by D per step and the summed excess over the knee
+X = sum of (c - K) over the P sequences past it grows by P, so step i of such a run takes
+a + 2 h i seconds, with a = t_step + t_token D + t_kv (S + (f - 1) X) + t_pair S and
+h = (t_kv (D + (f - 1) P) + t_pair D) / 2, and k steps take
 
     T(k) = a k + h k (k - 1)           (energy E(k) alike, with the e_ coefficients)
 
-The run ends at the step the first of its sequences finishes (known at admission), or earlier
-when a request arrives that can be admitted: it joins at the first step that starts at or
-after its arrival, the smallest k with run start + T(k) >= arrival (a quadratic, settled on
-the boundary times as the replica computes them). The shared
-``e_step`` goes through one running sum per replica, A += e_step / (sequences in the step)
-(k e_step / D for a run): a sequence pays A(its last step) - A(before its first step).
+The run ends at the step the first of its sequences finishes or passes the knee (both known
+when its prefill ends), or earlier when a request arrives that can be admitted: it joins at
+the first step that starts at or after its arrival, the smallest k with run start + T(k) >=
+arrival - TIE_S (a quadratic, settled on the boundary times as the replica computes them).
+The shared ``e_step`` goes through one running sum per replica, A += e_step / (sequences in
+the step) (k e_step / D for a run): a sequence pays A(its last step) - A(before its first step).
 Prefill steps are taken one at a time. ``scheduler.sim.reference`` runs the same rules step by
 step; tests/unit/sim/test_replica.py checks that both agree.
+
+Ties. An arrival joins the step that starts when it arrives: "when" to within ``TIE_S``
+(1 us), so a step that starts at most 1 us before an arrival takes it. The fast replica and
+the reference compute a boundary's time in different ways (run start + T(k), a running sum of
+step times), and at an exact tie the two floats can land on either side of the arrival, by a
+few ulps; 1 us is far above that (2.4e-7 s is one ulp of an epoch time in seconds) and far
+below any step (a millisecond or more), so both take the same arrivals into the same steps.
+``replay`` and the fleet simulator's event loop handle an arrival before every step boundary
+up to ``TIE_S`` before it, the reference admits every arrival up to ``TIE_S`` after a step's
+start; a request so admitted has an admission time up to 1 us before its arrival.
 """
 
 from __future__ import annotations
@@ -49,11 +70,39 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from scheduler.energy.step import StepCosts
 
 # Prefix-cache entries (distinct shared prefixes) each replica keeps before evicting the LRU one.
 PREFIX_ENTRIES_PER_REPLICA = 8
+# An arrival at most this long after a step's start joins that step (module doc, "Ties") [s].
+TIE_S = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class KvKnee:
+    """KV reads of a context past ``tokens`` cost ``factor`` times a token's below it:
+    kv(c) = c + (factor - 1) x max(0, c - tokens) KV-token equivalents (module doc)."""
+
+    tokens: int
+    factor: float
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or not self.factor >= 1.0:
+            raise ValueError(f"a KV knee needs tokens >= 0 and factor >= 1, got {self.tokens} and {self.factor}")
+
+    def read(self, context: int) -> float:
+        """kv(context)."""
+        return context + (self.factor - 1.0) * max(0, context - self.tokens)
+
+    def excess_sum(self, prompt: int, steps: int) -> int:
+        """The sum over a sequence's decode steps k = 1 .. ``steps`` (context prompt + k) of
+        max(0, prompt + k - tokens)."""
+        first = max(1, self.tokens - prompt + 1)
+        if first > steps:
+            return 0
+        return (steps - first + 1) * (prompt + first - self.tokens + prompt + steps - self.tokens) // 2
 
 
 class Seq:
@@ -141,19 +190,24 @@ class Replica:
     unchanged, or idle), and ``version`` tells a current event from a superseded one."""
 
     __slots__ = (
-        "_a", "_chunks", "_decode_heap", "_ea", "_eh", "_h", "_run_k", "_run_t0", "_seq_no", "_step_decodes",
-        "busy_s", "cache", "context_sum", "costs", "decoding", "energy_j", "kv_held", "kv_reserved", "next_t",
-        "on_done", "prefilling", "running", "share", "steps", "totals", "version", "waiting",
+        "_a", "_chunks", "_decode_heap", "_ea", "_eh", "_extra", "_h", "_knee_heap", "_knee_tokens", "_run_k",
+        "_run_t0", "_seq_no", "_step_decodes", "_step_past", "busy_s", "cache", "context_sum", "costs", "decoding",
+        "energy_j", "excess", "knee", "kv_held", "kv_reserved", "next_t", "on_done", "past", "prefilling", "running",
+        "share", "steps", "totals", "version", "waiting",
     )
 
     def __init__(self, costs: StepCosts, on_done: Callable[[Seq], None], totals: Totals | None = None,
-                 prefix_entries: int = PREFIX_ENTRIES_PER_REPLICA) -> None:
+                 prefix_entries: int = PREFIX_ENTRIES_PER_REPLICA, knee: KvKnee | None = None) -> None:
         if costs.max_batched_tokens < costs.max_num_seqs:
             raise ValueError(
                 f"max_batched_tokens ({costs.max_batched_tokens}) must be at least max_num_seqs "
                 f"({costs.max_num_seqs}), as vLLM requires"
             )
         self.costs = costs
+        self.knee = knee
+        # f - 1 and K of the knee (0: none, and the knee bookkeeping below stays at 0)
+        self._extra = 0.0 if knee is None else knee.factor - 1.0
+        self._knee_tokens = 0 if knee is None else knee.tokens
         self.on_done = on_done
         self.totals = totals or Totals()
         self.cache = PrefixCache(prefix_entries)
@@ -165,9 +219,15 @@ class Replica:
         # the prefill step in progress: its chunks (sequence, tokens) and its decodes
         self._chunks: list[tuple[Seq, int]] = []
         self._step_decodes = 0
+        self._step_past = 0
         self.decoding = 0
         self.running = 0
         self.context_sum = 0  # KV tokens the decodes read in the next step
+        # Past the knee: the decodes whose next step's context exceeds K, the sum of those
+        # contexts' excess over K, and the steps after which another one's will (a heap).
+        self.past = 0
+        self.excess = 0
+        self._knee_heap: list[int] = []
         self.kv_reserved = 0
         self.kv_held = 0
         self.steps = 0
@@ -219,23 +279,23 @@ class Replica:
         return self._run_t0 + self._a * k + self._h * k * (k - 1)
 
     def _steps_before(self, now: float) -> int:
-        """The smallest k >= 0 whose step starts at or after ``now`` in the run in progress.
+        """The smallest k >= 0 whose step takes an arrival at ``now`` in the run in progress:
+        step k starts at or after now - ``TIE_S`` (module doc, "Ties").
 
         The quadratic gives an estimate from now - run start; the answer is settled on the
         boundary times themselves, ``_run_time(k)`` (monotone in k), the very times the
-        replica publishes. Settling it on T(k) >= now - run start instead can disagree with
-        them by the rounding of that subtraction: an arrival exactly on a boundary would miss
-        the step that starts then (the documented rule and ``replay`` let it join), or one just
-        before a boundary could be given a next step that starts before it arrived."""
-        x = now - self._run_t0
+        replica publishes, so that an arrival on a boundary joins the step that starts there
+        and none joins a step that started more than ``TIE_S`` before it."""
+        due = now - TIE_S
+        x = due - self._run_t0
         if x <= 0.0:
             return 0
         a, h = self._a, self._h
         b = a - h
         k = math.ceil((2.0 * x / (b + math.sqrt(b * b + 4.0 * h * x))) if h > 0.0 else x / a)
-        while k > 0 and self._run_time(k - 1) >= now:
+        while k > 0 and self._run_time(k - 1) >= due:
             k -= 1
-        while self._run_time(k) < now:
+        while self._run_time(k) < due:
             k += 1
         return k
 
@@ -251,6 +311,11 @@ class Replica:
         steps = self.steps
         while heap and heap[0][0] == steps:
             self._finish(heapq.heappop(heap)[2], now, decoded=True)
+        knees = self._knee_heap
+        while knees and knees[0] == steps:
+            heapq.heappop(knees)
+            self.past += 1  # its next step's context is K + 1
+            self.excess += 1
         return self._start_step(now)
 
     def _end_run(self, k: int) -> None:
@@ -258,6 +323,7 @@ class Replica:
         self.steps += k
         self.share += k * self.costs.e_step / d
         self.context_sum += d * k
+        self.excess += self.past * k
         self.kv_held += d * k
         self.totals.kv_held += d * k
         self.totals.changed = True
@@ -272,10 +338,13 @@ class Replica:
         self.steps += 1
         grown = self._step_decodes
         self.context_sum += grown
+        self.excess += self._step_past
         kv_per_pair = c.e_kv + c.e_pair
+        extra, knee_tokens = self._extra, self._knee_tokens
         for seq, m in self._chunks:
             s = seq.in_kv
-            seq.energy_j += c.e_token * m + c.e_kv * s + c.e_pair * (m * s + m * (m + 1) // 2)
+            kv = s + extra * (s - knee_tokens) if extra and s > knee_tokens else s
+            seq.energy_j += c.e_token * m + c.e_kv * kv + c.e_pair * (m * s + m * (m + 1) // 2)
             seq.in_kv = s + m
             grown += m
             if seq.in_kv < seq.prompt:
@@ -287,11 +356,20 @@ class Replica:
                 self._finish(seq, now, decoded=False)
                 continue
             # n decode steps reading prompt + 1, ..., prompt + n
-            seq.energy_j += n * c.e_token + kv_per_pair * (n * seq.prompt + n * (n + 1) // 2)
+            prompt = seq.prompt
+            seq.energy_j += n * c.e_token + kv_per_pair * (n * prompt + n * (n + 1) // 2)
             self._seq_no += 1
             heapq.heappush(self._decode_heap, (self.steps + n, self._seq_no, seq))
             self.decoding += 1
-            self.context_sum += seq.prompt + 1
+            self.context_sum += prompt + 1
+            if extra:
+                assert self.knee is not None
+                seq.energy_j += c.e_kv * extra * self.knee.excess_sum(prompt, n)
+                if prompt + 1 > knee_tokens:
+                    self.past += 1
+                    self.excess += prompt + 1 - knee_tokens
+                elif knee_tokens - prompt < n:  # its context passes K before its last step
+                    heapq.heappush(self._knee_heap, self.steps + knee_tokens - prompt)
         self._chunks = []
         self.kv_held += grown
         self.totals.kv_held += grown
@@ -304,6 +382,10 @@ class Replica:
         if decoded:
             self.decoding -= 1
             self.context_sum -= seq.prompt + seq.output
+            over = seq.prompt + seq.output - self._knee_tokens
+            if self._extra and over >= 2:  # past the knee (``_end_step`` put it there)
+                self.past -= 1
+                self.excess -= over
         self.running -= 1
         self.kv_reserved -= seq.prompt + seq.output  # its reserve
         self.kv_held -= held
@@ -318,7 +400,9 @@ class Replica:
         d = self.decoding
         budget = c.max_batched_tokens - d
         tokens = d
-        kv = pairs = self.context_sum
+        pairs = self.context_sum
+        extra, knee_tokens = self._extra, self._knee_tokens
+        kv = pairs + extra * self.excess if extra else pairs
         chunks: list[tuple[Seq, int]] = []
         seq = self.prefilling
         if seq is not None:
@@ -327,7 +411,7 @@ class Replica:
             m = min(seq.prompt - s, budget)
             chunks.append((seq, m))
             tokens += m
-            kv += s
+            kv += s + extra * (s - knee_tokens) if extra and s > knee_tokens else s
             pairs += m * s + m * (m + 1) // 2
             budget -= m
         waiting = self.waiting
@@ -360,7 +444,7 @@ class Replica:
             m = min(seq.prompt - cached, budget)
             chunks.append((seq, m))
             tokens += m
-            kv += cached
+            kv += cached + extra * (cached - knee_tokens) if extra and cached > knee_tokens else cached
             pairs += m * cached + m * (m + 1) // 2
             budget -= m
         if not chunks:
@@ -374,33 +458,43 @@ class Replica:
         self.share += c.e_step / (d + len(chunks))
         self._chunks = chunks
         self._step_decodes = d
+        self._step_past = self.past
         self.next_t = now + duration
         return self.next_t
 
     def _start_run(self, now: float) -> float:
-        """Decode-only steps from ``now`` until the first of the decodes finishes."""
+        """Decode-only steps from ``now`` until the first of the decodes finishes or passes the knee."""
         c = self.costs
         d = self.decoding
         s = self.context_sum
         k = self._decode_heap[0][0] - self.steps
-        self._a = c.t_step + c.t_token * d + (c.t_kv + c.t_pair) * s
-        self._h = (c.t_kv + c.t_pair) * d * 0.5
-        self._ea = c.e_step + c.e_token * d + (c.e_kv + c.e_pair) * s
-        self._eh = (c.e_kv + c.e_pair) * d * 0.5
+        if self._extra:
+            if self._knee_heap:
+                k = min(k, self._knee_heap[0] - self.steps)
+            # KV-token equivalents read in the run's first step, and their growth per step
+            kv, kv_growth = s + self._extra * self.excess, d + self._extra * self.past
+        else:
+            kv, kv_growth = s, d
+        self._a = c.t_step + c.t_token * d + c.t_kv * kv + c.t_pair * s
+        self._h = (c.t_kv * kv_growth + c.t_pair * d) * 0.5
+        self._ea = c.e_step + c.e_token * d + c.e_kv * kv + c.e_pair * s
+        self._eh = (c.e_kv * kv_growth + c.e_pair * d) * 0.5
         self._run_t0 = now
         self._run_k = k
         self.next_t = self._run_time(k)
         return self.next_t
 
 
-def replay(costs: StepCosts, seqs: list[Seq], prefix_entries: int = PREFIX_ENTRIES_PER_REPLICA) -> Replica:
+def replay(costs: StepCosts, seqs: list[Seq], prefix_entries: int = PREFIX_ENTRIES_PER_REPLICA,
+           knee: KvKnee | None = None) -> Replica:
     """Run ``seqs`` on one replica, filling in what each measured, with the event rules of the
-    fleet simulator: a boundary at the same time as an arrival comes after it."""
-    replica = Replica(costs, lambda seq: None, prefix_entries=prefix_entries)
+    fleet simulator: a boundary at the same time as an arrival (to within ``TIE_S``) comes
+    after it."""
+    replica = Replica(costs, lambda seq: None, prefix_entries=prefix_entries, knee=knee)
     events: list[tuple[float, int]] = []
 
     def until(t: float) -> None:
-        while events and events[0][0] < t:
+        while events and events[0][0] < t - TIE_S:
             at, version = heapq.heappop(events)
             if version == replica.version:
                 then = replica.boundary(at)

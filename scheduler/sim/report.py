@@ -14,7 +14,12 @@ ran, idle energy excluded; ``j_per_output_token_with_idle`` adds the fleet's idl
 Prediction error per request that ran, of energy and of TTFT:
 
     error = (predicted - measured) / measured
-    reported: mean (signed), mean of |error|, 90th percentile of |error|, in %
+    reported: requests, mean (signed), mean of |error|, the 10th, 50th, 90th and 99th
+              percentiles of the signed error and the 90th of |error|, in %
+
+``energy_error`` and ``ttft_error`` over every request that ran; ``prediction_error`` the same
+per GPU type of the pool the request ran on (``by_gpu``) and per context band of prompt +
+output tokens (``by_context``, ``CONTEXT_BANDS``), with ``all`` beside them.
 
 Fallback ages are the signals' true ages at the request's time (``scheduler.sim.engine``).
 
@@ -43,6 +48,10 @@ from typing import Any
 import numpy as np
 
 from scheduler.types import Fallback
+
+ERROR_PERCENTILES = (10, 50, 90, 99)
+# (name, lowest context, highest context + 1) [tokens] of the prediction-error bands.
+CONTEXT_BANDS = (("<1k", 0, 1024), ("1k-4k", 1024, 4096), ("4k-8k", 4096, 8192), (">=8k", 8192, 1 << 62))
 
 
 class FallbackAges:
@@ -89,16 +98,42 @@ class FallbackAges:
 
 
 def relative_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
-    """Mean signed, mean absolute and 90th-percentile absolute % error of predicted vs measured."""
+    """Requests, mean signed, mean absolute and percentile % errors of predicted vs measured
+    (module doc); NaN where no request has both."""
     ok = np.isfinite(predicted) & np.isfinite(measured) & (measured > 0)
+    out = {"requests": float(ok.sum())}
     if not ok.any():
-        return {"mean_pct": math.nan, "mean_abs_pct": math.nan, "p90_abs_pct": math.nan}
+        nan = math.nan
+        return out | {"mean_pct": nan, "mean_abs_pct": nan, **{f"p{q}_pct": nan for q in ERROR_PERCENTILES},
+                      "p90_abs_pct": nan}
     error = (predicted[ok] - measured[ok]) / measured[ok] * 100.0
     magnitude = np.abs(error)
-    return {
+    quantiles = np.percentile(error, ERROR_PERCENTILES)
+    return out | {
         "mean_pct": float(error.mean()),
         "mean_abs_pct": float(magnitude.mean()),
+        **{f"p{q}_pct": float(v) for q, v in zip(ERROR_PERCENTILES, quantiles, strict=True)},
         "p90_abs_pct": float(np.percentile(magnitude, 90)),
+    }
+
+
+def prediction_errors(predicted_j: np.ndarray, energy_j: np.ndarray, predicted_ttft_s: np.ndarray,
+                      ttft_s: np.ndarray, gpu: np.ndarray, context: np.ndarray) -> dict[str, Any]:
+    """``relative_errors`` of energy and TTFT over the requests given (those that ran): ``all``,
+    ``by_gpu`` (``gpu``: each request's GPU type) and ``by_context`` (``context``: each one's
+    prompt + output tokens, ``CONTEXT_BANDS``; empty bands left out)."""
+
+    def group(rows: np.ndarray) -> dict[str, Any]:
+        return {"requests": int(rows.sum()),
+                "energy": relative_errors(predicted_j[rows], energy_j[rows]),
+                "ttft": relative_errors(predicted_ttft_s[rows], ttft_s[rows])}
+
+    every = np.ones(len(energy_j), dtype=bool)
+    bands = {name: (context >= low) & (context < high) for name, low, high in CONTEXT_BANDS}
+    return {
+        "all": group(every),
+        "by_gpu": {name: group(gpu == name) for name in sorted(set(gpu.tolist()))},
+        "by_context": {name: group(rows) for name, rows in bands.items() if rows.any()},
     }
 
 
@@ -136,6 +171,8 @@ class PolicyResult:
     idle_j: float = 0.0
     energy_error: Mapping[str, float] = field(default_factory=dict)
     ttft_error: Mapping[str, float] = field(default_factory=dict)
+    # The same per GPU type and per context band (``prediction_errors``).
+    prediction_error: Mapping[str, Any] = field(default_factory=dict)
     # signal -> count, mean_s, max_s: true ages of the signals behind the fallbacks
     fallback_age_s: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # Plot inputs (left out of JSON): hour start (epoch s) and requests per hour per region.
@@ -161,6 +198,7 @@ class PolicyResult:
         out["utilisation"] = dict(self.utilisation)
         out["energy_error"] = _finite(self.energy_error)
         out["ttft_error"] = _finite(self.ttft_error)
+        out["prediction_error"] = _finite_tree(self.prediction_error)
         out["fallback_age_s"] = {k: _finite(v) for k, v in self.fallback_age_s.items()}
         return out
 
@@ -168,6 +206,13 @@ class PolicyResult:
 def _finite(values: Mapping[str, float]) -> dict[str, float | None]:
     """NaN (no data) as None: JSON has no NaN."""
     return {k: v if math.isfinite(v) else None for k, v in values.items()}
+
+
+def _finite_tree(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``_finite`` through nested mappings."""
+    return {k: _finite_tree(v) if isinstance(v, Mapping) else (v if not isinstance(v, float) or math.isfinite(v)
+                                                                else None)
+            for k, v in values.items()}
 
 
 @dataclass
@@ -185,6 +230,10 @@ class RunOutcome:
     energy_j: np.ndarray
     grams: np.ndarray
     output_tokens: np.ndarray
+    prompt_tokens: np.ndarray
+    # the pool each request ran in (-1: never ran) and each pool's GPU type
+    ran_pool: np.ndarray
+    pool_gpus: Sequence[str]
     predicted_j: np.ndarray
     predicted_ttft_s: np.ndarray
     hourly: np.ndarray
@@ -220,6 +269,9 @@ def summarize(
     energy_j: np.ndarray,
     grams: np.ndarray,
     output_tokens: np.ndarray,
+    prompt_tokens: np.ndarray,
+    ran_pool: np.ndarray,
+    pool_gpus: Sequence[str],
     predicted_j: np.ndarray,
     predicted_ttft_s: np.ndarray,
     hourly: np.ndarray,
@@ -241,6 +293,10 @@ def summarize(
 
     def percentile_ms(values: np.ndarray, q: float) -> float:
         return float(np.percentile(values[ran], q)) * 1e3 if n_ran else 0.0
+
+    errors = prediction_errors(predicted_j[ran], energy_j[ran], predicted_ttft_s[ran], ttft_s[ran],
+                               np.asarray(pool_gpus, dtype=object)[ran_pool[ran]],
+                               prompt_tokens[ran] + output_tokens[ran])
 
     return PolicyResult(
         policy=policy,
@@ -269,8 +325,9 @@ def summarize(
         timings_s=dict(timings_s),
         utilisation=dict(utilisation),
         idle_j=idle_j,
-        energy_error=relative_errors(predicted_j[ran], energy_j[ran]),
-        ttft_error=relative_errors(predicted_ttft_s[ran], ttft_s[ran]),
+        energy_error=errors["all"]["energy"],
+        ttft_error=errors["all"]["ttft"],
+        prediction_error=errors,
         fallback_age_s=fallback_ages.summary(),
         start=start,
         hourly=hourly,
@@ -299,18 +356,12 @@ def format_table(results: Sequence[PolicyResult], baseline: str | None = None) -
             f"{r.violations:>7}{r.unschedulable:>9}{sum(r.fallbacks.values()):>11}{r.failovers:>10}"
         )
     lines.append("")
-    header = (
-        f"{'policy':<16}{'queue p50':>11}{'queue p99':>11}{'done p50':>10}{'done p99':>10}{'idle kWh':>10}"
-        f"{'E err':>8}{'|E err|':>9}{'p90':>7}{'TTFT err':>10}{'|err|':>8}{'p90':>7}"
-    )
+    header = f"{'policy':<16}{'queue p50':>11}{'queue p99':>11}{'done p50':>10}{'done p99':>10}{'idle kWh':>10}"
     lines += [header, "-" * len(header)]
     for r in results:
-        e = [r.energy_error.get(k, math.nan) for k in ("mean_pct", "mean_abs_pct", "p90_abs_pct")]
-        t = [r.ttft_error.get(k, math.nan) for k in ("mean_pct", "mean_abs_pct", "p90_abs_pct")]
         lines.append(
             f"{r.policy:<16}{r.queue_wait_p50_ms:>9.0f}ms{r.queue_wait_p99_ms:>9.0f}ms{r.latency_p50_ms / 1e3:>9.1f}s"
             f"{r.latency_p99_ms / 1e3:>9.1f}s{r.idle_j / 3.6e6:>10.0f}"
-            f"{e[0]:>+7.0f}%{e[1]:>8.0f}%{e[2]:>6.0f}%{t[0]:>+9.0f}%{t[1]:>7.0f}%{t[2]:>6.0f}%"
         )
     for r in results:
         busy = sorted(((share, pool) for pool, share in r.utilisation.items() if share >= 0.001), reverse=True)
@@ -321,6 +372,7 @@ def format_table(results: Sequence[PolicyResult], baseline: str | None = None) -
                 f"{r.policy:<16}fallback {signal}: {ages['count']:,.0f}, age mean {ages['mean_s'] / 3600:.1f} h, "
                 f"max {ages['max_s'] / 3600:.1f} h"
             )
+    lines += ["", *_error_table(results)]
     deferring = [r for r in results if r.deferral]
     if deferring:
         lines.append("")
@@ -374,6 +426,29 @@ def format_table(results: Sequence[PolicyResult], baseline: str | None = None) -
     for r in results:
         lines.append(f"{r.policy:<16}" + "".join(f"{r.region_share[name] * 100:>13.1f}%" for name in regions))
     return "\n".join(lines)
+
+
+def _error_table(results: Sequence[PolicyResult]) -> list[str]:
+    """Prediction error, (predicted - measured) / measured in %, of each policy's requests that
+    ran: all, per GPU type, per context band (E: energy, T: TTFT; |E|, |T|: mean absolute)."""
+    stats = ("mean_pct", "mean_abs_pct", "p10_pct", "p50_pct", "p90_pct", "p99_pct")
+    header = (f"{'prediction error':<17}{'group':<12}{'requests':>10}"
+              + "".join(f"{name:>7}" for name in ("E mean", "|E|", "p10", "p50", "p90", "p99"))
+              + "".join(f"{name:>7}" for name in ("T mean", "|T|", "p10", "p50", "p90", "p99")))
+    lines = [header, "-" * len(header)]
+    for r in results:
+        errors = r.prediction_error
+        if not errors:
+            continue
+        groups = [("all", errors["all"]), *errors["by_gpu"].items(),
+                  *((f"ctx {band}", group) for band, group in errors["by_context"].items())]
+        for name, group in groups:
+            cells = "".join(
+                (f"{group[kind][stat]:>6.0f}%" if stat == "mean_abs_pct" else f"{group[kind][stat]:>+6.0f}%")
+                for kind in ("energy", "ttft") for stat in stats
+            )
+            lines.append(f"{r.policy:<17}{name:<12}{group['requests']:>10,}{cells}")
+    return lines
 
 
 def to_json(results: Sequence[PolicyResult], meta: Mapping[str, Any]) -> str:

@@ -31,6 +31,7 @@ from scheduler.sim.deferral import Deferral, merge
 from scheduler.sim.engine import RegionOutage, Scenario, Simulation
 from scheduler.sim.fleets import scale_fleet, twelve_region_fleet
 from scheduler.sim.report import PolicyResult, RunOutcome
+from scheduler.sim.truth import EXACT_TRUTH, HeldOutResiduals, TruthModel
 from scheduler.sim.workflow import WorkflowSpec, build_workflow_workload, merge_affinity
 from scheduler.sim.workload import WorkloadConfig, build_workload, load_trace
 
@@ -47,8 +48,9 @@ class ScenarioSpec:
     carbon_outages: tuple[ProviderOutage, ...] = ()
     region_outages: tuple[RegionOutage, ...] = ()
     capacity_scale: float = 1.0
-    # Lognormal sigma of each pool's true step costs around the rated ones (scheduler.sim.truth).
-    truth_error: float = 0.0
+    # What the pools and the network really do (scheduler.sim.truth; default: the rated costs
+    # exactly, the RTT as predicted; ``scheduler simulate`` passes the model-form truth).
+    truth: TruthModel = EXACT_TRUTH
     # Add the four generated regions (the 12-region benchmark fleet).
     twelve_regions: bool = False
     # The deferral queue for deferrable requests (None: decided at arrival, no second run).
@@ -80,7 +82,8 @@ class ScenarioSpec:
             "carbon_outages": [o.__dict__ for o in self.carbon_outages],
             "region_outages": [o.__dict__ for o in self.region_outages],
             "capacity_scale": self.capacity_scale,
-            "truth_error": self.truth_error,
+            "truth": self.truth.describe(self.gpus(), self.seed,
+                                         HeldOutResiduals.load() if self.truth.gpu_bias else None),
             "residency_share": w.residency_share,
             "batch_share": w.batch_share,
             "deferrable_share": w.deferrable_share,
@@ -90,6 +93,11 @@ class ScenarioSpec:
             "clients": {c.name: c.share for c in w.continents},
             "workflow": None if self.workflow is None else self.workflow.describe(),
         }
+
+    def gpus(self) -> list[str]:
+        """The GPU types of the pools that serve the simulated model."""
+        model = self.workload.model
+        return sorted({pool.gpu for r in self.regions() for pool in r.pools if any(d.name == model for d in pool.models)})
 
     def affinity_modes(self) -> tuple[bool, ...]:
         """The runs of each policy: with and without affinity for workflows, else the plain one."""
@@ -119,7 +127,7 @@ def run_mode(spec: ScenarioSpec, policy: str, affinity: bool) -> PolicyResult:
             spec.carbon_outages,
         )
         scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages,
-                            truth_error=spec.truth_error, deferral=deferral, affinity=affinity)
+                            truth=spec.truth, deferral=deferral, affinity=affinity)
         return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed).run(spec.progress)
 
     if spec.deferral is None or spec.workload.deferrable_share <= 0:
@@ -156,9 +164,9 @@ def _run_shard(spec: ScenarioSpec, policy: str, start: int, stop: int, origin: f
     workload = build_workload(load_trace(spec.trace), spec.workload, spec.seed).rows(start, stop)
     carbon = CarbonReplay.from_dir(spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year,
                                    spec.carbon_delay_s, spec.carbon_outages)
-    scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages, truth_error=spec.truth_error)
+    scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages, truth=spec.truth)
     return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed,
-                      hour_origin=origin, span_until=until).outcome(progress=False)
+                      hour_origin=origin, span_until=until, first_row=start).outcome(progress=False)
 
 
 def compare(spec: ScenarioSpec, policies: Sequence[str], jobs: int = 1) -> list[PolicyResult]:

@@ -29,7 +29,7 @@ from scheduler.sim.report import FallbackAges, RunOutcome
 # How far from its ideal row a shard boundary may move to find a wide gap (share of all rows).
 SEARCH_SHARE = 0.01
 _PER_REQUEST = ("ran_in", "ttft_s", "queue_wait_s", "latency_s", "budget_s", "energy_j", "grams", "output_tokens",
-                "predicted_j", "predicted_ttft_s")
+                "prompt_tokens", "ran_pool", "predicted_j", "predicted_ttft_s")
 
 
 def starts(arrival_s: Sequence[float], shards: int, search_share: float = SEARCH_SHARE) -> list[int]:
@@ -79,7 +79,8 @@ def merge(outcomes: Sequence[RunOutcome]) -> RunOutcome:
         for name, seconds in o.timings_s.items():
             timings[name] = max(timings.get(name, 0.0), seconds) if name == "total" else timings.get(name, 0.0) + seconds
     return RunOutcome(
-        policy=first.policy, regions=first.regions, **per_request, hourly=hourly, start=first.start,
+        policy=first.policy, regions=first.regions, pool_gpus=first.pool_gpus, **per_request, hourly=hourly,
+        start=first.start,
         counters=counters, fallback_ages=ages, unschedulable_by=unschedulable_by, busy_s=busy, replica_s=replica,
         idle_j=sum(o.idle_j for o in outcomes), timings_s=timings,
     )

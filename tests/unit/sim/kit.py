@@ -15,6 +15,7 @@ from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
 from scheduler.sim.deferral import Deferral
 from scheduler.sim.engine import RegionOutage, Scenario, Simulation
 from scheduler.sim.report import PolicyResult
+from scheduler.sim.truth import EXACT_TRUTH, TruthModel
 from scheduler.sim.workload import City, Continent, Workload, WorkloadConfig, build_workload, load_trace
 
 START = datetime(2023, 6, 1, tzinfo=UTC)
@@ -110,7 +111,7 @@ def simulate(
     carbon_delay_s: float = 0.0,
     seed: int = 0,
     scheduler: Scheduler | None = None,
-    truth_error: float = 0.0,
+    truth: TruthModel = EXACT_TRUTH,
     prefix_share: float = 0.0,
     deferrable_share: float = 0.0,
     deferrable_deadline_s: float | None = None,
@@ -128,6 +129,6 @@ def simulate(
     carbon = CarbonReplay.from_dir(
         files.carbon_dir, [r.grid_zone for r in regions], 2023, carbon_delay_s, carbon_outages
     )
-    scenario = Scenario(region_outages=region_outages, truth_error=truth_error, deferral=deferral)
+    scenario = Scenario(region_outages=region_outages, truth=truth, deferral=deferral)
     sim = Simulation(regions, pol, workload, carbon, scenario, seed, scheduler)
     return sim.run(progress=False), workload

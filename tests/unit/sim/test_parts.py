@@ -10,7 +10,7 @@ import pytest
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
 from scheduler.sim.workload import DEFAULT_CONTINENTS, RequestFactory, WorkloadConfig, build_workload, load_trace
 from scheduler.types import WORKLOAD_CLASSES, GeoPoint, Request
-from tests.unit.sim.kit import START, Files
+from tests.unit.sim.kit import START, Files, write_zone
 
 T0 = START.timestamp()
 HOUR = 3600.0
@@ -22,8 +22,12 @@ HOUR = 3600.0
         ("current hour, no delay", 0.0, (), T0 + 1.5 * HOUR, T0 + HOUR),
         ("15 min delay, before it is out", 900.0, (), T0 + HOUR + 600, T0),
         ("15 min delay, after it is out", 900.0, (), T0 + HOUR + 1000, T0 + HOUR),
-        ("outage keeps the last value", 0.0, (ProviderOutage(None, T0 + 2 * HOUR, T0 + 9 * HOUR),), T0 + 5 * HOUR,
-         T0 + 2 * HOUR),
+        ("outage keeps the last value published before it", 0.0,
+         (ProviderOutage(None, T0 + 2 * HOUR, T0 + 9 * HOUR),), T0 + 5 * HOUR, T0 + HOUR),
+        ("outage from the instant it starts", 0.0, (ProviderOutage(None, T0 + 2 * HOUR, T0 + 9 * HOUR),),
+         T0 + 2 * HOUR, T0 + HOUR),
+        ("outage with a delay: the last value out before it", 900.0,
+         (ProviderOutage(None, T0 + 2 * HOUR + 600, T0 + 9 * HOUR),), T0 + 5 * HOUR, T0 + HOUR),
         ("outage of another zone", 0.0, (ProviderOutage("DIRTY", T0, T0 + 9 * HOUR),), T0 + 5 * HOUR, T0 + 5 * HOUR),
         ("after the outage", 0.0, (ProviderOutage(None, T0, T0 + 3 * HOUR),), T0 + 4.2 * HOUR, T0 + 4 * HOUR),
     ],
@@ -50,6 +54,52 @@ def test_one_replay_asked_along_the_timeline_answers_as_fresh_ones(files: Files)
         fresh = CarbonReplay.from_dir(files.carbon_dir, ["CLEAN", "DIRTY"], 2023, 900.0, outages)
         expected = {zone: s.observed_at for zone, s in fresh.published(at).items()}
         assert {zone: s.observed_at for zone, s in kept.published(at).items()} == expected, step
+
+
+def test_during_an_outage_the_zone_keeps_its_pre_outage_hour_and_is_fresh_after_it(files: Files) -> None:
+    # CLEAN's feed is quiet 06:00-12:00 (``--carbon-outage CLEAN@+6h+6h``): every 10 minutes
+    # from 00:00 to 15:00, its signal is the current hour's before and after the outage and
+    # 05:00's during it (observed_at true, so its age grows to 7 h); DIRTY's is always current.
+    replay = CarbonReplay.from_dir(files.carbon_dir, ["CLEAN", "DIRTY"], 2023,
+                                   outages=(ProviderOutage("CLEAN", T0 + 6 * HOUR, T0 + 12 * HOUR),))
+    for minute in range(0, 15 * 60 + 1, 10):
+        at = T0 + minute * 60.0
+        hour = T0 + (minute // 60) * HOUR
+        published = replay.published(at)
+        quiet = T0 + 6 * HOUR <= at < T0 + 12 * HOUR
+        assert published["CLEAN"].observed_at == (T0 + 5 * HOUR if quiet else hour), minute
+        assert published["DIRTY"].observed_at == hour, minute
+    assert replay.quiet_since("CLEAN", T0 + 7 * HOUR) == T0 + 6 * HOUR
+    assert replay.quiet_since("CLEAN", T0 + 12 * HOUR) is None
+
+
+def test_overlapping_outages_are_one_quiet_period(files: Files) -> None:
+    outages = (ProviderOutage("CLEAN", T0 + 2 * HOUR, T0 + 5 * HOUR), ProviderOutage(None, T0 + 4 * HOUR, T0 + 8 * HOUR))
+    replay = CarbonReplay.from_dir(files.carbon_dir, ["CLEAN", "DIRTY"], 2023, outages=outages)
+    assert replay.published(T0 + 6 * HOUR)["CLEAN"].observed_at == T0 + HOUR  # quiet since 02:00
+    assert replay.published(T0 + 6 * HOUR)["DIRTY"].observed_at == T0 + 3 * HOUR  # quiet since 04:00
+    assert replay.published(T0 + 8 * HOUR)["CLEAN"].observed_at == T0 + 8 * HOUR
+
+
+def test_trailing_max_is_the_highest_accepted_value_received_in_the_window(files: Files) -> None:
+    # Hourly values from 00:00; 05:00 is garbage (5,000 g/kWh, past the physical bounds) and
+    # is never accepted.
+    write_zone(files.carbon_dir, "PEAKY", [100.0, 300.0, 200.0, 150.0, 120.0, 5000.0, 110.0, 400.0, 90.0, 80.0])
+    plain = CarbonReplay.from_dir(files.carbon_dir, ["PEAKY"], 2023)
+    assert plain.trailing_max("PEAKY", T0 + 2.5 * HOUR, 3 * HOUR) == 300.0  # 00:00-02:00 observed in the window
+    assert plain.trailing_max("PEAKY", T0 + 4.5 * HOUR, 3 * HOUR) == 200.0  # 01:30-04:30: 02:00 to 04:00
+    assert plain.trailing_max("PEAKY", T0 + 6.0 * HOUR, 2 * HOUR) == 120.0  # 04:00, (05:00 rejected), 06:00
+    assert plain.trailing_max("PEAKY", T0 - HOUR, 3 * HOUR) is None  # nothing observed yet
+    # Published 30 min after the hour: at 07:10, 07:00's 400 is not out yet.
+    late = CarbonReplay.from_dir(files.carbon_dir, ["PEAKY"], 2023, delay_s=1800.0)
+    assert late.trailing_max("PEAKY", T0 + 7 * HOUR + 600, 2 * HOUR) == 110.0
+    assert late.trailing_max("PEAKY", T0 + 7 * HOUR + 1800, 2 * HOUR) == 400.0
+    # Quiet from 06:30: what was published before then only, until the window leaves it behind.
+    quiet = CarbonReplay.from_dir(files.carbon_dir, ["PEAKY"], 2023,
+                                  outages=(ProviderOutage("PEAKY", T0 + 6.5 * HOUR, T0 + 9 * HOUR),))
+    assert quiet.trailing_max("PEAKY", T0 + 8 * HOUR, 3 * HOUR) == 110.0  # 07:00's 400 came during the outage
+    assert quiet.trailing_max("PEAKY", T0 + 8 * HOUR, HOUR) is None  # 06:00 is older than the window
+    assert quiet.trailing_max("PEAKY", T0 + 9 * HOUR, 3 * HOUR) == 400.0  # fresh again
 
 
 def test_carbon_replay_has_no_signal_before_the_first_published_value(files: Files) -> None:

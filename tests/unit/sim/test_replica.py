@@ -3,15 +3,13 @@ decode runs) against the step-by-step reference on random workloads."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.energy.step import StepCosts
 from scheduler.sim.reference import reference_replay
-from scheduler.sim.replica import Replica, Seq, replay
+from scheduler.sim.replica import TIE_S, KvKnee, Replica, Seq, replay
 
 # Round numbers: a step costs 10 ms + 1 ms a token + 0.1 ms a KV token read + 0.01 ms a pair,
 # and 10 J + 1 J a token + 0.1 J a KV token + 0.01 J a pair.
@@ -105,23 +103,23 @@ def test_the_token_budget_may_not_be_below_max_num_seqs() -> None:
 
 
 def test_an_arrival_exactly_on_a_decode_step_boundary_joins_that_step() -> None:
-    # Found by the property test below (before its arrivals had offsets of their own): steps of
-    # exactly 1 ms, arrivals on the 1.3 ms grid, so b arrives 13 ms after a, exactly as a's
-    # prefill step (1 ms) and 12 of its 13 decode steps end. b joins the step that starts
-    # then, and shares it with a. The fast replica used to decide the cut on T(k) >= arrival -
-    # run start, which rounds up here (0.01200000000000001 > 0.012), so it put b one step later
-    # (a 14.0 J, b 1.0 J), while the step's start time it publishes equals b's arrival.
+    # Steps of exactly 1 ms; b arrives 13 ms after a, as a's prefill step (1 ms) and 12 of its 13
+    # decode steps end, on the 1 ms grid (207 x 0.001 s; the replicas reach that boundary by
+    # 194 x 0.001 + T(12) and by a running sum, three floats that need not be equal). b joins
+    # the step that starts then and shares it with a. Deciding the cut on T(k) >= arrival - run
+    # start once put b one step later (a 14.0 J, b 1.0 J); the step-by-step reference, summing,
+    # could round the other way (``TIE_S``).
     costs = StepCosts(t_step=0.001, t_token=0.0, t_kv=0.0, t_pair=0.0, e_step=1.0, e_token=0.0, e_kv=0.0,
                       e_pair=0.0, idle_w=10.0, max_num_seqs=2, max_batched_tokens=2, kv_capacity_tokens=20)
 
     def build() -> list[Seq]:
-        return seqs((194 * 0.0013 + math.sqrt(2) * 1e-7, 1, 14), (204 * 0.0013 + math.sqrt(2) * 1e-7, 1, 1))
+        return seqs((194 * 0.001, 1, 14), (207 * 0.001, 1, 1))
 
     (a, b), reference = build(), build()
     replica = replay(costs, [a, b])
     reference_replay(costs, reference)
     assert b.admitted == pytest.approx(a.arrived + 0.013)
-    assert b.admitted >= b.arrived
+    assert b.admitted >= b.arrived - TIE_S
     assert a.done == b.done == pytest.approx(a.arrived + 0.014)
     # a: its prefill step and 12 decode steps alone, the 13th shared with b's prefill.
     assert (a.energy_j, b.energy_j) == pytest.approx((13.5, 0.5))
@@ -131,46 +129,49 @@ def test_an_arrival_exactly_on_a_decode_step_boundary_joins_that_step() -> None:
             assert getattr(f, name) == pytest.approx(getattr(s, name), rel=1e-9, abs=1e-9), name
 
 
-# Random small workloads: arrivals on a grid of 1.3 ms, each plus an offset of its own, a
-# different multiple of an irrational number (sqrt(2) x 0.1 us), so that no arrival falls
-# exactly on a step boundary, where float rounding could order them either way: the two
-# replicas compute a boundary's time differently (a closed form, a running sum), so at an exact
-# tie each may round to its own side. One offset shared by all would not do: a busy period
-# starts at an arrival, so the offset cancels from (arrival - boundary), and steps of round
-# durations (1 ms: t_step = 0.001, the other coefficients 0) put boundaries on the grid.
+# Random small workloads with exact ties. Arrivals are whole multiples of t_step, and in half the
+# draws every step takes exactly t_step (the other time coefficients 0), so arrivals fall on
+# step boundaries: the fast replica computes a boundary in closed form (run start + T(k)), the
+# reference as a running sum of step times, and the two round differently. Both must still put
+# an arrival on a boundary into the step that starts there (``replica.TIE_S``). Half the draws
+# have a KV knee (the truth model's) that prompts and outputs cross.
 requests = st.lists(
     st.tuples(st.integers(0, 400), st.integers(1, 120), st.integers(1, 40), st.sampled_from([None, "a", "b", "c"]),
               st.integers(1, 100)),
     min_size=1, max_size=30,
 )
 costs = st.builds(
-    lambda t, e, seqs, budget, kv: StepCosts(
-        t_step=t[0], t_token=t[1], t_kv=t[2], t_pair=t[3], e_step=e[0], e_token=e[1], e_kv=e[2], e_pair=e[3],
+    lambda t, e, seqs, budget, kv, steps_only: StepCosts(
+        t_step=t[0], t_token=0.0 if steps_only else t[1], t_kv=0.0 if steps_only else t[2],
+        t_pair=0.0 if steps_only else t[3], e_step=e[0], e_token=e[1], e_kv=e[2], e_pair=e[3],
         idle_w=10.0, max_num_seqs=seqs, max_batched_tokens=seqs + budget, kv_capacity_tokens=kv),
     st.tuples(st.floats(1e-3, 2e-2), st.floats(0, 1e-3), st.floats(0, 1e-4), st.floats(0, 1e-5)),
     st.tuples(st.floats(0.1, 10), st.floats(0, 1), st.floats(0, 0.1), st.floats(0, 0.01)),
-    st.integers(1, 5), st.integers(0, 60), st.integers(20, 400),
+    st.integers(1, 5), st.integers(0, 60), st.integers(20, 400), st.booleans(),
 )
+knees = st.one_of(st.none(), st.builds(KvKnee, st.integers(0, 150), st.floats(1.0, 4.0)))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests, costs, st.integers(1, 3))
+@given(requests, costs, st.integers(1, 3), knees)
 def test_the_fast_replica_matches_the_step_by_step_reference(
-    spec: list[tuple[int, int, int, str | None, int]], step_costs: StepCosts, prefix_entries: int
+    spec: list[tuple[int, int, int, str | None, int]], step_costs: StepCosts, prefix_entries: int,
+    knee: KvKnee | None,
 ) -> None:
     def build() -> list[Seq]:
-        return [Seq(at * 0.0013 + math.sqrt(2) * 1e-7 * (i + 1), prompt, output, key, prefix if key else 0)
-                for i, (at, prompt, output, key, prefix) in enumerate(spec)]
+        return [Seq(at * step_costs.t_step, prompt, output, key, prefix if key else 0)
+                for at, prompt, output, key, prefix in spec]
 
     fast, slow = build(), build()
-    replica = replay(step_costs, fast, prefix_entries)
-    busy = reference_replay(step_costs, slow, prefix_entries)
+    replica = replay(step_costs, fast, prefix_entries, knee)
+    busy = reference_replay(step_costs, slow, prefix_entries, knee)
     for i, (f, s) in enumerate(zip(fast, slow, strict=True)):
         for name in ("cached", "admitted", "first_token", "done", "energy_j"):
             assert getattr(f, name) == pytest.approx(getattr(s, name), rel=1e-9, abs=1e-9), (i, name)
     assert replica.busy_s == pytest.approx(busy, rel=1e-9)
     assert sum(f.energy_j for f in fast) == pytest.approx(replica.energy_j, rel=1e-9)
     assert (replica.running, replica.kv_held, replica.kv_reserved, replica.context_sum) == (0, 0, 0, 0)
+    assert (replica.past, replica.excess) == (0, 0)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -179,8 +180,9 @@ def test_a_decode_run_cut_by_an_arrival_stops_at_a_step_that_starts_at_or_after_
     step_costs: StepCosts, prompt: int, output: int, where: float
 ) -> None:
     """An arrival in a pure-decode run gets the first step that starts at or after it, on the
-    replica's own clock: never one that starts before it, and, arriving exactly when the replica
-    says a step starts, that very step (as when it arrives at the run's end)."""
+    replica's own clock: never one that starts more than ``TIE_S`` before it, and, arriving
+    exactly when the replica says a step starts, that very step (as when it arrives at the run's
+    end)."""
     step_costs = StepCosts(**{**step_costs.as_dict(), "max_num_seqs": 2, "max_batched_tokens": 8,
                               "kv_capacity_tokens": 1000})
     start = 1234.5678
@@ -200,6 +202,6 @@ def test_a_decode_run_cut_by_an_arrival_stops_at_a_step_that_starts_at_or_after_
     then = replica.arrive(Seq(now, 1, 1), now)
     if then is None:  # no step starts in the run at or after ``now``: b joins at the run's end
         return
-    assert now <= then < end
+    assert now - TIE_S <= then < end
     twin, _, _ = decoding()
     assert twin.arrive(Seq(then, 1, 1), then) == then

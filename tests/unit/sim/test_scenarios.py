@@ -24,6 +24,7 @@ from scheduler.plugins import register_all
 from scheduler.plugins.filters import residency
 from scheduler.sim.carbon_feed import ProviderOutage
 from scheduler.sim.engine import RegionOutage
+from scheduler.sim.truth import TruthModel
 from tests.unit.sim.kit import NEW_YORK, OSLO, PARIS, START, Files, policy, region, simulate, write_trace
 
 T0 = START.timestamp()
@@ -57,7 +58,7 @@ def test_clean_region_outside_the_ttft_slo_takes_none(files: Files) -> None:
     near_ttft = 0.002 + costs.step_time(100, 0, 100 * 101 // 2)
     assert near_ttft < 0.015
     tight = policy(ttft_ms=(near_ttft + 0.021) / 2 * 1e3, ttft_ms_per_1k=0.0)
-    result, _ = simulate(files, regions, tight, hours=0.25, rate=2.0, truth_error=0.0)
+    result, _ = simulate(files, regions, tight, hours=0.25, rate=2.0)
     assert result.region_share == {"near": 1.0, "clean": 0.0}
     assert result.slo_attainment == 1.0
     assert result.unschedulable == 0
@@ -88,18 +89,19 @@ def test_violations_are_counted_by_the_simulator_not_taken_from_the_scheduler(fi
 
 
 def test_carbon_feed_stops_and_decisions_fall_back_once_the_signal_passes_its_max_age(files: Files) -> None:
-    # The provider goes quiet at 01:00: the last value (observed 01:00) is used until it is
-    # older than max_age.carbon = 2 h, i.e. until 03:00; after that the carbon scorer abstains
-    # and the fallback weights (latency 0.7, load 0.3) send everything to the nearest region.
+    # The provider goes quiet at 01:00: the last value published before then (observed 00:00)
+    # is used until it is older than max_age.carbon = 2 h, i.e. until 02:00; after that the
+    # carbon scorer abstains and the fallback weights (latency 0.7, load 0.3) send everything
+    # to the nearest region.
     outage = ProviderOutage(None, T0 + HOUR, T0 + 10 * HOUR)
     result, workload = simulate(files, near_and_clean(), policy(), hours=5.0, rate=0.2, carbon_outages=(outage,))
     near, clean = 0, 1
     hourly = result.hourly
-    for hour in (0, 1, 2):
+    for hour in (0, 1):
         assert hourly[hour, near] == 0 and hourly[hour, clean] > 0, hour
-    for hour in (3, 4):
+    for hour in (2, 3, 4):
         assert hourly[hour, clean] <= 1 and hourly[hour, near] > 0, hour  # <= 1: the snapshot is up to 1 s old
-    after = sum(1 for t in workload.arrival_s if t > T0 + 3 * HOUR + 1.0)
+    after = sum(1 for t in workload.arrival_s if t > T0 + 2 * HOUR + 1.0)
     assert after <= result.fallbacks["carbon"] <= after + 1
 
 
@@ -164,24 +166,25 @@ def test_queues_form_from_compute(files: Files, tmp_path: Path, gpus: int, satur
 
 
 def test_fallback_ages_grow_with_the_clock_while_a_snapshot_is_reused(files: Files) -> None:
-    # The carbon provider is quiet from 01:00 to 30:00. With requests every 50 s and nothing
-    # else changing, the simulator keeps one snapshot from ~03:00 (the signal went stale) for
-    # a day; the ages recorded must still be each request's true age: up to 29 h, not ~2 h.
+    # The carbon provider is quiet from 01:00 to 30:00 (its last value observed 00:00). With
+    # requests every 50 s and nothing else changing, the simulator keeps one snapshot from
+    # ~02:00 (the signal went stale) for a day; the ages recorded must still be each request's
+    # true age: up to 30 h, not ~2 h.
     outage = ProviderOutage(None, T0 + HOUR, T0 + 30 * HOUR)
     result, workload = simulate(files, near_and_clean(), policy(), hours=31.0, rate=0.02, carbon_outages=(outage,))
     ages = result.fallback_age_s["carbon"]
-    stale = [t for t in workload.arrival_s if T0 + 3 * HOUR < t < T0 + 30 * HOUR]
+    stale = [t for t in workload.arrival_s if T0 + 2 * HOUR < t < T0 + 30 * HOUR]
     assert len(stale) <= ages["count"] <= len(stale) + 1
-    assert 28.9 * HOUR < ages["max_s"] <= 29 * HOUR
-    assert ages["mean_s"] == pytest.approx(15.5 * HOUR, rel=0.02)
+    assert 29.9 * HOUR < ages["max_s"] <= 30 * HOUR
+    assert ages["mean_s"] == pytest.approx(16 * HOUR, rel=0.02)
     assert result.fallbacks["carbon"] == ages["count"]
 
 
 def test_prediction_error_shows_the_truth_models_error(files: Files) -> None:
     # One request every 5 s on an idle region: what the scheduler predicts is the same in both
     # runs; the measured energy moves with the pool's true costs.
-    exact, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2, truth_error=0.0)
-    perturbed, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2, truth_error=0.5)
+    exact, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2)
+    perturbed, _ = simulate(files, near_and_clean(), policy(), hours=0.1, rate=0.2, truth=TruthModel.rated(0.5))
     assert exact.j_per_request != pytest.approx(perturbed.j_per_request, rel=0.05)
     shift = perturbed.energy_error["mean_pct"] - exact.energy_error["mean_pct"]
     predicted_exact = exact.j_per_request * (1 + exact.energy_error["mean_pct"] / 100)
