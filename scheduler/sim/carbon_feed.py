@@ -96,7 +96,10 @@ class CarbonReplay:
 
     def trailing_max(self, zone: str, now: float, window_s: float) -> float | None:
         """The highest accepted value of ``zone`` a router had received by ``now`` among those
-        observed in [now - window_s, now] (module doc); None when there is none."""
+        observed in [now - window_s, now] (module doc); None when there is none (or no file
+        for the zone)."""
+        if zone not in self.series:
+            return None
         last = self._published_row(zone, now)
         times = self.series[zone].times
         first = bisect.bisect_left(times, now - window_s, 0, last + 1)

@@ -31,11 +31,12 @@ from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.pending import PendingDispatches
 from scheduler.datalayer.refresher import MAX_WARM_KEYS, MAX_WORKFLOWS
 from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.signal_check import signal_problem
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.pools import PoolSim
 from scheduler.sim.slots import slot_setters
 from scheduler.state.prefix_warm import MAX_KEYS_PER_POOL
-from scheduler.types import Candidate, FleetSnapshot, PoolLiveState, RegionLiveState, Request, WarmPrefix
+from scheduler.types import Candidate, FleetSnapshot, PoolLiveState, RegionLiveState, Request, Signal, WarmPrefix
 
 # A publication's region states (one per region that is up, at nearly every snapshot) are made
 # by setting their slots (``scheduler.sim.slots``).
@@ -194,6 +195,9 @@ class SimDataLayer:
         self._placed: dict[int, tuple[Candidate, PoolSim, str, str]] = {}
         # the carbon mapping ``_exact_until`` last read, and its signals' stale-from times, sorted
         self._carbon_limits: tuple[object, float, list[float]] | None = None
+        self._zones = tuple(dict.fromkeys(r.grid_zone for r in builder.regions))
+        # (zone, hour) -> the zone's trailing maximum then (``_carbon_bounds``)
+        self._bounds: dict[tuple[str, int], float | None] = {}
         self.down: set[str] = set()
         self.published: dict[str, RegionLiveState] = {}
         self._snapshot: FleetSnapshot | None = None
@@ -271,10 +275,32 @@ class SimDataLayer:
             if last is not None and self._last_publish.get(region, 0.0) > last.observed_at:
                 published[region] = dataclasses.replace(last, observed_at=self._last_publish[region])
         _healthy_states(live, now, published)
-        snap = self.builder.build(now, carbon, published)
+        snap = self.builder.build(now, carbon, published, carbon_bounds=self._carbon_bounds(carbon, now))
         self._snapshot, self._inputs = snap, inputs
         self._valid_until = self._exact_until(snap)
         return self._handed_out(snap, now)
+
+    def _carbon_bounds(self, carbon: Mapping[str, Signal], now: float) -> Mapping[str, float]:
+        """The bounds a stale zone's candidates are priced at (``FleetSnapshot.carbon_bounds``):
+        each such zone's highest accepted value over the policy's window, as a router's data
+        layer keeps it (``CarbonReplay.trailing_max``). Only for the zones whose signal is stale,
+        missing or invalid: the carbon scorer reads no other."""
+        policy = self.builder.policy
+        max_age = policy.max_age.carbon
+        bounds: dict[str, float] = {}
+        for zone in self._zones:
+            signal = carbon.get(zone)
+            if signal is not None and signal_problem(signal, now, max_age) is None:
+                continue
+            key = (zone, int(now // 3600.0))
+            if key not in self._bounds:
+                if len(self._bounds) >= 4096:
+                    self._bounds.clear()
+                self._bounds[key] = self.carbon.trailing_max(zone, now, policy.stale_bounds.carbon_window)
+            bound = self._bounds[key]
+            if bound is not None:
+                bounds[zone] = bound
+        return bounds
 
     def _same(self, inputs: tuple[object, ...]) -> bool:
         return bool(self._inputs) and inputs[0] is self._inputs[0] and inputs[1:] == self._inputs[1:]

@@ -164,3 +164,24 @@ def test_factory_requests_equal_the_constructors() -> None:
             prefix_key=f"prefix-{group}" if group >= 0 else None,
         )
         assert requests.request(i) == expected
+
+
+def test_the_sim_prices_a_stale_zone_at_its_trailing_maximum(files: Files) -> None:
+    """The simulator's snapshots carry what a router's data layer keeps (docs/objective.md):
+    during CLEAN's outage, once its last value is older than the policy's 2 h, CLEAN gets its
+    highest accepted value of the window as its bound; a fresh zone gets none."""
+    from scheduler.datalayer.snapshot import SnapshotBuilder
+    from scheduler.sim.datalayer import SimDataLayer
+    from tests.unit.sim import kit
+
+    write_zone(files.carbon_dir, "SWINGY", [50.0, 250.0, 60.0, 55.0] + [58.0] * 20)
+    regions = (kit.region("north", "SWINGY", kit.OSLO), kit.region("paris", "DIRTY", kit.PARIS))
+    builder = SnapshotBuilder(regions, kit.policy())
+    replay = CarbonReplay.from_dir(files.carbon_dir, ["SWINGY", "DIRTY"], 2023,
+                                   outages=(ProviderOutage("SWINGY", T0 + 6 * HOUR, T0 + 12 * HOUR),))
+    data = SimDataLayer(builder, replay, {}, refresh_s=0.0)
+    assert data.snapshot(T0 + 7 * HOUR).carbon_bounds == {}  # 05:00's value, 2 h old: still usable
+    stale = data.snapshot(T0 + 9 * HOUR)
+    assert stale.carbon["SWINGY"].observed_at == T0 + 5 * HOUR
+    assert stale.carbon_bounds == {"SWINGY": 250.0}  # 01:00's peak, within the policy's week
+    assert data.snapshot(T0 + 13 * HOUR).carbon_bounds == {}  # fresh again
