@@ -17,7 +17,7 @@ A store outage is not a region outage: each snapshot also carries the store's st
 endpoint (``RegionProbes``, started and stopped with the refresher when given) and the router's
 start (``live_since``). While the store is unreachable, the region-health filter judges a
 region by its last known state plus its probe, not by the age of that state alone. The
-refresher also reads each region's last-seen record (``keys.region_seen``, no TTL, written by
+refresher also reads each region's last-seen record (``keys.region_seen``, kept 30 days, written by
 the region's publisher), so a region whose state key expired counts as stale, not never seen.
 
 Affinity (docs/affinity.md): each refresh also reads every region's prefix-warm record

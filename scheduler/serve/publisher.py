@@ -12,11 +12,12 @@ that fails publishes nothing: the region's state then ages and the router's heal
 treats it as the policy says for stale regions.
 
 Each publication also writes the region's last-seen record, ``keys.region_seen(region)``: the
-state's ``observed_at``, with no TTL. After the state key expired, that record is how a router
-(one that restarted, or that started later) tells "was here and stopped publishing: stale,
-down" from "never seen". The region writes it, not the routers: it is the one writer that
-knows when it published, the record is written exactly as often as the state (no extra
-writer per router), and it holds even when no router was running to see the region.
+state's ``observed_at``, kept ``SEEN_TTL_S`` (30 days, far past the state's 60 s). After the
+state key expired, that record is how a router (one that restarted, or that started later)
+tells "was here and stopped publishing: stale, down" from "never seen". The region writes it,
+not the routers: it is the one writer that knows when it published, the record is written
+exactly as often as the state (no extra writer per router), and it holds even when no router
+was running to see the region.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from scheduler.types import RegionLiveState
 log = logging.getLogger(__name__)
 
 StateSource = Callable[[], Awaitable[RegionLiveState | None]]
+# A region that stopped publishing a month ago counts as never seen again (a region removed from
+# the fleet leaves no key behind for ever).
+SEEN_TTL_S = 30 * 86400.0
 
 
 
@@ -56,7 +60,7 @@ class RegionStatePublisher:
             return None
         try:
             await self.store.set(keys.region_state(self.region), codec.encode_region_state(state), ttl_s=self.ttl_s)
-            await self.store.set(keys.region_seen(self.region), encode_seen(state.observed_at))
+            await self.store.set(keys.region_seen(self.region), encode_seen(state.observed_at), ttl_s=SEEN_TTL_S)
         except StateUnavailable as exc:
             if not self._store_down:
                 log.warning("region %s: state store unavailable (%s); retrying every %.1f s",

@@ -11,7 +11,7 @@ REGION_STATE_PREFIX = "region:"
 
 
 def region_seen(region: str) -> str:
-    """When the region last published (no TTL: outlives its expired state key)."""
+    """When the region last published (kept 30 days: outlives its expired state key)."""
     return f"region_seen:{region}"
 
 

@@ -1,7 +1,8 @@
 """Carbon signals in the shared store (keys and codec per the shared formats).
 
-Latest: ``keys.signal(kind, zone)`` -> ``codec.encode_signal``. No TTL: a signal's
-staleness is judged from its ``observed_at``, so an old one stays visible as old.
+Latest: ``keys.signal(kind, zone)`` -> ``codec.encode_signal``, kept ``SIGNAL_TTL_S`` (14
+days): a signal's staleness is judged from its ``observed_at``, so an old one stays visible as
+old.
 Forecast: ``keys.forecast("carbon_intensity", zone)`` -> a JSON list of encoded signals, kept
 ``FORECAST_TTL_S`` (a reader also refuses one older than its policy's ``max_age.forecast``).
 Daily maxima: ``keys.signal_daily_max(kind, zone)`` -> ``[[day_start, highest], ...]``, the
@@ -26,8 +27,13 @@ from scheduler.types import Signal
 log = logging.getLogger(__name__)
 
 
+# The latest value stays visible as old well past any policy's max age (then its zone is priced
+# at its bound); a zone that left every config leaves no key behind for ever.
+SIGNAL_TTL_S = 14 * 86400.0
+
+
 async def write_signal(store: StateStore, signal: Signal) -> None:
-    await store.set(keys.signal(signal.kind, signal.key), codec.encode_signal(signal))
+    await store.set(keys.signal(signal.kind, signal.key), codec.encode_signal(signal), SIGNAL_TTL_S)
 
 
 # A forecast key outlives its use by far (readers refuse one older than max_age.forecast);

@@ -4,7 +4,7 @@ and, whenever that state is not fresh, the router's own probe of it say.
 While the store answers (or there is none: simulator, offline tools):
   keep  iff  live[region] is fresh (age <= policy.max_age.region_state) and healthy,
         or   it is stale and policy.unknown_region_state.stale == "assume-healthy",
-        or   its state key expired but its last-seen record (no TTL) is there: stale, as above,
+        or   its state key expired but its last-seen record (30 days) is there: stale, as above,
         or   it was never seen and the router started at most unknown_region_state.missing_warmup
              ago (or the snapshot has no router: live_since None),
         or   it was never seen and unknown_region_state.missing == "assume-healthy".
