@@ -33,8 +33,8 @@ from typing import Any
 from scheduler.state.store import Atomic, AtomicArg, StateStore
 
 # What ``hold`` answers: held (first submission or a hold again), a retry of a submission that
-# stands, or refused by one of the two caps.
-HELD, RETRY, OVER_COUNT, OVER_BYTES = b"held", b"retry", b"count", b"bytes"
+# stands, a retry of a cancelled one (with its cancellation), or refused by one of the two caps.
+HELD, RETRY, CANCELLED, OVER_COUNT, OVER_BYTES = b"held", b"retry", b"cancelled", b"count", b"bytes"
 
 # --- Redis -------------------------------------------------------------------------------------
 
@@ -101,6 +101,10 @@ end
 local first = redis.call('GET', key('sub', id))
 if first and (redis.call('EXISTS', key('rec', id)) == 1 or redis.call('EXISTS', key('res', id)) == 1) then
   return {'retry', first}
+end
+local cancelled = not first and redis.call('GET', key('res', id))
+if cancelled then
+  return {'cancelled', cancelled}
 end
 local ack = first or arg(5)
 local held = redis.call('ZCARD', due)
@@ -173,16 +177,17 @@ reindex()
 return 1
 """
 
-# arg: 1 id, 2 answer, 3 keep ms, 4 keep until, 5 overhead per key, 6 '1': only if held (an
-# answer), '0': whatever it is (a cancellation). The request's state before, or nil when nothing
-# of it is stored ('held', 'running', 'answered', 'submitted'). Its record, payload and claim go;
-# the answer (or cancellation) and its submission stay for the keep time.
+# arg: 1 id, 2 answer, 3 keep ms, 4 keep until, 5 overhead per key, 6 '1': an answer (only if
+# held; its submission stays with it, for a retry), '0': a cancellation (whatever it is; its
+# submission goes, a retry gets the cancellation). The request's state before, or nil when
+# nothing of it is stored ('held', 'running', 'answered', 'submitted'). Its record, payload and
+# claim go; the answer (or cancellation) stays for the keep time.
 _ANSWER = _PRELUDE + """
-local id, ttl = arg(1), arg(3)
+local id, ttl, answering = arg(1), arg(3), arg(6) == '1'
 local was
 if redis.call('EXISTS', key('rec', id)) == 1 then
   was = redis.call('EXISTS', key('claim', id)) == 1 and 'running' or 'held'
-elseif arg(6) == '1' then
+elseif answering then
   return false
 elseif redis.call('EXISTS', key('res', id)) == 1 then
   was = 'answered'
@@ -191,15 +196,18 @@ elseif redis.call('EXISTS', key('sub', id)) == 1 then
 else
   return false
 end
-local ack_bytes = redis.call('STRLEN', key('sub', id))
-redis.call('SET', key('res', id), arg(2), 'PX', ttl)
-if ack_bytes > 0 then
+local ack_bytes = 0
+if answering then
+  ack_bytes = redis.call('STRLEN', key('sub', id))
   redis.call('PEXPIRE', key('sub', id), ttl)
+else
+  redis.call('DEL', key('sub', id))
 end
+redis.call('SET', key('res', id), arg(2), 'PX', ttl)
 redis.call('DEL', key('rec', id), key('pay', id), key('claim', id))
 redis.call('ZREM', due, id)
 redis.call('ZADD', kept, arg(4), id)
-resize(id, #arg(2) + ack_bytes + 2 * tonumber(arg(5)))
+resize(id, #arg(2) + ack_bytes + (answering and 2 or 1) * tonumber(arg(5)))
 reindex()
 return was
 """
@@ -301,6 +309,9 @@ async def _hold(store: StateStore, keys: Sequence[str], args: Sequence[AtomicArg
     first = await store.get(t.key("sub", request_id))
     if first is not None and (await t.exists("rec", request_id) or await t.exists("res", request_id)):
         return [RETRY, first]
+    cancelled = await store.get(t.key("res", request_id)) if first is None else None
+    if cancelled is not None:
+        return [CANCELLED, cancelled]
     stands = first if first is not None else _bytes(ack)
     held = await store.zcard(t.due)
     used = int(await store.zscore(t.usage, t.tenant) or 0)
@@ -366,11 +377,12 @@ async def _give_back(store: StateStore, keys: Sequence[str], args: Sequence[Atom
 
 async def _answer(store: StateStore, keys: Sequence[str], args: Sequence[AtomicArg]) -> Any:
     t = _Local(store, keys, args)
-    request_id, answer, ttl_ms, keep_until, overhead, only_held = t.args
+    request_id, answer, ttl_ms, keep_until, overhead, mode = t.args
     request_id = str(request_id)
+    answering = str(mode) == "1"
     if await t.exists("rec", request_id):
         was = b"running" if await t.exists("claim", request_id) else b"held"
-    elif str(only_held) == "1":
+    elif answering:
         return None
     elif await t.exists("res", request_id):
         was = b"answered"
@@ -378,14 +390,18 @@ async def _answer(store: StateStore, keys: Sequence[str], args: Sequence[AtomicA
         was = b"submitted"
     else:
         return None
-    ack = await store.get(t.key("sub", request_id))
+    ack = b""
+    if answering:
+        ack = await store.get(t.key("sub", request_id)) or b""
+        await t.set_ttl(t.key("sub", request_id), float(ttl_ms))
+    else:
+        await store.delete(t.key("sub", request_id))
     await store.set(t.key("res", request_id), _bytes(answer), float(ttl_ms) / 1000.0)
-    await t.set_ttl(t.key("sub", request_id), float(ttl_ms))
     for kind in ("rec", "pay", "claim"):
         await store.delete(t.key(kind, request_id))
     await store.zrem(t.due, [request_id])
     await store.zadd(t.kept, {request_id: float(keep_until)})
-    await t.resize(request_id, len(_bytes(answer)) + len(ack or b"") + 2 * int(overhead))
+    await t.resize(request_id, len(_bytes(answer)) + len(ack) + (2 if answering else 1) * int(overhead))
     await t.reindex()
     return was
 

@@ -6,13 +6,14 @@ another request. Keys (relative; the store prefixes ``sched:{namespace}:``; ``{t
 tenant, URL-quoted, ``{id}`` the request id):
 
     deferred_submission:{t}:{id}  the ``DeferResponse`` it was answered (a retry gets it again);
-                          as long as the request, then as long as its answer
+                          as long as the request, then as long as its answer (a cancellation
+                          drops it)
     deferred:{t}:{id}     the held request's record (``HeldRequest`` as JSON, no payload);
                           until it is answered, at most ``grace_s`` past its deadline
     deferred_payload:{t}:{id}  the request as the router will send it (opaque bytes, the prompt
                           with it); read only by the router that claimed its release
     deferred_claim:{t}:{id}   the router releasing it (``claim_ttl_s``, renewed while it runs)
-    deferred_result:{t}:{id}  its answer, or its cancellation; ``result_ttl_s``
+    deferred_result:{t}:{id}  its answer (``result_ttl_s``), or its cancellation (``CANCELLED_TTL_S``)
     deferred_due:{t}      the tenant's held requests by release time (sorted set)
     deferred_kept:{t}     the tenant's kept answers by expiry (sorted set)
     deferred_sizes:{t}    the bytes each of the tenant's requests keeps in the store (sorted set)
@@ -72,6 +73,9 @@ EXPIRED_PER_HOLD = 100
 LAPSED_PER_CLAIM = 100
 # Ids one operator read or purge call handles at a time.
 PAGE = 500
+# A cancellation is kept this long (at most ``result_ttl_s``): what a late retry of the cancelled
+# submission gets instead of holding it again; a client retries within seconds or minutes.
+CANCELLED_TTL_S = 900.0
 
 # The per-request keys' prefixes, in the order the atomic operations take them.
 _ITEM_PREFIXES = ("deferred_submission", "deferred", "deferred_payload", "deferred_claim", "deferred_result")
@@ -169,6 +173,14 @@ class Submitted:
 
 
 @dataclass(frozen=True)
+class Cancelled:
+    """The tenant cancelled its request with this id (``cancellation``: what ``cancel`` kept);
+    nothing was held again."""
+
+    cancellation: bytes
+
+
+@dataclass(frozen=True)
 class OverCap:
     """Refused: holding it would take the tenant past ``cap`` (``max_held`` requests or
     ``max_bytes``); nothing was stored."""
@@ -214,10 +226,11 @@ class DeferralQueue:
 
     # --- submit ---------------------------------------------------------------------------------
 
-    async def submit(self, item: HeldRequest, ack: bytes) -> Submitted | OverCap:
+    async def submit(self, item: HeldRequest, ack: bytes) -> Submitted | Cancelled | OverCap:
         """Hold ``item`` (its record, its payload, ``ack`` as its submission's answer) unless its
-        tenant already submitted its id (held or answered: that submission stands) or holding it
-        would pass a cap. Raises what the store raises: the caller must not acknowledge then."""
+        tenant already submitted its id (held or answered: that submission stands; cancelled:
+        it stays so) or holding it would pass a cap. Raises what the store raises: the caller
+        must not acknowledge then."""
         now = self.clock()
         if item.deadline > now + self.max_deferral_s:
             raise ValueError(f"deferred request {item.request_id!r}: its deadline is more than "
@@ -228,6 +241,8 @@ class DeferralQueue:
         kind = answer[0]
         if kind in (ops.HELD, ops.RETRY):
             return Submitted(answer[1])
+        if kind == ops.CANCELLED:
+            return Cancelled(answer[1])
         held, used, needs = int(answer[1]), int(float(answer[2])), int(float(answer[3]))
         if kind == ops.OVER_COUNT:
             return OverCap("max_held", self.max_held, held, used, needs)
@@ -318,20 +333,22 @@ class DeferralQueue:
         """Store the answer for ``result_ttl_s`` and drop the held request, its payload and its
         claim, at once. False: it is no longer held (cancelled, or it lapsed): the answer is
         not kept."""
-        return await self._keep(item.tenant, item.request_id, answer, only_held=True) is not None
+        return await self._keep(item.tenant, item.request_id, answer, self.result_ttl_s, answering=True) is not None
 
-    async def cancel(self, tenant: str, request_id: str, tombstone: bytes) -> str | None:
-        """Drop the request (its record, payload, claim, answer) and keep ``tombstone`` in its
-        answer's place for ``result_ttl_s`` (a retry of the id gets its first answer, nothing runs
-        again). Its state before (held, running, answered, submitted), or None: unknown."""
-        was = await self._keep(tenant, request_id, tombstone, only_held=False)
+    async def cancel(self, tenant: str, request_id: str, cancellation: bytes) -> str | None:
+        """Drop the request (its record, payload, claim, submission, answer) and keep
+        ``cancellation`` in its answer's place for ``CANCELLED_TTL_S`` (at most ``result_ttl_s``):
+        a retry of the id gets it, nothing runs again. Its state before (held, running,
+        answered, submitted), or None: unknown."""
+        ttl_s = min(CANCELLED_TTL_S, self.result_ttl_s)
+        was = await self._keep(tenant, request_id, cancellation, ttl_s, answering=False)
         return None if was is None else str(was.decode())
 
-    async def _keep(self, tenant: str, request_id: str, answer: bytes, only_held: bool) -> bytes | None:
+    async def _keep(self, tenant: str, request_id: str, answer: bytes, ttl_s: float, answering: bool) -> bytes | None:
         now = self.clock()
         was: bytes | None = await self._atomic(
-            ops.ANSWER, tenant, request_id, answer, self.store_ms(self.result_ttl_s), repr(now + self.result_ttl_s),
-            KEY_OVERHEAD_BYTES, 1 if only_held else 0)
+            ops.ANSWER, tenant, request_id, answer, self.store_ms(ttl_s), repr(now + ttl_s), KEY_OVERHEAD_BYTES,
+            1 if answering else 0)
         return was
 
     # --- operators ---------------------------------------------------------------------------------

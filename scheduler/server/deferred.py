@@ -32,8 +32,9 @@ failure that retrying cannot mend (``final``: a bad request, a budget spent, not
 it) is answered at once as ``failed``; any other is retried every tick until the deadline,
 then answered ``failed``.
 
-Cancel (``Deferrals.cancel``): the request's record, payload and answer are deleted at once and
-a ``cancelled`` status is kept in the answer's place for ``result_ttl_s``.
+Cancel (``Deferrals.cancel``): the request's record, payload, submission and answer are deleted
+at once and a ``cancelled`` status is kept in the answer's place for a while
+(``scheduler.deferral.queue.CANCELLED_TTL_S``): a late retry of its Defer is refused with it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from scheduler.deferral.queue import (
     HELD,
     RUNNING,
     UNKNOWN,
+    Cancelled,
     DeferralQueue,
     DeferralWorker,
     HeldRequest,
@@ -269,6 +271,8 @@ class Deferrals:
         if isinstance(outcome, OverCap):
             deps.metrics.inc("scheduler_deferred_refused_total", {"cap": outcome.cap})
             raise over_cap(request.tenant, outcome)
+        if isinstance(outcome, Cancelled):  # a late retry of a cancelled submission: it stays so
+            raise replayed(router_pb2.DeferredStatus.FromString(outcome.cancellation))
         if outcome.ack == ack:
             deps.metrics.inc("scheduler_deferred_total", {"reason": held.reason})
             log.info("deferred request %s (%s): release at %.0f, %s", request.request_id, request.tenant,
@@ -456,8 +460,8 @@ class Deferrals:
     async def cancel(self, principal: Principal, request_id: str, tenant: str = "") -> router_pb2.DeferredStatus:
         """Drop a deferred request of the caller's tenant (an admin may name another): held, it
         never runs; running, its answer is not kept; answered, the answer is deleted. What is
-        kept for ``result_ttl_s`` is its ``cancelled`` status, so a retry of its Defer gets the
-        first answer and runs nothing. ``NotFound`` when unknown."""
+        kept (``CANCELLED_TTL_S``) is its ``cancelled`` status: a late retry of its Defer is
+        refused with it (FAILED_PRECONDITION) and runs nothing. ``NotFound`` when unknown."""
         owner = self._owner(principal, request_id, tenant)
         current = await self.status(principal, request_id, tenant)
         if current.state == CANCELLED:

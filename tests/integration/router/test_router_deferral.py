@@ -246,8 +246,10 @@ async def test_cancel_drops_a_held_request_and_an_answer(
             await client.wait_deferred(held.request_id, timeout_s=5)
         assert getattr(waited.value, "code", None) == grpc.StatusCode.FAILED_PRECONDITION
         assert "was cancelled" in getattr(waited.value, "message", "")
-        # A retry of its Defer is answered as first, and nothing is held again.
-        assert await client.defer("the report", model=MODEL, max_tokens=4, request_id=held.request_id) == held
+        # A late retry of its Defer is refused with the cancellation, and nothing is held again.
+        with pytest.raises(UnschedulableError) as again:
+            await client.defer("the report", model=MODEL, max_tokens=4, request_id=held.request_id)
+        assert again.value.code == grpc.StatusCode.FAILED_PRECONDITION and "was cancelled" in again.value.message
         assert await queue.held() == []
 
     acme = {"authorization": f"Bearer {keys.tenant.key}"}

@@ -10,12 +10,14 @@ from dataclasses import dataclass, replace
 import pytest
 
 from scheduler.deferral.queue import (
+    CANCELLED_TTL_S,
     DONE,
     HELD,
     KEY_OVERHEAD_BYTES,
     OPERATOR,
     RUNNING,
     UNKNOWN,
+    Cancelled,
     DeferralQueue,
     DeferralWorker,
     HeldRequest,
@@ -208,11 +210,13 @@ async def test_cancel_drops_the_request_and_keeps_only_its_cancellation(queue: D
     assert not await queue.finish(running, b"late answer")  # the run's answer is not kept
     assert await queue.answer("acme", "2-running") == b"cancelled"
     assert await queue.held() == [] and await queue.claim("acme", "router-a") is None
-    # A retry of a cancelled submission is answered, and holds nothing.
-    assert await queue.submit(item("3-held", release_in=0.0), b"ack 2") == Submitted(b"ack 3-held")
-    assert await queue.held() == []
-    clock.t += 3601.0
+    # A late retry of a cancelled submission gets the cancellation, and holds nothing.
+    assert await queue.submit(item("3-held", release_in=0.0), b"ack 2") == Cancelled(b"cancelled")
+    assert await queue.held() == [] and await queue.submission("acme", "3-held") is None
+    assert await queue.usage("acme") == (0, 3 * (len(b"cancelled") + KEY_OVERHEAD_BYTES))
+    clock.t += CANCELLED_TTL_S + 1.0  # then the id is free again
     assert await queue.answer("acme", "3-held") is None
+    assert await queue.submit(item("3-held", release_in=0.0), b"ack 3") == Submitted(b"ack 3")
 
 
 async def test_purge_a_tenant_and_what_expired(queue: DeferralQueue, store: MemoryStore, clock: Clock) -> None:
