@@ -127,6 +127,18 @@ reindex()
 return {'held', ack}
 """
 
+# arg: 1 id, 2 now, 3 expired answers to drop at most. {requests held, bytes kept, 1 if the id
+# has a submission}: whether a submission could fit, read before sending its payload (``hold``
+# decides; this spares the payload's transfer when it plainly cannot).
+_ROOM = _PRELUDE + """
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', kept, '-inf', arg(2), 'LIMIT', 0, tonumber(arg(3)))) do
+  forget(gone)
+end
+reindex()
+return {redis.call('ZCARD', due), tostring(tonumber(redis.call('ZSCORE', usage, tenant) or '0')),
+        redis.call('EXISTS', key('sub', arg(1)))}
+"""
+
 # arg: 1 now, 2 lease until (score), 3 lease ms, 4 owner, 5 lapsed holds to drop at most. The id
 # claimed, or nil. A due entry whose hold lapsed (its deadline and grace passed with no router
 # to release it) is dropped on the way.
@@ -332,6 +344,16 @@ async def _hold(store: StateStore, keys: Sequence[str], args: Sequence[AtomicArg
     return [HELD, stands]
 
 
+async def _room(store: StateStore, keys: Sequence[str], args: Sequence[AtomicArg]) -> Any:
+    t = _Local(store, keys, args)
+    request_id, now, trim = t.args
+    for gone, _ in await store.zrange_by_score(t.kept, high=float(now), count=int(trim)):
+        await t.forget(gone)
+    await t.reindex()
+    used = int(await store.zscore(t.usage, t.tenant) or 0)
+    return [await store.zcard(t.due), str(used).encode(), int(await t.exists("sub", str(request_id)))]
+
+
 async def _claim(store: StateStore, keys: Sequence[str], args: Sequence[AtomicArg]) -> Any:
     t = _Local(store, keys, args)
     now, lease_until, lease_ms, owner, lapsed = t.args
@@ -428,6 +450,7 @@ async def _purge(store: StateStore, keys: Sequence[str], args: Sequence[AtomicAr
     return len(t.args)
 
 
+ROOM = Atomic("deferral-room", _ROOM, _room)
 HOLD = Atomic("deferral-hold", _HOLD, _hold)
 CLAIM = Atomic("deferral-claim", _CLAIM, _claim)
 RENEW = Atomic("deferral-renew", _RENEW, _renew)

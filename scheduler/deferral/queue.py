@@ -235,9 +235,18 @@ class DeferralQueue:
         if item.deadline > now + self.max_deferral_s:
             raise ValueError(f"deferred request {item.request_id!r}: its deadline is more than "
                              f"{self.max_deferral_s:g} s ahead")
+        record = item.to_json()
+        # A tenant past its caps (a flood) is refused on a small read: its payload never travels.
+        room = await self._atomic(ops.ROOM, item.tenant, item.request_id, repr(now), EXPIRED_PER_HOLD)
+        held, used, submitted = int(room[0]), int(float(room[1])), bool(room[2])
+        needs = len(ack) + len(record) + len(item.payload) + 3 * KEY_OVERHEAD_BYTES
+        if not submitted and held >= self.max_held:
+            return OverCap("max_held", self.max_held, held, used, needs)
+        if not submitted and used + needs > self.max_bytes:
+            return OverCap("max_bytes", self.max_bytes, held, used, needs)
         answer = await self._atomic(
             ops.HOLD, item.tenant, item.request_id, repr(now), repr(item.release_at), self._hold_ms(item, now), ack,
-            item.to_json(), item.payload, self.max_held, self.max_bytes, KEY_OVERHEAD_BYTES, EXPIRED_PER_HOLD)
+            record, item.payload, self.max_held, self.max_bytes, KEY_OVERHEAD_BYTES, EXPIRED_PER_HOLD)
         kind = answer[0]
         if kind in (ops.HELD, ops.RETRY):
             return Submitted(answer[1])

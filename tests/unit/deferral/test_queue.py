@@ -5,7 +5,9 @@ tests/integration/deferral/test_queue_stores.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,7 @@ from scheduler.deferral.queue import (
     submission_key,
 )
 from scheduler.state.memory_store import MemoryStore
+from scheduler.state.store import Atomic, AtomicArg
 
 T0 = 1_700_000_000.0
 
@@ -268,3 +271,24 @@ async def test_the_worker_answers_due_requests_retries_failures_and_gives_up_aft
     assert await queue.answer("acme", "broken") == b"failed broken: region unreachable"
     assert [i.request_id for i in await queue.held()] == ["later"]
     assert "later" not in ran
+
+
+class PayloadCountingStore(MemoryStore):
+    """Counts the bytes of the atomic operations' arguments (what would travel to Redis)."""
+
+    sent: int = 0
+
+    async def run_atomic(self, op: Atomic, keys_: Sequence[str], args: Sequence[AtomicArg]) -> Any:
+        self.sent += sum(len(a) for a in args if isinstance(a, bytes))
+        return await super().run_atomic(op, keys_, args)
+
+
+async def test_a_tenant_past_its_caps_is_refused_before_its_payload_travels(clock: Clock) -> None:
+    store = PayloadCountingStore(clock=clock)
+    queue = DeferralQueue(store, max_bytes=300_000, clock=clock)
+    assert isinstance(await queue.submit(item("a", release_in=0.0, payload=b"x" * 200_000), b"ack"), Submitted)
+    before = store.sent
+    for k in range(10):
+        refused = await queue.submit(item(f"flood-{k}", release_in=0.0, payload=b"x" * 200_000), b"ack")
+        assert isinstance(refused, OverCap) and refused.cap == "max_bytes"
+    assert store.sent - before < 1000  # ten 200 kB payloads refused, none sent
