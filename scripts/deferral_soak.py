@@ -90,6 +90,7 @@ class Sample:
     deferral_bytes: int  # MEMORY USAGE of the deferral's keys
     marker_bytes: int  # of the ledger's and audit's keys
     accounted_bytes: int  # what the queue counts against the caps
+    flood_bytes: int  # of which the flooding tenant's
     used_memory: int  # INFO memory: this whole Redis
     real_s: float
     lag_s: float  # the driver's largest lag behind the pace so far, simulated seconds
@@ -97,7 +98,8 @@ class Sample:
     def line(self) -> str:
         return (f"{self.hour:7.1f} h  submitted {self.submitted:>10,}  refused {self.refused:>10,}  "
                 f"answered {self.answered:>9,}  deleted {self.deleted:>9,}  held {self.held:>7,}  "
-                f"deferral {self.deferral_bytes / 2**20:8.1f} MiB (accounted {self.accounted_bytes / 2**20:7.1f})  "
+                f"deferral {self.deferral_bytes / 2**20:8.1f} MiB (accounted {self.accounted_bytes / 2**20:7.1f}, "
+                f"flood {self.flood_bytes / 2**20:6.1f})  "
                 f"markers {self.marker_bytes / 2**20:8.1f} MiB ({self.keys.get('ledger_booked', 0):,} ledger, "
                 f"{self.keys.get('audit_once', 0):,} audit)  redis used {self.used_memory / 2**20:8.1f} MiB  "
                 f"[{self.real_s:6.0f} s, lag {self.lag_s:4.0f} s]")
@@ -204,13 +206,14 @@ class Soak:
         if batch:
             await measure()
         held = sum([await self.store.zcard(f"deferred_due:{tenant}") for tenant in self.tenants])
-        accounted = sum(score for _, score in await self.store.zrange_by_score(USAGE))
+        by_tenant = dict(await self.store.zrange_by_score(USAGE))
         info = await self.client.info("memory")
         deferral = sum(size for kind, size in memory.items() if kind.startswith("deferred"))
         return Sample(hour=hour, submitted=self.counts["submitted"], refused=self.counts["refused"],
                       answered=self.counts["answered"], deleted=self.counts["deleted"], held=held,
                       keys=dict(found), memory=dict(memory), deferral_bytes=deferral,
-                      marker_bytes=sum(memory.values()) - deferral, accounted_bytes=int(accounted),
+                      marker_bytes=sum(memory.values()) - deferral, accounted_bytes=int(sum(by_tenant.values())),
+                      flood_bytes=int(by_tenant.get("flood", 0)),
                       used_memory=int(info["used_memory"]), real_s=time.monotonic() - self.started,
                       lag_s=self.lag_s)
 

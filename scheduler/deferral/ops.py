@@ -2,8 +2,8 @@
 written once as a Redis script and once as the same steps over the in-process store's verbs.
 
 Every operation works on one tenant's keys: its indexes as KEYS and, as the first arguments,
-the tenant and the relative prefixes of its per-request keys (the request id completes them;
-``TenantKeys.args``). The indexes:
+the tenant, the indexes' TTL and the relative prefixes of its per-request keys (the request id
+completes them; ``scheduler.deferral.queue`` builds them). The indexes:
 
     due     sorted set: request id -> release time (while a router runs it: the end of its lease)
     kept    sorted set: request id -> when its stored answer (or cancellation) expires
@@ -17,9 +17,8 @@ They change only here, together with the keys they index, so the counts and sums
 checked against are those of what is stored. Every operation extends the TTLs of all five to
 the indexes' TTL (the longest any key the queue writes may live; never shortening one): an
 index never expires before what it indexes, nor one before another. A request's keys expire on
-their own TTLs, and the index
-entries of what expired are dropped the next time the tenant's index is worked on (``claim``
-drops a lapsed hold, ``hold`` drops expired answers).
+their own TTLs, and the index entries of what expired are dropped the next time the tenant's
+index is worked on (``claim`` drops a lapsed hold, ``room`` and ``hold`` drop expired answers).
 
 Clock times (scores) come from the caller (its clock, which a soak fast-forwards); TTLs are
 in store milliseconds.

@@ -42,6 +42,7 @@ def test_a_small_soak_keeps_the_deferral_within_its_caps(tmp_path: Path) -> None
     late = [s["deferral_bytes"] for s in samples[len(samples) // 2:]]
     # Within the caps, and flat: the second half moves by less than a fifth of its mean.
     assert max(late) <= TENANTS * MAX_BYTES
+    assert 0.5 * MAX_BYTES < max(s["flood_bytes"] for s in samples) <= MAX_BYTES  # the flood, held at its cap
     assert max(late) - min(late) < 0.2 * sum(late) / len(late), late
     # The queue's own count of what it keeps agrees with Redis's within a quarter.
     last = samples[-1]
