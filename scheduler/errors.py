@@ -127,6 +127,24 @@ class BudgetExhausted(SchedulerError):
         super().__init__(f"tenant {tenant!r} used {used:,.0f} of its hard {what} budget {limit:,.0f} for {month}")
 
 
+class QuotaExceeded(SchedulerError):
+    """The tenant keeps as much in the store as a quota allows (``quota``: its name, e.g.
+    ``deferral max_held``); what it asked for would pass it. RESOURCE_EXHAUSTED."""
+
+    def __init__(self, tenant: str, quota: str, used: int, limit: int, unit: str, message: str) -> None:
+        self.tenant, self.quota, self.used, self.limit, self.unit = tenant, quota, used, limit, unit
+        super().__init__(message)
+
+
+class StorageRefused(SchedulerError):
+    """The request's data may not be kept in this router's store (its jurisdictions are bound
+    to another store): nothing was kept. FAILED_PRECONDITION, naming the jurisdictions."""
+
+    def __init__(self, jurisdictions: tuple[str, ...], message: str) -> None:
+        self.jurisdictions = jurisdictions
+        super().__init__(message)
+
+
 class Internal(SchedulerError):
     """A bug or an unexpected failure inside the router; the message is safe to show."""
 

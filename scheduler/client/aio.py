@@ -268,10 +268,18 @@ class AsyncSchedulerClient:
         return response
 
     async def get_deferred(self, request_id: str, timeout_s: float | None = None) -> router_pb2.DeferredStatus:
-        """Where a deferred request stands (held, running, done, failed); ``NotFoundError`` for
-        an id this key's tenant did not submit, or whose answer expired (7 days)."""
+        """Where a deferred request stands (held, running, done, failed, cancelled);
+        ``NotFoundError`` for an id this key's tenant did not submit, or whose answer expired (the
+        router's ``--deferral-result-ttl``, 1 day by default)."""
         response: router_pb2.DeferredStatus = await self._unary(
             self._router.GetDeferred, router_pb2.GetDeferredRequest(request_id=request_id), timeout_s)
+        return response
+
+    async def cancel_deferred(self, request_id: str, timeout_s: float | None = None) -> router_pb2.DeferredStatus:
+        """Drop a deferred request: held, it never runs; answered, its answer is deleted. Its
+        status (``cancelled``); ``NotFoundError`` for an id this key's tenant did not submit."""
+        response: router_pb2.DeferredStatus = await self._unary(
+            self._router.CancelDeferred, router_pb2.CancelDeferredRequest(request_id=request_id), timeout_s)
         return response
 
     async def wait_deferred(self, request_id: str, timeout_s: float | None = None) -> DeferredAnswer:

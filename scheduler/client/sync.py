@@ -254,6 +254,12 @@ class SchedulerClient:
             self._router.GetDeferred, router_pb2.GetDeferredRequest(request_id=request_id), timeout_s)
         return response
 
+    def cancel_deferred(self, request_id: str, timeout_s: float | None = None) -> router_pb2.DeferredStatus:
+        """Drop a deferred request (see ``AsyncSchedulerClient.cancel_deferred``)."""
+        response: router_pb2.DeferredStatus = self._unary(
+            self._router.CancelDeferred, router_pb2.CancelDeferredRequest(request_id=request_id), timeout_s)
+        return response
+
     def wait_deferred(self, request_id: str, timeout_s: float | None = None) -> DeferredAnswer:
         """The answer once done, waiting up to ``timeout_s`` (see ``AsyncSchedulerClient.wait_deferred``)."""
         state = wait_state(request_id, timeout_s if timeout_s is not None else self.timeout_s, self.retry)

@@ -3,9 +3,10 @@
 ``scheduler.deferral.window`` holds the release-window choice, a pure function of a carbon
 forecast, the time, the deadline and the time the request needs. The simulator's deferral
 queue (``scheduler.sim.engine``) calls it, and so is the router's. ``scheduler.deferral.queue``
-is the durable queue in the shared store and its release loop; ``scheduler.deferral.cli`` is
-``scheduler deferred list|release``. Only the CLI imports other parts of ``scheduler`` (the
-store factory).
+is the durable queue in the shared store and its release loop, ``scheduler.deferral.ops`` its
+atomic operations on the store; ``scheduler.deferral.cli`` is ``scheduler deferred
+list|release|purge``. Besides ``scheduler.state.store`` (the protocol and ``Atomic``), only the
+CLI imports other parts of ``scheduler`` (the store factory).
 """
 
 from scheduler.deferral.window import (

@@ -38,6 +38,7 @@ from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
+from scheduler.server.deferral_settings import DeferralSettings
 from scheduler.server.deferred import Deferrals
 from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
@@ -234,9 +235,11 @@ def build_deps(
     metrics_port: int | None = None,
     ticket_keys: TicketKeyRing | None = None,
     policies: Mapping[str, PolicyConfig] | None = None,
+    deferral: DeferralSettings | None = None,
 ) -> RouterDeps:
     """The router's parts without the optional services (see ``with_services``). ``policies``:
-    every loaded policy by name, where the policy's canary arm is found (default: the policy alone)."""
+    every loaded policy by name, where the policy's canary arm is found (default: the policy alone);
+    ``deferral``: the deferral queue's caps, retention and stores (default: ``DeferralSettings()``)."""
     if ticket_keys is None:
         log.warning("no ticket keys: dispatches go out unsigned; regions must run with tickets disabled "
                     "(development only)")
@@ -262,7 +265,7 @@ def build_deps(
     # The canary's writer: its last counts are flushed at stop, before the store closes.
     deps.background.append(canary)
     deps.gauges.append(canary.samples)
-    deferrals = Deferrals(deps)
+    deferrals = Deferrals(deps, deferral)
     deps.deferrals = deferrals
     deps.gauges.append(deferrals.samples)
     return deps

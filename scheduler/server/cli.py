@@ -139,6 +139,8 @@ def register(sub: Any) -> None:
                              "docs/tracing.md)")
     router.add_argument("--otlp-service-name", default="carbon-scheduler-router",
                         help="service.name of the exported traces (default carbon-scheduler-router)")
+    from scheduler.server.deferral_settings import add_arguments as add_deferral_arguments
+    add_deferral_arguments(router)
     router.set_defaults(handler=_router)
 
     tickets = sub.add_parser("tickets", help="manage the regions' dispatch-ticket keys")
@@ -248,8 +250,10 @@ def _router(args: argparse.Namespace) -> int:
     if args.max_streams_per_tenant is not None and args.max_streams_per_tenant < 1:
         print(f"--max-streams-per-tenant: expected at least 1, got {args.max_streams_per_tenant}", file=sys.stderr)
         return 2
+    from scheduler.server.deferral_settings import settings_from
     try:
         grpc_limits, http_limits, metrics_limits = connection_limits(args)
+        deferral = settings_from(args)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -284,7 +288,8 @@ def _router(args: argparse.Namespace) -> int:
         return 2
     deps = build_deps(SnapshotBuilder(initial.regions, policy), store, backend, keys=keys, tls=tls,
                       rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
-                      metrics_port=args.metrics_port, ticket_keys=ticket_keys, policies=initial.policies)
+                      metrics_port=args.metrics_port, ticket_keys=ticket_keys, policies=initial.policies,
+                      deferral=deferral)
     deps.direct_targets = args.direct_targets
     deps.tracing = tracing
     deps.metrics_host = args.metrics_host

@@ -14,16 +14,27 @@ Submit (``Deferrals.defer``):
     release  = choose_release(forecast, now, deadline, needs)          (scheduler.deferral.window)
                or now, reason ``chain``, for a chain's or DAG's step (``Request.holdable``)
 
-then the request is written to the queue (its submission record first) and only then answered.
-A retry of an id the caller submitted, held or answered, gets the first submission's answer
-before anything is decided again. The store unreachable: UNAVAILABLE, nothing held.
+then the request is written to the queue and only then answered. A request is named by its
+tenant and its id: a retry of an id the caller's tenant submitted, held or answered, gets the
+first submission's answer before anything is decided again; another tenant's id is another
+request. Refused before anything is stored: a prompt over ``max_prompt_bytes``
+(INVALID_ARGUMENT), a request whose jurisdictions may not be stored in this router's store
+(``DeferralSettings.stores``: FAILED_PRECONDITION), a tenant at its ``max_held`` or
+``max_bytes`` (RESOURCE_EXHAUSTED, naming the cap and its use). The store unreachable:
+UNAVAILABLE, nothing held.
 
-Release (``Deferrals.run``, the ``DeferralWorker``'s callable): the held ``GenerateRequest`` is
-decided afresh on the snapshot of its release with a TTFT SLO of min(its own or the class's,
-the time left to the deadline), dispatched with failover, booked (ledger, audit) and collected
-into a ``DeferredStatus``. A failure that retrying cannot mend (``final``: a bad request, a
-budget spent, nothing can serve it) is answered at once as ``failed``; any other is retried
-every tick until the deadline, then answered ``failed``.
+Release (``Deferrals.run``, the ``DeferralWorker``'s callable, round-robin over the tenants with
+due requests, each release admitted by ``ReleaseGate``: the tenant's rate limit and stream cap,
+as a live Generate): the held ``GenerateRequest`` is decided afresh on the snapshot of its
+release with a TTFT SLO of min(its own or the class's, the time left to the deadline),
+dispatched with failover, booked (ledger, audit) and collected into a ``DeferredStatus``. A
+failure that retrying cannot mend (``final``: a bad request, a budget spent, nothing can serve
+it) is answered at once as ``failed``; any other is retried every tick until the deadline,
+then answered ``failed``.
+
+Cancel (``Deferrals.cancel``): the request's record, payload, submission and answer are deleted
+at once and a ``cancelled`` status is kept in the answer's place for a while
+(``scheduler.deferral.queue.CANCELLED_TTL_S``): a late retry of its Defer is refused with it.
 """
 
 from __future__ import annotations
@@ -42,12 +53,24 @@ from scheduler import errors
 from scheduler.datalayer.carbon.store_io import read_forecast
 from scheduler.datalayer.pending import prefill_s
 from scheduler.deferral.duration import decode_s, needs_s
-from scheduler.deferral.queue import DONE, HELD, RUNNING, UNKNOWN, DeferralQueue, DeferralWorker, HeldRequest
+from scheduler.deferral.queue import (
+    DONE,
+    HELD,
+    RUNNING,
+    UNKNOWN,
+    Cancelled,
+    DeferralQueue,
+    DeferralWorker,
+    HeldRequest,
+    OverCap,
+)
 from scheduler.deferral.window import ForecastPoint, choose_release
 from scheduler.framework.slo import class_ttft_budget_s
 from scheduler.server import convert
 from scheduler.server.auth import Principal
+from scheduler.server.convert import MAX_PROMPT_BYTES
 from scheduler.server.core import DEADLINE_CLOCK_SLACK_S, TRANSIENT_PLUGINS, RouterCore
+from scheduler.server.deferral_settings import DeferralSettings
 from scheduler.server.metrics import Sample
 from scheduler.server.status import rpc_status_for
 from scheduler.server.tracing import NO_TRACE, RequestTrace
@@ -65,14 +88,10 @@ log = logging.getLogger(__name__)
 CHAIN = "chain"
 CHAIN_DETAIL = "released at once: a chain step never waits for batching"
 FAILED = "failed"
+CANCELLED = "cancelled"
 # The furthest deadline accepted: forecasts reach a few days ahead, and the queue keeps a held
-# request until its deadline (plus a week), so a deadline beyond this would only hold a prompt.
+# request until its deadline (plus the grace), so a deadline beyond this would only hold a prompt.
 MAX_DEFERRAL_S = 7 * 86400.0
-# A router's claim on a release, renewed while it runs: a router that dies lets it lapse
-# within this, and another router (or the same, restarted) runs the request again.
-CLAIM_TTL_S = 15.0
-# Releases one router runs at once (a window releases many requests together).
-MAX_RUNNING = 16
 # WaitDeferred reads the answer from the store this often.
 POLL_S = 0.5
 
@@ -108,6 +127,18 @@ def replayed(status: router_pb2.DeferredStatus) -> errors.Replayed:
     return errors.Replayed(code, message or status.error)
 
 
+def over_cap(tenant: str, refused: OverCap) -> errors.QuotaExceeded:
+    """The refusal of a submission past one of the tenant's deferral caps, naming it and its use."""
+    if refused.cap == "max_held":
+        return errors.QuotaExceeded(tenant, "deferral max_held", refused.held, refused.limit, "requests", (
+            f"tenant {tenant!r} holds {refused.held:,} deferred requests, its limit (deferral max_held "
+            f"{refused.limit:,}): wait for some to run, or cancel some"))
+    return errors.QuotaExceeded(tenant, "deferral max_bytes", refused.held_bytes, refused.limit, "bytes", (
+        f"tenant {tenant!r} keeps {refused.held_bytes:,} bytes of deferred requests and answers; this one needs "
+        f"{refused.needs_bytes:,} more, past its limit of {refused.limit:,} (deferral max_bytes): cancel answered "
+        f"requests to free their answers, wait for them to expire, or send a smaller request"))
+
+
 def not_held(exc: StateUnavailable) -> errors.Unavailable:
     """A submission the store could not take: nothing was held, a retry with the same id is safe."""
     return errors.Unavailable(f"the state store is unreachable; nothing was held (retry with the same request_id): "
@@ -119,18 +150,59 @@ def _prefixed(exc: errors.InvalidRequest, prefix: str) -> errors.InvalidRequest:
     return errors.InvalidRequest([errors.FieldViolation(prefix + v.field, v.description) for v in exc.violations])
 
 
-class Deferrals:
-    """The router's deferral: submit, fetch, and the release loop (a background task)."""
+class ReleaseGate:
+    """A release runs under its tenant's limits, as a live Generate does: it takes one of the
+    tenant's concurrent-stream slots on this router (given back when it ends) and one token of
+    its rate (shared by the routers). A tenant over either waits for the next pass; the
+    others' releases go on. The limits are those of the tenant's keys now (the lowest, when its
+    keys set several), else the router's."""
 
-    def __init__(self, deps: RouterDeps, *, interval_s: float = 1.0, max_running: int = MAX_RUNNING,
-                 claim_ttl_s: float = CLAIM_TTL_S) -> None:
+    def __init__(self, deps: RouterDeps) -> None:
         self.deps = deps
+
+    def principal(self, tenant: str) -> Principal:
+        ring = self.deps.keys
+        entries = [] if ring is None else [e for e in ring.entries.values() if e.tenant == tenant]
+        return Principal(tenant=tenant, admin=False,
+                         rate_limit_rps=min((e.rate_limit_rps for e in entries if e.rate_limit_rps), default=None),
+                         max_concurrent_streams=min((e.max_concurrent_streams for e in entries
+                                                     if e.max_concurrent_streams), default=None))
+
+    async def enter(self, tenant: str) -> bool:
+        principal = self.principal(tenant)
+        try:
+            self.deps.slots.acquire(principal)
+        except errors.StreamLimited:
+            return False
+        try:
+            await self.deps.limiter.check(principal)
+        except errors.RateLimited:
+            self.deps.slots.release(principal)
+            return False
+        return True
+
+    def leave(self, tenant: str) -> None:
+        self.deps.slots.release(Principal(tenant=tenant, admin=False))
+
+
+class Deferrals:
+    """The router's deferral: submit, fetch, cancel, and the release loop (a background task)."""
+
+    def __init__(self, deps: RouterDeps, settings: DeferralSettings | None = None) -> None:
+        self.deps = deps
+        self.settings = settings = settings if settings is not None else DeferralSettings()
+        if settings.max_prompt_bytes > MAX_PROMPT_BYTES:
+            raise ValueError(f"deferral max_prompt_bytes: at most a live request's {MAX_PROMPT_BYTES:,}, "
+                             f"got {settings.max_prompt_bytes:,}")
         self.core = RouterCore(deps)
-        self.queue = DeferralQueue(deps.store, claim_ttl_s=claim_ttl_s, clock=deps.clock)
+        self.queue = DeferralQueue(deps.store, claim_ttl_s=settings.claim_ttl_s, result_ttl_s=settings.result_ttl_s,
+                                   grace_s=settings.grace_s, max_deferral_s=MAX_DEFERRAL_S, max_held=settings.max_held,
+                                   max_bytes=settings.max_bytes, clock=deps.clock)
+        self.gate = ReleaseGate(deps)
         # One owner per router process (a restarted one is another: its old claims lapse).
         owner = f"{deps.host_id}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.worker = DeferralWorker(self.queue, self.run, owner, self.give_up, interval_s=interval_s,
-                                     max_running=max_running)
+        self.worker = DeferralWorker(self.queue, self.run, owner, self.give_up, interval_s=settings.interval_s,
+                                     max_running=settings.max_running, gate=self.gate)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # zones whose stored forecast is too old to follow (logged once as it goes stale)
@@ -167,6 +239,9 @@ class Deferrals:
         except errors.InvalidRequest as exc:
             raise _prefixed(exc, "request.") from None
         request = incoming.request
+        refused = self.settings.refusal(request.allowed_jurisdictions)
+        if refused is not None:
+            raise refused
         for admit in deps.admission:
             admit(request)
         deadline = msg.deadline_unix_s or now + class_ttft_budget_s(snapshot.policy, "deferrable",
@@ -190,33 +265,34 @@ class Deferrals:
                 request_id=request.request_id, release_at_unix_s=held.release_at, deadline_unix_s=deadline,
                 reason=held.reason)
             ack = answer.SerializeToString()
-            first = await self.queue.submit(held, ack)
+            outcome = await self.queue.submit(held, ack)
         except StateUnavailable as exc:
             raise not_held(exc) from None
-        if first.tenant != request.tenant:
-            raise errors.InvalidRequest([errors.FieldViolation(
-                "request.request_id", f"{convert.show(request.request_id)} is taken by another submission; "
-                                      "choose another")])
-        if first.ack == ack:
+        if isinstance(outcome, OverCap):
+            deps.metrics.inc("scheduler_deferred_refused_total", {"cap": outcome.cap})
+            raise over_cap(request.tenant, outcome)
+        if isinstance(outcome, Cancelled):  # a late retry of a cancelled submission: it stays so
+            raise replayed(router_pb2.DeferredStatus.FromString(outcome.cancellation))
+        if outcome.ack == ack:
             deps.metrics.inc("scheduler_deferred_total", {"reason": held.reason})
             log.info("deferred request %s (%s): release at %.0f, %s", request.request_id, request.tenant,
                      held.release_at, held.detail)
-        return router_pb2.DeferResponse.FromString(first.ack)
+        return router_pb2.DeferResponse.FromString(outcome.ack)
 
     async def _retried(self, principal: Principal, msg: pb.GenerateRequest) -> router_pb2.DeferResponse | None:
-        """The first answer when ``msg`` retries a submission of the caller's that is held or
-        answered (whatever the fleet or the budgets say now); None: decide it (a new id, or
-        one a crash left unheld, which the submission then holds)."""
+        """The first answer when ``msg`` retries a submission of its tenant's that is held or
+        answered (whatever the fleet or the budgets say now); None: decide it (a new id, or one
+        whose hold lapsed, which the submission then holds again)."""
         tenant = msg.tenant or principal.tenant
+        if tenant != principal.tenant and not principal.admin:
+            return None  # deciding refuses it
         try:
-            first = await self.queue.submission(msg.request_id)
-            if first is None or first.tenant != tenant or (tenant != principal.tenant and not principal.admin):
-                return None
-            if await self.queue.get(msg.request_id) is None and await self.queue.answer(msg.request_id) is None:
+            ack = await self.queue.submission(tenant, msg.request_id)
+            if ack is None or await self.queue.status(tenant, msg.request_id) == UNKNOWN:
                 return None
         except StateUnavailable as exc:
             raise not_held(exc) from None
-        return router_pb2.DeferResponse.FromString(first.ack)
+        return router_pb2.DeferResponse.FromString(ack)
 
     def _check(self, msg: router_pb2.DeferRequest, now: float) -> None:
         """What ``Defer`` asks beyond a valid ``GenerateRequest``; every bad field at once."""
@@ -240,6 +316,15 @@ class Deferrals:
         elif deadline > now + MAX_DEFERRAL_S:
             bad.append(errors.FieldViolation("deadline_unix_s", f"{deadline:.0f} is more than "
                                                                 f"{MAX_DEFERRAL_S / 86400:g} days ahead"))
+        kind = request.WhichOneof("input")
+        size = (len(request.prompt.encode()) if kind == "prompt" else
+                sum(len(m.role.encode()) + len(m.content.encode()) for m in request.chat.messages) if kind == "chat"
+                else 0)
+        limit = self.settings.max_prompt_bytes
+        if size > limit:
+            bad.append(errors.FieldViolation(f"request.{kind}", (
+                f"at most {limit:,} bytes in a deferred request (it is stored until it runs; a live request may "
+                f"have {MAX_PROMPT_BYTES:,}), got {size:,}")))
         if bad:
             raise errors.InvalidRequest(bad)
 
@@ -299,7 +384,7 @@ class Deferrals:
             msg.slo.ttft_ms = left_ms
         deferral = f"{item.reason}: {item.detail}"
         try:
-            stream = self.core.proxy(Principal(tenant=item.tenant, admin=False), msg, left_s,
+            stream = self.core.proxy(self.gate.principal(item.tenant), msg, left_s,
                                      released=(released_at, deferral))
         except errors.SchedulerError as exc:
             if not final(exc):
@@ -339,40 +424,75 @@ class Deferrals:
 
     # --- fetch ---------------------------------------------------------------------------------
 
-    async def status(self, principal: Principal, request_id: str) -> router_pb2.DeferredStatus:
-        """Where a deferred request stands; ``NotFound`` when unknown, expired or another
-        tenant's (an admin key sees every tenant's)."""
+    @staticmethod
+    def _owner(principal: Principal, request_id: str, tenant: str) -> str:
+        """The tenant whose request ``request_id`` names: the caller's, or (an admin) the one named."""
         if not request_id:
             raise errors.InvalidRequest([errors.FieldViolation("request_id", "required")])
+        owner = tenant or principal.tenant
+        if owner != principal.tenant and not principal.admin:
+            raise errors.PermissionDenied(f"a key of tenant {principal.tenant!r} cannot act for {convert.show(owner)}")
+        return owner
+
+    async def status(self, principal: Principal, request_id: str, tenant: str = "") -> router_pb2.DeferredStatus:
+        """Where a deferred request of the caller's tenant stands (an admin may name another
+        tenant); ``NotFound`` when unknown or expired: another tenant's id names another request."""
+        owner = self._owner(principal, request_id, tenant)
         queue = self.queue
         try:
-            submission = await queue.submission(request_id)
-            answer = await queue.answer(request_id)
-            held = None if answer is not None else await queue.get(request_id)
-            state = UNKNOWN if held is None else await queue.status(request_id)
+            submission = await queue.submission(owner, request_id)
+            answer = await queue.answer(owner, request_id)
+            held = None if answer is not None else await queue.get(owner, request_id)
+            state = UNKNOWN if held is None else await queue.status(owner, request_id)
         except StateUnavailable as exc:
             raise errors.Unavailable(f"the state store is unreachable: {exc}", retry_after_s=1.0) from None
-        tenant = submission.tenant if submission is not None else held.tenant if held is not None else None
-        if tenant is None or (tenant != principal.tenant and not principal.admin):
-            raise errors.NotFound(f"no deferred request {convert.show(request_id)} for tenant {principal.tenant!r}")
+        if submission is None and answer is None and held is None:
+            raise errors.NotFound(f"no deferred request {convert.show(request_id)} for tenant {owner!r}")
         if answer is not None:
             return router_pb2.DeferredStatus.FromString(answer)
         if held is None:
-            # Submitted, and a crash came between its record and its hold: the client was never
-            # told it is held, and a retry with the same request_id holds it.
+            # Submitted, and its hold lapsed: the client was never answered for it, or a retry
+            # with the same request_id holds it again.
             return router_pb2.DeferredStatus(request_id=request_id, state=UNKNOWN,
                                              detail="submitted but not held: submit it again with the same request_id")
         return self._status(held, RUNNING if state == RUNNING else HELD)
 
-    async def wait(self, principal: Principal, request_id: str, remaining_s: float | None) -> router_pb2.DeferredStatus:
-        """The status once done or failed, polling the store every ``POLL_S``; ``DeadlineExceeded``
-        when the call's deadline (without one: the router's longest stream) comes first."""
+    async def cancel(self, principal: Principal, request_id: str, tenant: str = "") -> router_pb2.DeferredStatus:
+        """Drop a deferred request of the caller's tenant (an admin may name another): held, it
+        never runs; running, its answer is not kept; answered, the answer is deleted. What is
+        kept (``CANCELLED_TTL_S``) is its ``cancelled`` status: a late retry of its Defer is
+        refused with it (FAILED_PRECONDITION) and runs nothing. ``NotFound`` when unknown."""
+        owner = self._owner(principal, request_id, tenant)
+        current = await self.status(principal, request_id, tenant)
+        if current.state == CANCELLED:
+            return current
+        cancelled = router_pb2.DeferredStatus(
+            request_id=request_id, state=CANCELLED, release_at_unix_s=current.release_at_unix_s,
+            deadline_unix_s=current.deadline_unix_s, reason=current.reason,
+            detail=f"cancelled while {current.state}",
+            error=f"FAILED_PRECONDITION: deferred request {convert.show(request_id)} was cancelled")
+        try:
+            was = await self.queue.cancel(owner, request_id, cancelled.SerializeToString())
+        except StateUnavailable as exc:
+            raise errors.Unavailable(f"the state store is unreachable; nothing was cancelled: {exc}",
+                                     retry_after_s=1.0) from None
+        if was is None:
+            raise errors.NotFound(f"no deferred request {convert.show(request_id)} for tenant {owner!r}")
+        self.deps.metrics.inc("scheduler_deferred_cancelled_total", {"was": current.state})
+        log.info("deferred request %s (%s) cancelled while %s", request_id, owner, current.state)
+        return cancelled
+
+    async def wait(self, principal: Principal, request_id: str, remaining_s: float | None,
+                   tenant: str = "") -> router_pb2.DeferredStatus:
+        """The status once done, failed or cancelled, polling the store every ``POLL_S``;
+        ``DeadlineExceeded`` when the call's deadline (without one: the router's longest stream)
+        comes first."""
         deps = self.deps
         limit = remaining_s if remaining_s is not None else deps.dispatcher.settings.max_stream_s
         until = None if limit is None else deps.monotonic() + limit - DEADLINE_CLOCK_SLACK_S
         while True:
-            status = await self.status(principal, request_id)
-            if status.state in (DONE, FAILED):
+            status = await self.status(principal, request_id, tenant)
+            if status.state in (DONE, FAILED, CANCELLED):
                 return status
             left = None if until is None else until - deps.monotonic()
             if left is not None and left <= 0:

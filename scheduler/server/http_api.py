@@ -10,7 +10,8 @@
   streamed or not (scheduler.server.openai_front has the formats and the scheduling hints).
 - ``POST /v1/deferred/completions`` (a completions body plus ``"deadline"``, epoch seconds):
   the Defer RPC, answered ``202`` with the ``DeferResponse`` as JSON; ``GET /v1/deferred/{id}``:
-  GetDeferred, the ``DeferredStatus`` as JSON (docs/deferral.md).
+  GetDeferred, the ``DeferredStatus`` as JSON; ``DELETE /v1/deferred/{id}``: CancelDeferred
+  (docs/deferral.md).
 
 The same keys (``authorization: Bearer``), rate limits, per-tenant stream slots, decision,
 admission (budgets), dispatch with failover, receipts, ledger and audit as gRPC: every
@@ -27,7 +28,7 @@ import logging
 import math
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,6 +165,10 @@ def _openai_mapping(exc: BaseException) -> _OpenAiError:
         return _OpenAiError(429, "rate_limit_exceeded", "RESOURCE_EXHAUSTED")
     if isinstance(exc, errors.StreamLimited):
         return _OpenAiError(429, "too_many_streams", "RESOURCE_EXHAUSTED")
+    if isinstance(exc, errors.QuotaExceeded):
+        return _OpenAiError(429, "deferral_quota_exceeded", "RESOURCE_EXHAUSTED")
+    if isinstance(exc, errors.StorageRefused):
+        return _OpenAiError(400, "storage_refused", "FAILED_PRECONDITION")
     if isinstance(exc, errors.Unavailable):
         return _OpenAiError(503, "regions_unavailable", "UNAVAILABLE")
     if isinstance(exc, errors.DeadlineExceeded):
@@ -273,7 +278,7 @@ class HttpApi:
             ("POST", "/v1/chat/completions"): self.chat_completions,
             ("GET", "/v1/models"): self.models,
             ("POST", DEFERRED_COMPLETIONS_PATH): self.deferred_completions,
-        }, {("GET", DEFERRED_PREFIX): self.deferred_status})
+        }, {("GET", DEFERRED_PREFIX): self.deferred_status, ("DELETE", DEFERRED_PREFIX): self.deferred_cancel})
 
     def authorize(self, method: str, path: str, headers: Mapping[str, str]) -> Principal | HttpResponse | None:
         """The server's check when a request's headers are complete (every endpoint here takes a
@@ -468,13 +473,21 @@ class HttpApi:
             trace.end(code, message, None if response is None else response.status)
 
     async def deferred_status(self, request: HttpRequest) -> HttpResponse:
-        """GetDeferred: the ``DeferredStatus``; 404 for an unknown id or another tenant's."""
-        method = "openai.deferred.get"
+        """GetDeferred: the ``DeferredStatus``; 404 for an unknown id (another tenant's is another)."""
+        return await self._deferred_call(request, "openai.deferred.get", Deferrals.status)
+
+    async def deferred_cancel(self, request: HttpRequest) -> HttpResponse:
+        """CancelDeferred: the ``DeferredStatus`` (``cancelled``); 404 for an unknown id."""
+        return await self._deferred_call(request, "openai.deferred.delete", Deferrals.cancel)
+
+    async def _deferred_call(self, request: HttpRequest, method: str,
+                             call: Callable[[Deferrals, Principal, str], Awaitable[router_pb2.DeferredStatus]],
+                             ) -> HttpResponse:
         code = "OK"
         try:
             principal = await self._admit(request, method)
             request_id = urllib.parse.unquote(request.path[len(DEFERRED_PREFIX):])
-            return HttpResponse(200, _json(await self._deferrals().status(principal, request_id)), JSON)
+            return HttpResponse(200, _json(await call(self._deferrals(), principal, request_id)), JSON)
         except Exception as exc:
             response, code = openai_error(exc)
             return response

@@ -24,7 +24,7 @@ from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server import convert
 from scheduler.server.canary import no_canary, status_to_proto
 from scheduler.server.core import RouterCore
-from scheduler.server.deferred import FAILED, Deferrals, replayed
+from scheduler.server.deferred import CANCELLED, FAILED, Deferrals, replayed
 from scheduler.server.edge import current_principal, current_trace
 from scheduler.state import keys
 from scheduler.state.store import StateUnavailable
@@ -81,15 +81,21 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
         return await self._deferrals().defer(current_principal(), request, current_trace())
 
     async def GetDeferred(self, request: router_pb2.GetDeferredRequest, context: Context) -> router_pb2.DeferredStatus:
-        return await self._deferrals().status(current_principal(), request.request_id)
+        return await self._deferrals().status(current_principal(), request.request_id, request.tenant)
+
+    async def CancelDeferred(self, request: router_pb2.CancelDeferredRequest,
+                             context: Context) -> router_pb2.DeferredStatus:
+        return await self._deferrals().cancel(current_principal(), request.request_id, request.tenant)
 
     async def WaitDeferred(
         self, request: router_pb2.GetDeferredRequest, context: Context
     ) -> AsyncIterator[messages_pb2.GenerateResponse]:
         """The answer as a Generate stream carries it, once done: the release's Decision, the
-        text as one TokenChunk, the EnergyReceipt. A failed run ends with its own status."""
-        status = await self._deferrals().wait(current_principal(), request.request_id, context.time_remaining())
-        if status.state == FAILED:
+        text as one TokenChunk, the EnergyReceipt. A failed run ends with its own status, a
+        cancelled request with FAILED_PRECONDITION."""
+        status = await self._deferrals().wait(current_principal(), request.request_id, context.time_remaining(),
+                                              request.tenant)
+        if status.state in (FAILED, CANCELLED):
             raise replayed(status)
         yield messages_pb2.GenerateResponse(decision=status.decision)
         yield messages_pb2.GenerateResponse(chunk=messages_pb2.TokenChunk(text=status.text))

@@ -5,6 +5,8 @@
 - Unavailable      -> UNAVAILABLE        + ErrorInfo (retryable, attempts) [+ RetryInfo]
 - RateLimited      -> RESOURCE_EXHAUSTED + QuotaFailure + RetryInfo
 - StreamLimited    -> RESOURCE_EXHAUSTED + QuotaFailure (concurrent streams)
+- QuotaExceeded    -> RESOURCE_EXHAUSTED + QuotaFailure (the quota, its use and its limit)
+- StorageRefused   -> FAILED_PRECONDITION + PreconditionFailure (one violation per jurisdiction)
 - DeadlineExceeded -> DEADLINE_EXCEEDED
 - Unauthenticated  -> UNAUTHENTICATED;  PermissionDenied -> PERMISSION_DENIED;  NotFound -> NOT_FOUND
 - Replayed         -> its recorded code (UNKNOWN if the name is not a code)
@@ -126,6 +128,25 @@ def _budget_exhausted(exc: errors.SchedulerError) -> status_pb2.Status:
     return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc), details=_pack(quota))
 
 
+def _quota_exceeded(exc: errors.SchedulerError) -> status_pb2.Status:
+    assert isinstance(exc, errors.QuotaExceeded)
+    quota = error_details_pb2.QuotaFailure(
+        violations=[error_details_pb2.QuotaFailure.Violation(
+            subject=f"tenant:{exc.tenant}", description=f"{exc.quota}: {exc.used:,} of {exc.limit:,} {exc.unit}")]
+    )
+    return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc), details=_pack(quota))
+
+
+def _storage_refused(exc: errors.SchedulerError) -> status_pb2.Status:
+    assert isinstance(exc, errors.StorageRefused)
+    failure = error_details_pb2.PreconditionFailure(
+        violations=[error_details_pb2.PreconditionFailure.Violation(
+            type="deferral-storage", subject=f"jurisdiction:{code}", description=str(exc))
+            for code in exc.jurisdictions[:MAX_LISTED]]
+    )
+    return status_pb2.Status(code=code_pb2.FAILED_PRECONDITION, message=str(exc), details=_pack(failure))
+
+
 def _replayed(exc: errors.SchedulerError) -> status_pb2.Status:
     assert isinstance(exc, errors.Replayed)
     value = code_pb2.Code.DESCRIPTOR.values_by_name.get(exc.code)
@@ -147,6 +168,8 @@ STATUS_BUILDERS: Mapping[type[errors.SchedulerError], Callable[[errors.Scheduler
         errors.RateLimited: _rate_limited,
         errors.StreamLimited: _stream_limited,
         errors.BudgetExhausted: _budget_exhausted,
+        errors.QuotaExceeded: _quota_exceeded,
+        errors.StorageRefused: _storage_refused,
         errors.Unauthenticated: _plain(code_pb2.UNAUTHENTICATED),
         errors.PermissionDenied: _plain(code_pb2.PERMISSION_DENIED),
         errors.NotFound: _plain(code_pb2.NOT_FOUND),

@@ -1,19 +1,23 @@
 """``MemoryStore``: the embedded ``StateStore`` for a single process (tests, demo, simulator).
 
-Same semantics as ``RedisStore`` (one key space shared by strings, hashes and streams; TTLs;
-owner-checked locks; streams trimmed to ``maxlen``), checked by the same contract suite.
-The clock is injected so tests move TTLs forward without sleeping. No operation awaits
-inside, so each is atomic on the event loop.
+Same semantics as ``RedisStore`` (one key space shared by strings, hashes, sorted sets and
+streams; TTLs; owner-checked locks; streams trimmed to ``maxlen``), checked by the same
+contract suite. The clock is injected so tests move TTLs forward without sleeping. No
+operation awaits inside, so each is atomic on the event loop, and so is an ``Atomic``
+operation's ``local`` body, which awaits only these.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.state import keys
+from scheduler.state.store import Atomic, AtomicArg
 
 # A ledger entry's rank, among its booked amounts (as Redis keeps it).
 _RANK = ".rank"
@@ -24,6 +28,7 @@ class MemoryStore:
     clock: Callable[[], float] = time.monotonic
     _strings: dict[str, bytes] = field(default_factory=dict, init=False, repr=False)
     _hashes: dict[str, dict[str, float]] = field(default_factory=dict, init=False, repr=False)
+    _zsets: dict[str, dict[str, float]] = field(default_factory=dict, init=False, repr=False)
     _streams: dict[str, list[tuple[str, dict[str, str]]]] = field(default_factory=dict, init=False, repr=False)
     _expires: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _last_stream_id: tuple[int, int] = field(default=(0, 0), init=False, repr=False)
@@ -35,12 +40,13 @@ class MemoryStore:
         deadline = self._expires.get(key)
         if deadline is not None and self.clock() >= deadline:
             self._drop(key)
-        return key in self._strings or key in self._hashes or key in self._streams
+        return key in self._strings or key in self._hashes or key in self._zsets or key in self._streams
 
     def _drop(self, key: str) -> None:
         self._strings.pop(key, None)
         self._hashes.pop(key, None)
         self._streams.pop(key, None)
+        self._zsets.pop(key, None)
         self._expires.pop(key, None)
         self._entry_hashes.pop(key, None)
 
@@ -69,7 +75,7 @@ class MemoryStore:
         self._drop(key)
 
     async def keys(self, prefix: str) -> list[str]:
-        every = [*self._strings, *self._hashes, *self._streams]
+        every = [*self._strings, *self._hashes, *self._zsets, *self._streams]
         return sorted({key for key in every if key.startswith(prefix) and self._live(key)})
 
     async def hincrbyfloat(self, key: str, field: str, amount: float) -> float:
@@ -82,6 +88,39 @@ class MemoryStore:
         if not self._live(key):
             return {}
         return {name: _redis_float(value) for name, value in self._hashes.get(key, {}).items()}
+
+    async def zadd(self, key: str, members: Mapping[str, float], ttl_s: float | None = None) -> None:
+        self._live(key)
+        self._zsets.setdefault(key, {}).update((member, float(score)) for member, score in members.items())
+        if ttl_s is not None:
+            until = self.clock() + ttl_s
+            self._expires[key] = max(until, self._expires.get(key, until))
+
+    async def zrem(self, key: str, members: Sequence[str]) -> None:
+        if not self._live(key):
+            return
+        scores = self._zsets.get(key, {})
+        for member in members:
+            scores.pop(member, None)
+        if not scores:
+            self._drop(key)
+
+    async def zscore(self, key: str, member: str) -> float | None:
+        return self._zsets.get(key, {}).get(member) if self._live(key) else None
+
+    async def zcard(self, key: str) -> int:
+        return len(self._zsets.get(key, {})) if self._live(key) else 0
+
+    async def zrange_by_score(self, key: str, low: float = float("-inf"), high: float = float("inf"),
+                              count: int | None = None) -> list[tuple[str, float]]:
+        if not self._live(key):
+            return []
+        inside = ((score, member) for member, score in self._zsets.get(key, {}).items() if low <= score <= high)
+        found = sorted(inside) if count is None else heapq.nsmallest(count, inside)
+        return [(member, score) for score, member in found]
+
+    async def run_atomic(self, op: Atomic, keys_: Sequence[str], args: Sequence[AtomicArg]) -> Any:
+        return await op.local(self, keys_, args)
 
     async def window_add(self, key: str, fields: Mapping[str, float], ttl_s: float, once_key: str | None = None,
                          once_ttl_s: float = 600.0) -> bool:

@@ -32,9 +32,10 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
+from redis.commands.core import AsyncScript
 
 from scheduler.state import keys
-from scheduler.state.store import StateUnavailable
+from scheduler.state.store import Atomic, AtomicArg, StateUnavailable
 from scheduler.tasks import Interrupted, isolated
 
 # Every Redis failure: unreachable (connection, timeout, loading) and error answers alike
@@ -151,6 +152,16 @@ for i = 3, #ARGV do body[#body + 1] = ARGV[i] end
 return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(body))
 """
 
+# KEYS[1] sorted set; ARGV[1] ttl ms; ARGV[2..] score, member pairs. The key's TTL is extended
+# to ARGV[1], never shortened (a set without one gets it).
+_ZADD_TTL = """
+redis.call('ZADD', KEYS[1], unpack(ARGV, 2))
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return 1
+"""
+
 # Redis glob metacharacters that must be escaped in a SCAN MATCH prefix.
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
@@ -174,6 +185,9 @@ class RedisStore:
         self._ledger_add = client.register_script(_LEDGER_ADD)
         self._xadd_once = client.register_script(_XADD_ONCE)
         self._window_add = client.register_script(_WINDOW_ADD)
+        self._zadd_ttl = client.register_script(_ZADD_TTL)
+        # Each Atomic operation's script, registered at its first use.
+        self._atomics: dict[Atomic, AsyncScript] = {}
 
     @classmethod
     def from_url(cls, url: str, namespace: str, timeout_s: float = 3.0, connect_timeout_s: float = 1.0) -> RedisStore:
@@ -239,6 +253,43 @@ class RedisStore:
 
         found: list[str] = await self._call(scan)
         return found
+
+    async def zadd(self, key: str, members: Mapping[str, float], ttl_s: float | None = None) -> None:
+        if not members:
+            return
+        if ttl_s is None:
+            await self._call(lambda: self._client.zadd(self._key(key), dict(members)))
+            return
+        args: list[Any] = [_ms(ttl_s)]
+        for member, score in members.items():
+            args += [repr(float(score)), member]
+        await self._call(lambda: self._zadd_ttl(keys=[self._key(key)], args=args))
+
+    async def zrem(self, key: str, members: Sequence[str]) -> None:
+        if members:
+            await self._call(lambda: self._client.zrem(self._key(key), *members))
+
+    async def zscore(self, key: str, member: str) -> float | None:
+        score: float | None = await self._call(lambda: self._client.zscore(self._key(key), member))
+        return score
+
+    async def zcard(self, key: str) -> int:
+        count: int = await self._call(lambda: self._client.zcard(self._key(key)))
+        return count
+
+    async def zrange_by_score(self, key: str, low: float = float("-inf"), high: float = float("inf"),
+                              count: int | None = None) -> list[tuple[str, float]]:
+        start, num = (None, None) if count is None else (0, count)
+        raw: list[tuple[bytes, float]] = await self._call(lambda: self._client.zrangebyscore(
+            self._key(key), _bound(low), _bound(high), start=start, num=num, withscores=True))
+        return [(_text(member), float(score)) for member, score in raw]
+
+    async def run_atomic(self, op: Atomic, keys_: Sequence[str], args: Sequence[AtomicArg]) -> Any:
+        script = self._atomics.get(op)
+        if script is None:
+            script = self._atomics[op] = self._client.register_script(op.lua)
+        full = [self._key(k) for k in keys_]
+        return await self._call(lambda: script(keys=full, args=[self._prefix, *args]))
 
     async def hincrbyfloat(self, key: str, field: str, amount: float) -> float:
         value = await self._call(lambda: self._client.hincrbyfloat(self._key(key), field, amount))
@@ -366,6 +417,15 @@ def _sentinel_client(scheme: str, rest: str, options: dict[str, Any]) -> aioredi
     sentinel = Sentinel(nodes, sentinel_kwargs={**auth, **options}, **_tls(scheme, rest), **options)
     master: aioredis.Redis = sentinel.master_for(service, db=int(db or 0), decode_responses=False, **auth)
     return master
+
+
+def _bound(score: float) -> str:
+    """A score range bound as Redis spells it (-inf, +inf, or the number)."""
+    if score == float("inf"):
+        return "+inf"
+    if score == float("-inf"):
+        return "-inf"
+    return repr(float(score))
 
 
 async def delete_namespace(url: str, namespace: str) -> int:

@@ -2,21 +2,51 @@
 
 Routers, regions and pollers share one store (``RedisStore`` in production, ``MemoryStore``
 for a single process). The protocol is deliberately generic (bytes values, float hashes,
-locks, streams, counters); typed access (region state, signals, flags, the ledger) lives in
-small modules beside their users, on top of these verbs, and every key passed here is
-relative: the store prefixes ``sched:{namespace}:``.
+sorted sets, locks, streams, counters); typed access (region state, signals, flags, the
+ledger, the deferral queue) lives in small modules beside their users, on top of these verbs,
+and every key passed here is relative: the store prefixes ``sched:{namespace}:``. A user
+that must check and write several keys at once brings its own ``Atomic`` operation.
 
 Both implementations pass one contract test suite (tests/integration/test_state_contract.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 
 class StateUnavailable(Exception):
     """The store cannot be reached (Redis down, timeout). Callers decide what to do."""
+
+
+# What an atomic operation takes as arguments and gives back (bytes for strings, int for
+# integers, None for nothing, lists of these).
+AtomicArg = str | bytes | int | float
+
+
+@dataclass(frozen=True, eq=False)
+class Atomic:
+    """A read-check-write over several keys that must happen all at once, or not at all: a
+    user's own small transaction on the store, written twice.
+
+    ``lua`` is what ``RedisStore`` runs (a script: all of it happens before any other client's
+    command). It gets the prefixed ``keys`` as KEYS, and as ARGV the store's key prefix
+    (``sched:{namespace}:``, for keys it names itself) followed by ``args``; it returns what
+    Redis scripts return (strings, integers, nil, tables of these; a Lua number is truncated to
+    an integer: return fractions as strings).
+
+    ``local`` is what ``MemoryStore`` runs: the same operation as a coroutine over the store's
+    own verbs, given the relative ``keys`` and ``args``; it must give back what the script does
+    (bytes for strings). The in-process store never awaits inside a verb, so a body that only
+    awaits that store's verbs runs with nothing in between. Both are checked against each
+    other by their user's tests, which run on both stores.
+    """
+
+    name: str
+    lua: str
+    local: Callable[[StateStore, Sequence[str], Sequence[AtomicArg]], Awaitable[Any]]
 
 
 class StateStore(Protocol):
@@ -38,6 +68,28 @@ class StateStore(Protocol):
 
     async def keys(self, prefix: str) -> list[str]:
         """Relative keys starting with ``prefix``."""
+        ...
+
+    async def zadd(self, key: str, members: Mapping[str, float], ttl_s: float | None = None) -> None:
+        """Set each member's score in sorted set ``key``. With ``ttl_s`` the key lives at least
+        that long from now: its TTL is extended to it, never shortened."""
+        ...
+
+    async def zrem(self, key: str, members: Sequence[str]) -> None:
+        """Remove members from sorted set ``key`` (an emptied set is gone)."""
+        ...
+
+    async def zscore(self, key: str, member: str) -> float | None: ...
+
+    async def zcard(self, key: str) -> int: ...
+
+    async def zrange_by_score(self, key: str, low: float = float("-inf"), high: float = float("inf"),
+                              count: int | None = None) -> list[tuple[str, float]]:
+        """Members with low <= score <= high, lowest score first (ties by member), at most ``count``."""
+        ...
+
+    async def run_atomic(self, op: Atomic, keys: Sequence[str], args: Sequence[AtomicArg]) -> Any:
+        """Run ``op`` (``Atomic``) over the relative ``keys`` with ``args``, all at once."""
         ...
 
     async def hincrbyfloat(self, key: str, field: str, amount: float) -> float: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from scheduler.v1 import messages_pb2 as scheduler_dot_v1_dot_messages__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19scheduler/v1/router.proto\x12\x0cscheduler.v1\x1a\x1bscheduler/v1/messages.proto\"W\n\x0c\x44\x65\x66\x65rRequest\x12.\n\x07request\x18\x01 \x01(\x0b\x32\x1d.scheduler.v1.GenerateRequest\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x02 \x01(\x01\"\x91\x01\n\rDeferResponse\x12(\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x16.scheduler.v1.Decision\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x19\n\x11release_at_unix_s\x18\x03 \x01(\x01\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x04 \x01(\x01\x12\x0e\n\x06reason\x18\x05 \x01(\t\"(\n\x12GetDeferredRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xfc\x01\n\x0e\x44\x65\x66\x65rredStatus\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x19\n\x11release_at_unix_s\x18\x03 \x01(\x01\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x04 \x01(\x01\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x07 \x01(\x0b\x32\x16.scheduler.v1.Decision\x12\x0c\n\x04text\x18\x08 \x01(\t\x12,\n\x07receipt\x18\t \x01(\x0b\x32\x1b.scheduler.v1.EnergyReceipt\x12\r\n\x05\x65rror\x18\n \x01(\t\"f\n\rRouteResponse\x12(\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x16.scheduler.v1.Decision\x12+\n\x07targets\x18\x02 \x03(\x0b\x32\x1a.scheduler.v1.DirectTarget\"s\n\x0c\x44irectTarget\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0b\n\x03url\x18\x04 \x01(\t\x12\x0e\n\x06ticket\x18\x05 \x01(\t\x12\x19\n\x11\x65xpires_at_unix_s\x18\x06 \x01(\x01\"\x14\n\x12ListRegionsRequest\"\\\n\x13ListRegionsResponse\x12)\n\x07regions\x18\x01 \x03(\x0b\x32\x18.scheduler.v1.RegionInfo\x12\x1a\n\x12snapshot_at_unix_s\x18\x02 \x01(\x01\x32\xd9\x03\n\x0cGlobalRouter\x12K\n\x08Generate\x12\x1d.scheduler.v1.GenerateRequest\x1a\x1e.scheduler.v1.GenerateResponse0\x01\x12\x43\n\x05Route\x12\x1d.scheduler.v1.GenerateRequest\x1a\x1b.scheduler.v1.RouteResponse\x12R\n\x0bListRegions\x12 .scheduler.v1.ListRegionsRequest\x1a!.scheduler.v1.ListRegionsResponse\x12@\n\x05\x44\x65\x66\x65r\x12\x1a.scheduler.v1.DeferRequest\x1a\x1b.scheduler.v1.DeferResponse\x12M\n\x0bGetDeferred\x12 .scheduler.v1.GetDeferredRequest\x1a\x1c.scheduler.v1.DeferredStatus\x12R\n\x0cWaitDeferred\x12 .scheduler.v1.GetDeferredRequest\x1a\x1e.scheduler.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19scheduler/v1/router.proto\x12\x0cscheduler.v1\x1a\x1bscheduler/v1/messages.proto\"W\n\x0c\x44\x65\x66\x65rRequest\x12.\n\x07request\x18\x01 \x01(\x0b\x32\x1d.scheduler.v1.GenerateRequest\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x02 \x01(\x01\"\x91\x01\n\rDeferResponse\x12(\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x16.scheduler.v1.Decision\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x19\n\x11release_at_unix_s\x18\x03 \x01(\x01\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x04 \x01(\x01\x12\x0e\n\x06reason\x18\x05 \x01(\t\"8\n\x12GetDeferredRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\";\n\x15\x43\x61ncelDeferredRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"\xfc\x01\n\x0e\x44\x65\x66\x65rredStatus\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x19\n\x11release_at_unix_s\x18\x03 \x01(\x01\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x04 \x01(\x01\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x07 \x01(\x0b\x32\x16.scheduler.v1.Decision\x12\x0c\n\x04text\x18\x08 \x01(\t\x12,\n\x07receipt\x18\t \x01(\x0b\x32\x1b.scheduler.v1.EnergyReceipt\x12\r\n\x05\x65rror\x18\n \x01(\t\"f\n\rRouteResponse\x12(\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0b\x32\x16.scheduler.v1.Decision\x12+\n\x07targets\x18\x02 \x03(\x0b\x32\x1a.scheduler.v1.DirectTarget\"s\n\x0c\x44irectTarget\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0b\n\x03url\x18\x04 \x01(\t\x12\x0e\n\x06ticket\x18\x05 \x01(\t\x12\x19\n\x11\x65xpires_at_unix_s\x18\x06 \x01(\x01\"\x14\n\x12ListRegionsRequest\"\\\n\x13ListRegionsResponse\x12)\n\x07regions\x18\x01 \x03(\x0b\x32\x18.scheduler.v1.RegionInfo\x12\x1a\n\x12snapshot_at_unix_s\x18\x02 \x01(\x01\x32\xae\x04\n\x0cGlobalRouter\x12K\n\x08Generate\x12\x1d.scheduler.v1.GenerateRequest\x1a\x1e.scheduler.v1.GenerateResponse0\x01\x12\x43\n\x05Route\x12\x1d.scheduler.v1.GenerateRequest\x1a\x1b.scheduler.v1.RouteResponse\x12R\n\x0bListRegions\x12 .scheduler.v1.ListRegionsRequest\x1a!.scheduler.v1.ListRegionsResponse\x12@\n\x05\x44\x65\x66\x65r\x12\x1a.scheduler.v1.DeferRequest\x1a\x1b.scheduler.v1.DeferResponse\x12M\n\x0bGetDeferred\x12 .scheduler.v1.GetDeferredRequest\x1a\x1c.scheduler.v1.DeferredStatus\x12R\n\x0cWaitDeferred\x12 .scheduler.v1.GetDeferredRequest\x1a\x1e.scheduler.v1.GenerateResponse0\x01\x12S\n\x0e\x43\x61ncelDeferred\x12#.scheduler.v1.CancelDeferredRequest\x1a\x1c.scheduler.v1.DeferredStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,17 +37,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DEFERRESPONSE']._serialized_start=162
   _globals['_DEFERRESPONSE']._serialized_end=307
   _globals['_GETDEFERREDREQUEST']._serialized_start=309
-  _globals['_GETDEFERREDREQUEST']._serialized_end=349
-  _globals['_DEFERREDSTATUS']._serialized_start=352
-  _globals['_DEFERREDSTATUS']._serialized_end=604
-  _globals['_ROUTERESPONSE']._serialized_start=606
-  _globals['_ROUTERESPONSE']._serialized_end=708
-  _globals['_DIRECTTARGET']._serialized_start=710
-  _globals['_DIRECTTARGET']._serialized_end=825
-  _globals['_LISTREGIONSREQUEST']._serialized_start=827
-  _globals['_LISTREGIONSREQUEST']._serialized_end=847
-  _globals['_LISTREGIONSRESPONSE']._serialized_start=849
-  _globals['_LISTREGIONSRESPONSE']._serialized_end=941
-  _globals['_GLOBALROUTER']._serialized_start=944
-  _globals['_GLOBALROUTER']._serialized_end=1417
+  _globals['_GETDEFERREDREQUEST']._serialized_end=365
+  _globals['_CANCELDEFERREDREQUEST']._serialized_start=367
+  _globals['_CANCELDEFERREDREQUEST']._serialized_end=426
+  _globals['_DEFERREDSTATUS']._serialized_start=429
+  _globals['_DEFERREDSTATUS']._serialized_end=681
+  _globals['_ROUTERESPONSE']._serialized_start=683
+  _globals['_ROUTERESPONSE']._serialized_end=785
+  _globals['_DIRECTTARGET']._serialized_start=787
+  _globals['_DIRECTTARGET']._serialized_end=902
+  _globals['_LISTREGIONSREQUEST']._serialized_start=904
+  _globals['_LISTREGIONSREQUEST']._serialized_end=924
+  _globals['_LISTREGIONSRESPONSE']._serialized_start=926
+  _globals['_LISTREGIONSRESPONSE']._serialized_end=1018
+  _globals['_GLOBALROUTER']._serialized_start=1021
+  _globals['_GLOBALROUTER']._serialized_end=1579
 # @@protoc_insertion_point(module_scope)

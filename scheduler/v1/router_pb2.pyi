@@ -30,10 +30,20 @@ class DeferResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[_messages_pb2.Decision, _Mapping]] = ..., request_id: _Optional[str] = ..., release_at_unix_s: _Optional[float] = ..., deadline_unix_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GetDeferredRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "tenant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class CancelDeferredRequest(_message.Message):
+    __slots__ = ("request_id", "tenant")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class DeferredStatus(_message.Message):
     __slots__ = ("request_id", "state", "release_at_unix_s", "deadline_unix_s", "reason", "detail", "decision", "text", "receipt", "error")

@@ -65,6 +65,11 @@ class GlobalRouterStub:
                 request_serializer=scheduler_dot_v1_dot_router__pb2.GetDeferredRequest.SerializeToString,
                 response_deserializer=scheduler_dot_v1_dot_messages__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.CancelDeferred = channel.unary_unary(
+                '/scheduler.v1.GlobalRouter/CancelDeferred',
+                request_serializer=scheduler_dot_v1_dot_router__pb2.CancelDeferredRequest.SerializeToString,
+                response_deserializer=scheduler_dot_v1_dot_router__pb2.DeferredStatus.FromString,
+                _registered_method=True)
 
 
 class GlobalRouterServicer:
@@ -115,6 +120,14 @@ class GlobalRouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelDeferred(self, request, context):
+        """Drop a deferred request of the caller's tenant: held (it never runs), running (its answer
+        is not kept) or answered (the answer is deleted); answered with its status, "cancelled".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GlobalRouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +160,11 @@ def add_GlobalRouterServicer_to_server(servicer, server):
                     servicer.WaitDeferred,
                     request_deserializer=scheduler_dot_v1_dot_router__pb2.GetDeferredRequest.FromString,
                     response_serializer=scheduler_dot_v1_dot_messages__pb2.GenerateResponse.SerializeToString,
+            ),
+            'CancelDeferred': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelDeferred,
+                    request_deserializer=scheduler_dot_v1_dot_router__pb2.CancelDeferredRequest.FromString,
+                    response_serializer=scheduler_dot_v1_dot_router__pb2.DeferredStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +329,33 @@ class GlobalRouter:
             '/scheduler.v1.GlobalRouter/WaitDeferred',
             scheduler_dot_v1_dot_router__pb2.GetDeferredRequest.SerializeToString,
             scheduler_dot_v1_dot_messages__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelDeferred(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scheduler.v1.GlobalRouter/CancelDeferred',
+            scheduler_dot_v1_dot_router__pb2.CancelDeferredRequest.SerializeToString,
+            scheduler_dot_v1_dot_router__pb2.DeferredStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,8 +44,8 @@ async def main(url: str, namespace: str, n: int, claim_ttl_s: float) -> None:
     for k in range(n):
         # Even ones are due at once, odd ones in 4 s.
         release = now if k % 2 == 0 else now + 4.0
-        await queue.hold(HeldRequest(f"r{k}", "acme", now, now + 3600.0, release, "window", "held",
-                                     payload=f"request {k}".encode()))
+        await queue.submit(HeldRequest(f"r{k}", "acme", now, now + 3600.0, release, "window", "held",
+                                       payload=f"request {k}".encode()), b"ack")
     print("held", flush=True)
 
     async def run(item: HeldRequest) -> bytes:
@@ -91,7 +91,7 @@ async def test_no_held_request_is_lost_when_the_releasing_process_is_killed(name
     try:
         queue = DeferralQueue(store, claim_ttl_s=CLAIM_TTL_S)
         held = await queue.held()
-        answered_before = [k for k in range(N) if await queue.answer(f"r{k}") is not None]
+        answered_before = [k for k in range(N) if await queue.answer("acme", f"r{k}") is not None]
         assert 1 <= len(answered_before) < N // 2
         assert len(held) + len(answered_before) == N  # every request is answered or still held
         assert {f"r{k}" for k in range(1, N, 2)} <= {i.request_id for i in held}  # not due yet
@@ -106,6 +106,6 @@ async def test_no_held_request_is_lost_when_the_releasing_process_is_killed(name
             await asyncio.sleep(0.05)
         assert await queue.held() == []
         for k in range(N):
-            assert await queue.answer(f"r{k}") == f"answer to request {k}".encode(), k
+            assert await queue.answer("acme", f"r{k}") == f"answer to request {k}".encode(), k
     finally:
         await store.close()

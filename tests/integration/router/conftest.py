@@ -27,6 +27,7 @@ from scheduler.server.app import (
     with_services,
 )
 from scheduler.server.auth import KeyRing, NewKey, create_key
+from scheduler.server.deferral_settings import DeferralSettings
 from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.server.tracing import RouterTracing
 from scheduler.state.memory_store import MemoryStore
@@ -101,12 +102,13 @@ async def make_router() -> AsyncIterator[RouterFactory]:
                    budgets: Mapping[str, TenantBudget] | None = None,
                    metrics_port: int | None = None, http: bool = False,
                    ticket_keys: TicketKeyRing | None = None, tracing: RouterTracing | None = None,
-                   policy: PolicyConfig | None = None, grpc_limits: GrpcLimits | None = None) -> RunningRouter:
+                   policy: PolicyConfig | None = None, grpc_limits: GrpcLimits | None = None,
+                   deferral: DeferralSettings | None = None) -> RunningRouter:
         fleet = load_fleet()
         deps: RouterDeps = build_deps(SnapshotBuilder(tuple(regions), policy or fleet.policy("default")),
                                       store or MemoryStore(), "memory", keys=keys, tls=tls,
                                       rate_limit_rps=rate_limit_rps, metrics_port=metrics_port,
-                                      ticket_keys=ticket_keys)
+                                      ticket_keys=ticket_keys, deferral=deferral)
         deps.http_port = 0 if http else None
         if grpc_limits is not None:
             deps.grpc_limits = grpc_limits

@@ -2,9 +2,11 @@
 for the cleaner window of the forecast in the store, an operator releases it
 (``scheduler deferred release``), the router's release loop runs it through the Generate path
 (receipt, ledger) and ``GetDeferred`` / ``WaitDeferred`` fetch it. A chain step and a deadline
-too close are released at once; a retried id gets the first answer; another tenant sees
-nothing; a store that is down holds nothing; bad input names its field; the HTTP front door
-mirrors it."""
+too close are released at once; a retried id gets the first answer; another tenant's same id
+is another request; a store that is down holds nothing; bad input names its field; the caps,
+the Defer prompt limit and the stores allowed per jurisdiction refuse before anything is
+stored; CancelDeferred (and DELETE on the HTTP front door) drops a request; the HTTP front
+door mirrors it."""
 
 from __future__ import annotations
 
@@ -22,12 +24,19 @@ import pytest
 
 from scheduler.cli import main
 from scheduler.client import AsyncSchedulerClient, SchedulerClient
-from scheduler.client.errors import InvalidArgumentError, NotFoundError, RateLimitedError, UnavailableError
+from scheduler.client.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    RateLimitedError,
+    UnavailableError,
+    UnschedulableError,
+)
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.carbon.store_io import write_forecast
 from scheduler.deferral.queue import DeferralQueue
 from scheduler.ledger.budget import TenantBudget
 from scheduler.ledger.ledger import Ledger, entry_key
+from scheduler.server.deferral_settings import DeferralSettings
 from scheduler.state import keys as store_keys
 from scheduler.state.redis_store import RedisStore, delete_namespace
 from scheduler.types import Signal
@@ -50,6 +59,13 @@ async def namespace() -> AsyncIterator[str]:
     name = f"test-deferral-router-{uuid.uuid4().hex[:12]}"
     yield name
     await delete_namespace(REDIS_URL, name)
+
+
+@pytest.fixture
+def make_router(namespace: str, make_router: RouterFactory) -> RouterFactory:
+    """Routers that stop before the namespace is deleted: a router books its last audit entries
+    and ledger lines as it stops, which would otherwise outlive the test."""
+    return make_router
 
 
 @pytest.fixture
@@ -103,7 +119,7 @@ async def test_a_held_request_waits_for_the_clean_window_then_runs_when_released
         assert await asyncio.to_thread(main, ["deferred", "list", *cli]) == 0
         (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(rid)]
         assert row[1:3] == ["acme", "held"] and "window" in row
-        assert await asyncio.to_thread(main, ["deferred", "release", rid, *cli]) == 0
+        assert await asyncio.to_thread(main, ["deferred", "release", "--tenant", "acme", rid, *cli]) == 0
 
         answer = await client.wait_deferred(rid, timeout_s=30)
         assert answer.text and answer.decision is not None and answer.receipt is not None
@@ -170,7 +186,7 @@ async def test_a_chain_step_and_a_near_deadline_are_released_at_once(
     assert deferral == hurried.decision.deferral and state == "done" and same_text
 
 
-async def test_a_retry_gets_the_first_answer_and_another_tenant_sees_nothing(
+async def test_a_retry_gets_the_first_answer_and_another_tenants_id_is_another_request(
     stub_fleet: Fleet, make_router: RouterFactory, keys: Keys, store: RedisStore, namespace: str,
 ) -> None:
     router = await make_router(stub_fleet.configs, keys=keys.ring, store=RedisStore.from_url(REDIS_URL, namespace))
@@ -187,14 +203,19 @@ async def test_a_retry_gets_the_first_answer_and_another_tenant_sees_nothing(
         assert again == first and again.reason == "window"
         assert len(await DeferralQueue(store).held()) == 1
 
+        # globex knows nothing of acme's request: the id names none of globex's ...
         with pytest.raises(NotFoundError) as caught:
             await globex.get_deferred(rid)
         assert caught.value.code == grpc.StatusCode.NOT_FOUND and "globex" in caught.value.message
         with pytest.raises(NotFoundError):
             await globex.wait_deferred(rid, timeout_s=5)
-        with pytest.raises(InvalidArgumentError) as taken:
-            await globex.defer("mine", model=MODEL, max_tokens=4, request_id=rid)
-        assert [v.field for v in taken.value.field_violations] == ["request.request_id"]
+        with pytest.raises(NotFoundError):
+            await globex.cancel_deferred(rid)
+        # ... and the same id from globex is globex's own request, held beside acme's.
+        theirs = await globex.defer("their report", model=MODEL, max_tokens=4, request_id=rid,
+                                    deadline_unix_s=now + 120)
+        assert theirs.request_id == rid and theirs.reason == "deadline"
+        assert sorted(i.tenant for i in await DeferralQueue(store).held()) == ["acme", "globex"]
         with pytest.raises(NotFoundError):
             await acme.get_deferred("never-submitted")
         # Still acme's, unchanged.
@@ -206,6 +227,88 @@ async def test_a_retry_gets_the_first_answer_and_another_tenant_sees_nothing(
             await acme.wait_deferred(rid, timeout_s=1.5)
         assert getattr(waited.value, "code", None) == grpc.StatusCode.DEADLINE_EXCEEDED
         assert 1.0 < time.monotonic() - started < 5.0
+        answer = await globex.wait_deferred(rid, timeout_s=30)
+        assert answer.text and (await acme.get_deferred(rid)).state == "held"
+
+
+async def test_cancel_drops_a_held_request_and_an_answer(
+    stub_fleet: Fleet, make_router: RouterFactory, keys: Keys, store: RedisStore, namespace: str,
+) -> None:
+    router = await make_router(stub_fleet.configs, keys=keys.ring, store=RedisStore.from_url(REDIS_URL, namespace),
+                               http=True)
+    now = time.time()
+    await write_forecasts(store, stub_fleet.configs, now)
+    queue = DeferralQueue(store)
+    async with AsyncSchedulerClient(f"127.0.0.1:{router.port}", api_key=keys.tenant.key) as client:
+        held = await client.defer("the report", model=MODEL, max_tokens=4, deadline_unix_s=now + 6 * HOUR_S)
+        done = await client.defer("due now", model=MODEL, max_tokens=4, deadline_unix_s=now + 120)
+        await client.wait_deferred(done.request_id, timeout_s=30)
+
+        cancelled = await client.cancel_deferred(held.request_id)
+        assert cancelled.state == "cancelled" and cancelled.detail == "cancelled while held"
+        assert await queue.held() == [] and await queue.fetch("acme", held.request_id) is None
+        assert (await client.get_deferred(held.request_id)).state == "cancelled"
+        assert await client.cancel_deferred(held.request_id) == cancelled  # again: the same
+        with pytest.raises(Exception) as waited:
+            await client.wait_deferred(held.request_id, timeout_s=5)
+        assert getattr(waited.value, "code", None) == grpc.StatusCode.FAILED_PRECONDITION
+        assert "was cancelled" in getattr(waited.value, "message", "")
+        # A late retry of its Defer is refused with the cancellation, and nothing is held again.
+        with pytest.raises(UnschedulableError) as again:
+            await client.defer("the report", model=MODEL, max_tokens=4, request_id=held.request_id)
+        assert again.value.code == grpc.StatusCode.FAILED_PRECONDITION and "was cancelled" in again.value.message
+        assert await queue.held() == []
+
+    acme = {"authorization": f"Bearer {keys.tenant.key}"}
+    globex = {"authorization": f"Bearer {keys.other_tenant.key}"}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{router.http_port}", timeout=10) as http:
+        path = f"/v1/deferred/{done.request_id}"
+        assert (await http.delete(path, headers=globex)).status_code == 404  # not globex's
+        assert (await http.get(path, headers=acme)).json()["state"] == "done"
+        deleted = await http.delete(path, headers=acme)
+        assert deleted.status_code == 200 and deleted.json()["state"] == "cancelled"
+        assert deleted.json()["detail"] == "cancelled while done"
+        assert await queue.answer("acme", done.request_id) != b"" and "text" not in (await http.get(
+            path, headers=acme)).json()  # the answer's text is gone
+        missing = await http.delete("/v1/deferred/nobody", headers=acme)
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+async def test_the_caps_the_prompt_limit_and_the_stores_refuse_before_anything_is_held(
+    stub_fleet: Fleet, make_router: RouterFactory, keys: Keys, store: RedisStore, namespace: str,
+) -> None:
+    settings = DeferralSettings(max_held=2, max_bytes=24 * 1024, max_prompt_bytes=16 * 1024, store_url=REDIS_URL,
+                                stores={"EU": ("redis://eu-only.example:6379/0",)})
+    router = await make_router(stub_fleet.configs, keys=keys.ring, store=RedisStore.from_url(REDIS_URL, namespace),
+                               deferral=settings)
+    now = time.time()
+    await write_forecasts(store, stub_fleet.configs, now)
+    queue = DeferralQueue(store)
+    async with AsyncSchedulerClient(f"127.0.0.1:{router.port}", api_key=keys.tenant.key) as client:
+        with pytest.raises(InvalidArgumentError) as large:
+            await client.defer("x" * (16 * 1024 + 1), model=MODEL, max_tokens=4, deadline_unix_s=now + 6 * HOUR_S)
+        assert [v.field for v in large.value.field_violations] == ["request.prompt"]
+        assert "at most 16,384 bytes in a deferred request" in large.value.message
+        with pytest.raises(UnschedulableError) as refused:
+            await client.defer("EU only", model=MODEL, max_tokens=4, jurisdictions=["EU"],
+                               deadline_unix_s=now + 6 * HOUR_S)
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "jurisdiction EU may only be stored EU in redis://eu-only.example:6379/0" in refused.value.message
+        # A request that may also run in the US may be kept here.
+        await client.defer("EU or US", model=MODEL, max_tokens=4, jurisdictions=["EU", "US"],
+                           deadline_unix_s=now + 6 * HOUR_S)
+        await client.defer("second", model=MODEL, max_tokens=4, deadline_unix_s=now + 6 * HOUR_S)
+        with pytest.raises(RateLimitedError) as full:
+            await client.defer("third", model=MODEL, max_tokens=4, deadline_unix_s=now + 6 * HOUR_S)
+        assert full.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "tenant 'acme' holds 2 deferred requests, its limit (deferral max_held 2)" in full.value.message
+    async with AsyncSchedulerClient(f"127.0.0.1:{router.port}", api_key=keys.other_tenant.key) as globex:
+        await globex.defer("x" * 16 * 1024, model=MODEL, max_tokens=4, deadline_unix_s=now + 6 * HOUR_S)
+        with pytest.raises(RateLimitedError) as heavy:  # 24 KiB: a second 16 KiB prompt does not fit
+            await globex.defer("x" * 16 * 1024, model=MODEL, max_tokens=4, deadline_unix_s=now + 6 * HOUR_S)
+        assert "tenant 'globex' keeps" in heavy.value.message and "(deferral max_bytes)" in heavy.value.message
+    held = await queue.held()
+    assert sorted(i.tenant for i in held) == ["acme", "acme", "globex"]
 
 
 def _closed_port() -> int:
@@ -282,7 +385,7 @@ async def test_the_http_front_door_defers_and_answers_the_status(
                                json={**body, "deadline": now - 10, "x_scheduler": {"request_id": "web-late"}})
         assert late.status_code == 400 and late.json()["error"]["param"] == "deadline"
 
-        await DeferralQueue(store).release_now(rid)
+        await DeferralQueue(store).release_now("acme", rid)
         state = None
         for _ in range(100):
             state = (await http.get(f"/v1/deferred/{rid}", headers=acme)).json()
@@ -318,7 +421,7 @@ async def test_a_release_that_would_fail_again_is_answered_failed_at_once(
         assert refused is not None
         # A retry of the held id is its first answer, whatever the budget says now.
         assert await client.defer("the report", model=MODEL, max_tokens=4, request_id=rid) == held
-        await DeferralQueue(store).release_now(rid)
+        await DeferralQueue(store).release_now("acme", rid)
         # A spent budget stays spent: failed at its first release, not retried until the deadline.
         with pytest.raises(RateLimitedError) as caught:
             await client.wait_deferred(rid, timeout_s=20)

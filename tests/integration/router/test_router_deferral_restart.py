@@ -28,7 +28,7 @@ from scheduler.client import AsyncSchedulerClient
 from scheduler.datalayer.carbon.store_io import write_forecast
 from scheduler.deferral.queue import RUNNING, DeferralQueue
 from scheduler.server.auth import NewKey, create_key
-from scheduler.server.deferred import CLAIM_TTL_S
+from scheduler.server.deferral_settings import DeferralSettings
 from scheduler.state.redis_store import RedisStore, delete_namespace
 from scheduler.tickets import TicketKeyRing
 from scheduler.types import Signal
@@ -37,6 +37,8 @@ from .conftest import Fleet
 
 pytestmark = pytest.mark.integration
 
+# The router's claim on a release: a dead router's lapses within it.
+CLAIM_TTL_S = DeferralSettings().claim_ttl_s
 REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_ROUTER", "redis://127.0.0.1:6379/1")
 LISTENING = re.compile(r"router listening on [^:]+:(\d+)")
 MODEL = "llama-3.1-8b"
@@ -127,24 +129,24 @@ async def test_no_deferred_request_is_lost_when_the_router_is_killed(
             async def second_streaming() -> bool:
                 return runs() == 2
 
-            await queue.release_now(ids[0])
+            await queue.release_now(tenant.entry.tenant, ids[0])
             await until(first_done, "the first answer")
             assert runs() == 1
             # The second: released, and router A dies while it streams it.
-            await queue.release_now(ids[1])
+            await queue.release_now(tenant.entry.tenant, ids[1])
             await until(second_streaming, "the second run to reach a region")
             await asyncio.sleep(TOKEN_INTERVAL_S * 2)
         router_a.send_signal(signal.SIGKILL)
         router_a.wait(timeout=10)
 
-        assert await queue.status(ids[1]) == RUNNING  # its claim outlives the dead router
-        assert await queue.answer(ids[1]) is None
+        assert await queue.status(tenant.entry.tenant, ids[1]) == RUNNING  # its claim outlives the dead router
+        assert await queue.answer(tenant.entry.tenant, ids[1]) is None
         assert sorted(i.request_id for i in await queue.held()) == sorted(ids[1:])
 
         router_b, port_b = start_router(config, namespace)
         routers.append(router_b)
         for rid in ids[2:]:
-            await queue.release_now(rid)
+            await queue.release_now(tenant.entry.tenant, rid)
         killed_at = time.monotonic()
         async with AsyncSchedulerClient(f"127.0.0.1:{port_b}", api_key=tenant.key) as client:
             answers = await asyncio.gather(*(client.wait_deferred(rid, timeout_s=CLAIM_TTL_S + 45) for rid in ids))

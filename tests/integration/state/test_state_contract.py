@@ -8,8 +8,9 @@ import asyncio
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -18,7 +19,7 @@ from scheduler.state import keys
 from scheduler.state.factory import open_store
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.redis_store import RedisStore, delete_namespace
-from scheduler.state.store import StateStore, StateUnavailable
+from scheduler.state.store import Atomic, AtomicArg, StateStore, StateUnavailable
 from tests.integration.router.conftest import _write_certs as write_certs
 from tests.redis_deployments import PrivateCluster, PrivateSentinel, PrivateTlsRedis
 
@@ -435,3 +436,68 @@ async def test_window_add_counts_once_per_batch_and_expires_with_its_window(subj
     assert table == pytest.approx({"canary|requests": 3.0, "canary|ttft_ok": 1.0, "control|energy_j": 12.5})
     await subject.advance(0.9)
     assert await store.hgetall(key) == {}  # the window's counts expire with it
+
+
+async def test_sorted_set_scores_ranges_and_removal(subject: StoreUnderTest) -> None:
+    store = subject.store
+    await store.zadd("z", {"b": 2.0, "a": 1.5, "c": 3.0, "tie": 2.0})
+    assert await store.zcard("z") == 4
+    assert await store.zscore("z", "a") == 1.5 and await store.zscore("z", "nobody") is None
+    assert await store.zrange_by_score("z") == [("a", 1.5), ("b", 2.0), ("tie", 2.0), ("c", 3.0)]
+    assert await store.zrange_by_score("z", 2.0, 2.5) == [("b", 2.0), ("tie", 2.0)]
+    assert await store.zrange_by_score("z", high=2.0, count=1) == [("a", 1.5)]
+    await store.zadd("z", {"a": 9.0})  # moved, not added
+    assert await store.zrange_by_score("z", low=5.0) == [("a", 9.0)]
+    await store.zrem("z", ["a", "b", "nobody"])
+    assert await store.zcard("z") == 2
+    await store.zrem("z", ["c", "tie"])
+    assert await store.zcard("z") == 0 and await store.zrange_by_score("z") == []
+    assert await store.keys("z") == []  # an emptied set is gone
+
+
+async def test_sorted_set_ttl_is_extended_never_shortened(subject: StoreUnderTest) -> None:
+    store = subject.store
+    await store.zadd("zt", {"a": 1.0}, ttl_s=0.6)
+    await store.zadd("zt", {"b": 2.0}, ttl_s=0.1)  # does not shorten it
+    await subject.advance(0.3)
+    assert await store.zcard("zt") == 2
+    await store.zadd("zt", {"c": 3.0})  # no ttl_s: the TTL stays
+    await subject.advance(0.5)
+    assert await store.zcard("zt") == 0
+
+
+def _counter_local(store: StateStore, keys_: Sequence[str], args: Sequence[AtomicArg]) -> Awaitable[Any]:
+    async def body() -> Any:
+        current = await store.get(keys_[0])
+        if current is not None and int(current) >= int(args[0]):
+            return [b"full", int(current)]
+        value = 1 if current is None else int(current) + 1
+        await store.set(keys_[0], str(value).encode())
+        await store.zadd(keys_[1], {str(value): float(value)})
+        return [b"ok", value]
+
+    return body()
+
+
+# A bounded counter and a log of its values, together: the contract of ``Atomic``.
+_COUNTER = Atomic("test-counter", """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current >= tonumber(ARGV[2]) then
+  return {'full', current}
+end
+redis.call('SET', KEYS[1], current + 1)
+redis.call('ZADD', KEYS[2], current + 1, tostring(current + 1))
+-- ARGV[1] is the store's prefix: a key named here is the namespace's too
+redis.call('SET', ARGV[1] .. 'counter-named-inside', 'x', 'PX', 60000)
+return {'ok', current + 1}
+""", _counter_local)
+
+
+async def test_atomic_operations_run_whole_and_answer_alike(subject: StoreUnderTest) -> None:
+    store = subject.store
+    results = await asyncio.gather(*(store.run_atomic(_COUNTER, ["counter", "counter-log"], [5]) for _ in range(8)))
+    assert sorted(r[1] for r in results if r[0] == b"ok") == [1, 2, 3, 4, 5]
+    assert [r for r in results if r[0] == b"full"] == [[b"full", 5]] * 3
+    assert [m for m, _ in await store.zrange_by_score("counter-log")] == ["1", "2", "3", "4", "5"]
+    if isinstance(store, RedisStore):
+        assert await store.get("counter-named-inside") == b"x"
