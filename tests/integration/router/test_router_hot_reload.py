@@ -376,7 +376,7 @@ async def test_hot_reload_under_traffic_broken_then_good_and_a_second_router_con
             sys.executable, "-m", "scheduler.cli", "config", "reload", "--router", f"127.0.0.1:{router_b.port}",
             "--api-key", admin.key, "--dry-run", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await cli.communicate()
-        assert cli.returncode == 1 and f"keeps version {second}" in err.decode(), (out, err)
+        assert cli.returncode == exit_codes.CONFIG and f"keeps version {second}" in err.decode(), (out, err)
         assert "signed_at: signed at" in err.decode() and "sign these files again" in err.decode()
         dry = await admin_b.reload_config(dry_run=True)
         assert not dry.ok and dry.version == second and dry.source.startswith("store (published by ")

@@ -18,8 +18,8 @@ import psutil
 import pytest_asyncio
 
 from scheduler.serve.stack import LocalStack, StackOptions, live_children
+from scheduler.tickets import CHAT_COMPLETIONS, COMPLETIONS, Ticket, body_digest, sign
 from scheduler.tickets import HEADER as TICKET_HEADER
-from scheduler.tickets import Ticket, body_digest, sign
 
 REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_REGIONS", "redis://127.0.0.1:6379/4")
 REGION = "eu-north"
@@ -86,6 +86,7 @@ def ticket_headers(stack: LocalStack, body: dict[str, Any], *, pool: str = "h200
         decision_id=uuid.uuid4().hex, request_id="test", tenant="test", region=region, pool=pool,
         model=body["model"], max_tokens=body["max_tokens"], prompt_tokens_max=max(digest[1], 4096),
         body_sha256=digest[0], expires_at=time.time() + 30,
+        endpoint=CHAT_COMPLETIONS if "messages" in body else COMPLETIONS,
     )
     claims.update(overrides)
     # The low-level signer: Ticket.sign refuses another region's keys (which a forger would not).

@@ -41,6 +41,14 @@ class Method:
         return self.call(*args, **kwargs)
 
 
+def gateway_node() -> str:
+    """The node the gateway's GPUs are on, as it finds it: "" outside Ray, this process's Ray node
+    when the test session has Ray running (the serve integration tests' fixture)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
 @dataclass
 class FakeReplica:
     """One replica: its GPU, its running sequences and their integral, as it reports them."""
@@ -53,7 +61,8 @@ class FakeReplica:
 
     def report(self) -> list[Any]:
         at, running_s = self.integral.read()
-        return [ReplicaReport(self.name, "", (self.gpu_index,), self.integral.running, running_s, at).as_item()]
+        return [ReplicaReport(self.name, gateway_node(), (self.gpu_index,), self.integral.running, running_s,
+                              at).as_item()]
 
     async def step(self) -> None:
         """One engine step: the GPU draws WATTS for it."""
