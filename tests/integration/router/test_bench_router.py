@@ -53,8 +53,7 @@ def _check_paths(report: dict[str, Any], expected: tuple[str, ...]) -> None:
 
 
 def test_every_path_with_vllm_router(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if not bench.vllm_router_installed():
-        pytest.skip(f"vllm-router {bench.NOT_INSTALLED}")
+    assert bench.vllm_router_installed(), f"vllm-router {bench.NOT_INSTALLED} (the dev extra installs it)"
     report = _run(tmp_path)
     _check_paths(report, (bench.DIRECT, *ROUTERS))
     assert report["settings"]["ticket_keys"] is True

@@ -53,8 +53,7 @@ def _free_port() -> int:
 def password_redis(directory: Path) -> Iterator[int]:
     """A private redis-server whose default user needs ``PASSWORD`` (never the shared one)."""
     binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
+    assert binary is not None, "redis-server is not installed (.ci/run and the fault tests need it: apt-get install redis-server)"
     port = _free_port()
     # The password goes in a config file: this test's own processes keep it off their argv too.
     conf = directory / "redis.conf"
