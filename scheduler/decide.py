@@ -22,7 +22,7 @@ from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
-from scheduler.datalayer.offline import csv_carbon_bounds, csv_carbon_signals
+from scheduler.datalayer.offline import csv_carbon_bounds, csv_carbon_signals, zone_series
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.explain import explain_dict, explain_table
 from scheduler.framework.scheduler import Scheduler
@@ -98,9 +98,10 @@ def _route(args: argparse.Namespace) -> int:
     try:
         fleet = load_checked_fleet(args.regions, args.policies)
         policy = fleet.policy(args.policy)
-        carbon = csv_carbon_signals(fleet.regions, args.at, args.carbon_dir, args.carbon_age)
+        series = zone_series(fleet.regions, args.carbon_dir)
+        carbon = csv_carbon_signals(fleet.regions, args.at, args.carbon_dir, args.carbon_age, series)
         bounds = csv_carbon_bounds(fleet.regions, args.at, policy.stale_bounds.carbon_window, args.carbon_dir,
-                                   args.carbon_age)
+                                   args.carbon_age, series)
     except (ConfigError, CarbonCsvError) as exc:
         print(exc, file=sys.stderr)
         return exit_codes.CONFIG
