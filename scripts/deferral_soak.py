@@ -296,7 +296,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/1")
     parser.add_argument("--hours", type=float, default=48.0, help="simulated hours (default 48)")
-    parser.add_argument("--rate", type=int, default=100, help="deferrals per simulated second (default 100)")
+    parser.add_argument("--rate", type=float, default=100.0, help="deferrals per simulated second (default 100)")
     parser.add_argument("--speed", type=float, default=5.0,
                         help="simulated seconds per real second (default 5); too fast for the machine and the "
                              "driver lags (printed): lower it")
