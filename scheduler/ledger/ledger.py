@@ -83,6 +83,8 @@ class LedgerEntry:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     counted_by: int = ENGINE_COUNTED
+    # Requests it counts: 1 for a request's receipt, 0 for a line that bills no request (idle).
+    requests: float = 1.0
 
     @property
     def month(self) -> str:
@@ -98,7 +100,7 @@ class LedgerEntry:
         return (
             (key, prefix + "energy_j", self.energy_j),
             (key, prefix + "carbon_g", self.carbon_g),
-            (key, prefix + "requests", 1.0),
+            (key, prefix + "requests", self.requests),
             (key, prefix + "prompt_tokens", float(self.prompt_tokens)),
             (key, prefix + "completion_tokens", float(self.completion_tokens)),
         )

@@ -313,7 +313,7 @@ def with_services(
                 return False
             return await ledger.write()
 
-        ingest = RegionReceiptIngest(deps.store, deps.tickets.keys, deps.book, written)
+        ingest = RegionReceiptIngest(deps.store, deps.tickets.keys, deps.book, written, book_idle=ledger.sink_idle)
         deps.background.append(ingest)
         deps.gauges.append(lambda: [("scheduler_region_receipts_booked", {}, float(ingest.booked)),
                                     ("scheduler_region_receipts_rejected", {}, float(ingest.rejected))])
