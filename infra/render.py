@@ -267,7 +267,7 @@ def load_values(path: Path, defaults: Path = DEFAULT_VALUES) -> Values:
         problems = []
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
-            message = error["msg"].removeprefix("Value error, ")
+            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
             if error["type"] in ("extra_forbidden", "missing") or "got " not in message:
                 message += f" (got {error['input']!r})" if error["type"] != "missing" else ""
             problems.append(f"{path}: {field}: {message}")
@@ -769,8 +769,9 @@ def render_overlay(values_file: Path, regions_dir: Path = REPO / "regions",
     """The kustomize overlay of ``values_file``, in its folder: path -> text."""
     values = load_values(values_file, defaults_file)
     defaults = load_values(defaults_file, defaults_file)
-    placeholders = [f"{values_file}: images.{role}: {getattr(values.images, role)!r} is {defaults_file.name}'s "
-                    f"placeholder; build infra/images/{role}.Dockerfile, push it and name that image"
+    shown = defaults_file.relative_to(REPO) if defaults_file.is_relative_to(REPO) else defaults_file
+    placeholders = [f"{values_file}: images.{role}: {getattr(values.images, role)!r} is the placeholder of "
+                    f"{shown}; build infra/images/{role}.Dockerfile, push it and name that image"
                     for role in ("router", "region") if getattr(values.images, role) == getattr(defaults.images, role)]
     if placeholders:
         raise ValuesError(placeholders)
