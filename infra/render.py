@@ -108,7 +108,7 @@ DEFAULT_VALUES = INFRA / "values.yaml"
 # A DNS-1123 subdomain (Secret, PVC names) and label (namespaces).
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_IMAGE = re.compile(r"[^\s]+")
+_IMAGE = re.compile(r"\S+")
 
 
 class ValuesError(ValueError):
@@ -267,9 +267,15 @@ def load_values(path: Path, defaults: Path = DEFAULT_VALUES) -> Values:
         problems = []
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
-            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
-            if error["type"] in ("extra_forbidden", "missing") or "got " not in message:
-                message += f" (got {error['input']!r})" if error["type"] != "missing" else ""
+            if error["type"] == "extra_forbidden":
+                message = f"unknown key (got {error['input']!r})"
+            elif error["type"] == "missing":
+                message = f"missing (and not in {defaults})"
+            else:
+                # Our validators name the value themselves; pydantic's own messages do not.
+                message = error["msg"].removeprefix("Value error, ")
+                if "got " not in message:
+                    message += f", got {error['input']!r}"
             problems.append(f"{path}: {field}: {message}")
         raise ValuesError(problems) from None
 
