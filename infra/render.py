@@ -224,6 +224,7 @@ class Values(_Section):
     """A values file, merged over ``infra/values.yaml``: the pydantic edge of the renderer."""
 
     namespace: str
+    key_namespace: str
     images: ImageValues
     endpoints: EndpointValues
     model_volume: ModelVolumeValues
@@ -234,6 +235,14 @@ class Values(_Section):
     @classmethod
     def _namespace(cls, value: str) -> str:
         return _check_name(_DNS_LABEL, "namespace", value)
+
+    @pydantic.field_validator("key_namespace")
+    @classmethod
+    def _key_namespace(cls, value: str) -> str:
+        # In Redis key patterns and ACL rules: nothing that globs, spaces or separates keys.
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", value):
+            raise ValueError(f"expected 1-64 letters, digits, '_' or '-', got {value!r}")
+        return value
 
 
 def _merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -295,13 +304,13 @@ class RenderOptions:
     region_redis_secret: str
     # One Secret per region: {region} is filled in.
     region_tickets_secret: str
+    # The state store key namespace: routers, regions and the Redis ACL must use the same one.
+    key_namespace: str
     # Per-region endpoints that the template does not give.
     endpoint_overrides: Mapping[str, str] = field(default_factory=dict)
     # Extra sources (CIDRs) admitted to the gateway port: routers or direct-mode clients in other
     # clusters, or the internal load balancer in front of `<region>-serve-svc`.
     gateway_cidrs: tuple[str, ...] = ()
-    # The state store key namespace: routers, regions and the Redis ACL must use the same one.
-    key_namespace: str = "prod"
     gpus_per_worker: int = 8
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
@@ -320,6 +329,7 @@ class RenderOptions:
     def from_values(cls, values: Values) -> RenderOptions:
         return cls(
             k8s_namespace=values.namespace,
+            key_namespace=values.key_namespace,
             region_image=values.images.region,
             endpoint_template=values.endpoints.template,
             endpoint_overrides=dict(values.endpoints.regions),
@@ -694,11 +704,13 @@ def render(options: RenderOptions, regions_dir: Path = REPO / "regions",
 
 
 # The overlay's own folders of rendered files (a region removed from regions/ leaves an orphan there).
-OVERLAY_GENERATED = ("kuberay/regions", "router-config/regions")
+OVERLAY_GENERATED = ("kuberay/regions", "router-config/regions", "redis")
 # What the overlay patches, as the base names it (infra/values.yaml must agree: tests/unit/infra).
 ROUTER_DEPLOYMENT = INFRA / "router" / "deployment.yaml"
 ROUTER_TLS_PATCH = INFRA / "overlays" / "router-tls" / "deployment-tls.yaml"
 REDIS_STATEFULSET = INFRA / "redis" / "statefulset.yaml"
+REDIS_ACL = INFRA / "redis" / "users.acl"
+REDIS_CONF = INFRA / "redis" / "redis.conf"
 
 
 def _image_entry(base: str, wanted: str) -> dict[str, str]:
@@ -765,6 +777,30 @@ def _secret_patch(kind: str, name: str, pods: Sequence[Mapping[str, Any]],
                                      "spec": {"template": {"spec": spec}}}, sort_keys=False)}
 
 
+def _router_args_patch(source: Path, key_namespace: str) -> dict[str, Any]:
+    """The router container's args (``source``'s: the base or the TLS overlay) with another
+    ``--namespace``: a list has no merge key, so the patch carries all of it."""
+    (router,) = [c for c in _pod_spec(source)["containers"] if c["name"] == "router"]
+    args = [f"--namespace={key_namespace}" if arg.startswith("--namespace=") else arg for arg in router["args"]]
+    if sum(arg.startswith("--namespace=") for arg in router["args"]) != 1:
+        raise ValueError(f"{source}: expected one --namespace=... in the router's args")
+    return {"target": {"kind": "Deployment", "name": "scheduler-router"},
+            "patch": yaml.safe_dump({"apiVersion": "apps/v1", "kind": "Deployment",
+                                     "metadata": {"name": "scheduler-router"},
+                                     "spec": {"template": {"spec": {"containers": [{"name": "router", "args": args}]}}}},
+                                    sort_keys=False)}
+
+
+def _acl_text(default_namespace: str, key_namespace: str) -> str:
+    """infra/redis/users.acl with the users' key patterns in ``key_namespace``."""
+    text = REDIS_ACL.read_text()
+    if f"sched:{default_namespace}:" not in text:
+        raise ValueError(f"{REDIS_ACL}: no key pattern sched:{default_namespace}: to rewrite")
+    # The init container drops comment lines, this header with them.
+    return HEADER.format(source="infra/redis/users.acl") + text.replace(
+        f"sched:{default_namespace}:", f"sched:{key_namespace}:")
+
+
 def _pod_spec(path: Path) -> dict[str, Any]:
     (body,) = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
     return dict(body["spec"]["template"]["spec"])
@@ -811,6 +847,11 @@ def render_overlay(values_file: Path, regions_dir: Path = REPO / "regions",
     patches = [p for p in (_secret_patch("Deployment", "scheduler-router", router_pods, secret_names),
                            _secret_patch("StatefulSet", "redis", [_pod_spec(REDIS_STATEFULSET)], secret_names))
                if p is not None]
+    if values.key_namespace != defaults.key_namespace:
+        patches.append(_router_args_patch(ROUTER_TLS_PATCH if values.router_tls else ROUTER_DEPLOYMENT,
+                                          values.key_namespace))
+        files[out / "redis" / "users.acl"] = _acl_text(defaults.key_namespace, values.key_namespace)
+        files[out / "redis" / "redis.conf"] = REDIS_CONF.read_text()
     images = [_image_entry(getattr(defaults.images, role), getattr(values.images, role))
               for role in ("router", "redis", "redis_exporter")
               if getattr(defaults.images, role) != getattr(values.images, role)]
@@ -828,6 +869,10 @@ def render_overlay(values_file: Path, regions_dir: Path = REPO / "regions",
         "configMapGenerator": [{"name": "scheduler-regions", "behavior": "replace",
                                 "files": [f"router-config/regions/{name}.yaml" for name in regions]}],
     }
+    if values.key_namespace != defaults.key_namespace:
+        # The Redis ACL template with the users' key patterns in this key namespace.
+        body["configMapGenerator"].append({"name": "redis-config", "behavior": "replace",
+                                           "files": ["redis/redis.conf", "redis/users.acl"]})
     if images:
         body["images"] = images
     if patches:
@@ -839,7 +884,7 @@ def render_overlay(values_file: Path, regions_dir: Path = REPO / "regions",
 def stale_files(files: Mapping[Path, str], roots: tuple[Path, ...]) -> list[Path]:
     """Rendered files that differ from disk, and files under ``roots`` nobody renders any more."""
     stale = [path for path, text in files.items() if not path.exists() or path.read_text() != text]
-    extra = [p for root in roots if root.exists() for p in root.glob("*.yaml") if p not in files]
+    extra = [p for root in roots if root.exists() for p in root.iterdir() if p.is_file() and p not in files]
     return sorted(stale + extra)
 
 

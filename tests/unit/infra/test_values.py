@@ -23,6 +23,7 @@ MONITORING_CONFIG_MAPS = {"scheduler-alert-rules", "scheduler-grafana-dashboard"
 # Every value changed (and the router terminating TLS).
 EVERYTHING = {
     "namespace": "inference",
+    "key_namespace": "fleet-b",
     "images": {"router": "reg.internal:5000/llm/router:1.2.3", "region": "reg.internal:5000/llm/region@sha256:" + "a" * 64,
                "redis": "reg.internal:5000/mirror/redis:7.4.2", "redis_exporter": "reg.internal:5000/mirror/exporter:v2"},
     "endpoints": {"template": "https://{region}.gw.{namespace}.example.net/{region}",
@@ -126,6 +127,7 @@ def test_an_overlay_changing_every_value_leaves_no_default_behind(tmp_path: Path
     for rayservice in (o for o in objects if o["kind"] == "RayService"):
         args = _serve_args(rayservice)
         assert args["region"]["endpoint"] == endpoints[rayservice["metadata"]["name"]]
+        assert args["namespace"] == "fleet-b"
         assert all(pool["model_dir"].startswith("/mnt/weights/") for pool in args["pools"].values())
     policies = [o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-ray")]
     assert policies and all({"ipBlock": {"cidr": "10.30.0.0/16"}} in rule.get("from", [])
@@ -134,6 +136,14 @@ def test_an_overlay_changing_every_value_leaves_no_default_behind(tmp_path: Path
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     (router,) = deployment["spec"]["template"]["spec"]["containers"]
     assert "--tls-cert=/etc/scheduler/tls/tls.crt" in router["args"]
+    assert [a for a in router["args"] if a.startswith("--namespace")] == ["--namespace=fleet-b"]
+    # The Redis users reach the fleet-b keys, and only those.
+    (acl,) = [o["data"]["users.acl"] for o in objects
+              if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("redis-config")]
+    assert "~sched:fleet-b:*" in acl and "%W~sched:fleet-b:ticket:*" in acl and "sched:prod:" not in acl
+    (redis,) = [o for o in objects if o["kind"] == "StatefulSet"]
+    assert {v["configMap"]["name"] for v in redis["spec"]["template"]["spec"]["volumes"] if "configMap" in v} <= {
+        o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"}
     # The router's and the regions' Redis users stay apart under the new names.
     assert {"name": "SCHEDULER_STATE", "valueFrom": {"secretKeyRef": {"name": "s-redis-router", "key": "url"}}} in router["env"]
     mounted = {v["configMap"]["name"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "configMap" in v}
@@ -172,6 +182,10 @@ def test_the_base_manifests_carry_infra_values() -> None:
     named = {v for k, v in values.secrets.model_dump().items() if k not in ("region_tickets", "router_tls")}
     assert {r.value for r in refs if r.kind == "secret"} == named | {
         values.secrets.region_tickets.format(region=r) for r in regions}
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (router,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert f"--namespace={values.key_namespace}" in router["args"]
+    assert f"~sched:{values.key_namespace}:*" in (INFRA / "redis" / "users.acl").read_text()
     tls = references(build(INFRA / "overlays" / "router-tls"))
     assert values.secrets.router_tls in {r.value for r in tls if r.kind == "secret"}
     namespaced = [yaml.safe_load(p.read_text()).get("namespace") for p in kustomizations()]
@@ -189,6 +203,7 @@ class Bad:
 BAD = [
     Bad("unknown key", {"namespce": "x"}, "namespce", "'x'"),
     Bad("namespace not a DNS label", {"namespace": "LLM_prod"}, "namespace", "'LLM_prod'"),
+    Bad("key namespace that globs", {"key_namespace": "prod*"}, "key_namespace", "'prod*'"),
     Bad("placeholder router image", {"images": {"region": "r/region:1"}}, "images.router",
         "'ghcr.io/example/carbon-scheduler-router:0.1.0'"),
     Bad("template without {region}", {"endpoints": {"template": "http://gw:8000/"}}, "endpoints.template",
@@ -228,5 +243,10 @@ def test_check_finds_an_overlay_its_values_no_longer_match(tmp_path: Path) -> No
     assert render.main(["--check", "--values", str(path)]) == 1
     orphan = tmp_path / "kuberay" / "regions" / "gone.yaml"
     orphan.write_text("{}\n")
+    path.write_text(yaml.safe_dump({**values, "key_namespace": "other"}))
     assert render.main(["--values", str(path)]) == 0
-    assert not orphan.exists()
+    assert not orphan.exists() and (tmp_path / "redis" / "users.acl").exists()
+    # Back to the base's key namespace: the overlay's ACL copy goes.
+    path.write_text(yaml.safe_dump(values))
+    assert render.main(["--values", str(path)]) == 0
+    assert not (tmp_path / "redis" / "users.acl").exists()
