@@ -38,7 +38,7 @@ EVERYTHING = {
 }
 
 
-def render_overlay(folder: Path, values: dict[str, Any] | Path) -> list[dict[str, Any]]:
+def build_overlay(folder: Path, values: dict[str, Any] | Path) -> list[dict[str, Any]]:
     """Write ``values`` into ``folder``, render its overlay there and build it with kubectl."""
     render = load_render()
     folder.mkdir(parents=True, exist_ok=True)
@@ -106,7 +106,7 @@ def _serve_args(rayservice: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.timeout(120)
 def test_an_overlay_changing_every_value_leaves_no_default_behind(tmp_path: Path) -> None:
-    objects = render_overlay(tmp_path / "prod", EVERYTHING)
+    objects = build_overlay(tmp_path / "prod", EVERYTHING)
     refs = references(objects)
     images = EVERYTHING["images"]
     secrets = EVERYTHING["secrets"]
@@ -152,7 +152,7 @@ def test_an_overlay_changing_every_value_leaves_no_default_behind(tmp_path: Path
 
 @pytest.mark.timeout(120)
 def test_the_example_overlay_builds_and_keeps_what_it_does_not_set(tmp_path: Path) -> None:
-    objects = render_overlay(tmp_path / "example", EXAMPLE)
+    objects = build_overlay(tmp_path / "example", EXAMPLE)
     example = yaml.safe_load(EXAMPLE.read_text())
     base = load_render().load_values(INFRA / "values.yaml")
     refs = references(objects)
