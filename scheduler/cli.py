@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "scheduler.decide",
     "scheduler.server.cli",
     "scheduler.client.config_cli",
+    "scheduler.client.admin_cli",
     "scheduler.canary.cli",
     "scheduler.serve.cli",
     "scheduler.sim.cli",
