@@ -74,13 +74,15 @@ def burst_ratios(trace: Trace, window_s: float) -> np.ndarray:
         raise DemandError(f"trace {trace.name}: its {trace.span_s:.0f} s hold fewer than two "
                           f"demand.burst_window of {window_s:g} s")
     counts = np.bincount((trace.offsets_s // window_s).astype(np.int64), minlength=windows)[:windows]
-    return np.sort(counts / (trace.native_rate * window_s))
+    ratios: np.ndarray = np.sort(counts / (trace.native_rate * window_s))
+    return ratios
 
 
 def burst_levels(ratios: np.ndarray) -> np.ndarray:
     """``BURST_LEVELS`` quantiles of the ratios at the midpoints of equal probability bands:
     each stands for an equal share of the windows."""
-    return np.quantile(ratios, (np.arange(BURST_LEVELS) + 0.5) / BURST_LEVELS)
+    levels: np.ndarray = np.quantile(ratios, (np.arange(BURST_LEVELS) + 0.5) / BURST_LEVELS)
+    return levels
 
 
 @dataclass(frozen=True)

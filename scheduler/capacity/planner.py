@@ -46,6 +46,7 @@ from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.model import EnergyModel
 from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_RANK
 from scheduler.framework.network import rtt_row
+from scheduler.plan.schedule import PlanName
 from scheduler.types import GeoPoint
 
 CARBON_SCORER = "carbon-scorer"
@@ -127,8 +128,8 @@ class Plan:
     demand: Demand
     intensities: Intensities
     # Per pool: (min, max) per slice, for each of planned, flat, fixed.
-    sizes: Mapping[str, Mapping[tuple[str, str], tuple[tuple[int, int], ...]]]
-    evaluations: Mapping[str, Evaluation]
+    sizes: Mapping[PlanName, Mapping[tuple[str, str], tuple[tuple[int, int], ...]]]
+    evaluations: Mapping[PlanName, Evaluation]
     carbon_usd_per_g: float
 
 
@@ -154,7 +155,8 @@ def pool_options(regions: Sequence[RegionConfig], policy: PolicyConfig, a: Assum
     utilisation."""
     klass = strictest_class(policy, a)
     slo = policy.slo_for(klass)
-    floor = max((PRECISION_RANK[policy.precision_floor.get(c, "bf16")] for c, s in a.class_shares if s > 0))
+    floors = {str(c): p for c, p in policy.precision_floor.items()}
+    floor = max(PRECISION_RANK[floors.get(c, "bf16")] for c, s in a.class_shares if s > 0)
     budget_s = (slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * demand.shape.prompt / 1000.0) / 1000.0
     model = MODEL_CATALOGUE[a.model]
     options = []
@@ -254,7 +256,7 @@ def plan_day(regions: Sequence[RegionConfig], policy: PolicyConfig, a: Assumptio
     for i, o in enumerate(options):
         keep_warm(low[i], o, intensities.forecast[o.region.name], carbon_usd_per_g, a)
     high = np.maximum(high, low)
-    sizes = {
+    sizes: dict[PlanName, dict[tuple[str, str], tuple[tuple[int, int], ...]]] = {
         "planned": {o.key: tuple((int(low[i, k]), int(high[i, k])) for k in range(slices)) for i, o in enumerate(options)},
         "flat": {o.key: ((int(low[i].max()), int(high[i].max())),) * slices for i, o in enumerate(options)},
         "fixed": {o.key: ((o.fixed_replicas, o.fixed_replicas),) * slices for o in options},
@@ -296,7 +298,10 @@ def evaluate(options: Sequence[PoolOption], groups: Sequence[ClientGroup], order
     starts = 0
     for k, s in enumerate(demand.slices):
         warm = [sizes[o.key][k][0] for o in options]
-        taken, unserved = fill(options, groups, orders[k], s.total_rps, warm)
+        # As planned: each pool takes its share at the warm quantile of the bursts within its
+        # target utilisation, so the mean is that share over the burst ratio.
+        taken, unserved = fill(options, groups, orders[k], s.total_rps * demand.warm_ratio, warm)
+        taken, unserved = taken / demand.warm_ratio, unserved / demand.warm_ratio
         unserved_max = max(unserved_max, unserved)
         total_requests += s.total_rps * a.slice_s
         for i, o in enumerate(options):

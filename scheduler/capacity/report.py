@@ -81,13 +81,14 @@ def plot(plan: PlanFile, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    hours = [(s.start - plan.start) / 3600 for s in plan.pools[0].slices]
+    # Each slice's value holds to the next slice's start; the last one's to the end of the day.
+    hours = [(s.start - plan.start) / 3600 for s in plan.pools[0].slices] + [plan.slices * plan.slice_s / 3600]
     fig, (gpus, carbon) = plt.subplots(2, 1, sharex=True, figsize=(10, 7))
     for region in plan.regions:
         warm = [sum(p.slices[k].min_replicas * p.gpus_per_replica for p in plan.pools if p.region == region.region)
                 for k in range(plan.slices)]
-        gpus.step(hours, warm, where="post", label=region.region)
-        carbon.step(hours, region.forecast_g_per_kwh, where="post", label=region.region)
+        gpus.step(hours, [*warm, warm[-1]], where="post", label=region.region)
+        carbon.step(hours, [*region.forecast_g_per_kwh, region.forecast_g_per_kwh[-1]], where="post", label=region.region)
     gpus.set_ylabel("warm GPUs (planned min)")
     gpus.set_title(f"scheduler plan {plan.day}: {plan.model}, policy {plan.policy}, trace {plan.trace}")
     gpus.legend(fontsize="small", ncol=4)

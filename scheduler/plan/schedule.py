@@ -23,8 +23,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SCHEMA_VERSION = 1
-PLAN_NAMES = ("planned", "flat", "fixed")
+SCHEMA_VERSION: Literal[1] = 1
+# The sizings a plan compares: its own, each pool's largest planned size all day, the region files' counts.
+PlanName = Literal["planned", "flat", "fixed"]
+PLAN_NAMES: tuple[PlanName, ...] = ("planned", "flat", "fixed")
 
 
 class _Strict(BaseModel):
@@ -51,7 +53,7 @@ class PoolSlice(_Strict):
     min_replicas: int = Field(ge=0)
     max_replicas: int = Field(ge=0)
     target_ongoing_requests: float = Field(gt=0)
-    figures: dict[Literal["planned", "flat", "fixed"], SliceFigures]
+    figures: dict[PlanName, SliceFigures]
 
     @model_validator(mode="after")
     def _ordered(self) -> PoolSlice:
@@ -112,7 +114,7 @@ class PlanFile(_Strict):
     demand: tuple[DemandSlice, ...]
     regions: tuple[RegionIntensity, ...]
     pools: tuple[PoolPlan, ...]
-    totals: dict[Literal["planned", "flat", "fixed"], Totals]
+    totals: dict[PlanName, Totals]
 
     @model_validator(mode="after")
     def _one_slice_each(self) -> PlanFile:
@@ -220,13 +222,15 @@ def _clock(schedule: DailySchedule, k: int) -> str:
 
 def autoscaling_document(plan: PlanFile) -> dict[str, Any]:
     """Per region and pool deployment, the autoscaling windows in Ray Serve's field names
-    (``min_replicas``, ``max_replicas``, ``target_ongoing_requests``)."""
+    (``min_replicas``, ``max_replicas``, ``target_ongoing_requests``). Ray Serve needs
+    max_replicas >= 1: where the plan gives a pool none, the window says min 0, max 1 (at zero,
+    woken only by a request the router still sends there)."""
     schedule = schedule_from(plan)
     regions: dict[str, Any] = {}
     for p in plan.pools:
         windows = [
             {"start": w.start, "end": w.end,
-             "autoscaling": {"min_replicas": w.min_replicas, "max_replicas": w.max_replicas,
+             "autoscaling": {"min_replicas": w.min_replicas, "max_replicas": max(1, w.max_replicas),
                              "target_ongoing_requests": w.target_ongoing_requests}}
             for w in autoscaling_windows(schedule, p.region, p.pool)
         ]
