@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,6 +13,7 @@ from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
+from scheduler.plan.schedule import PlanFile, schedule_from, warm_replicas_at
 
 
 def _day(value: str) -> float:
@@ -30,6 +32,13 @@ def _positive(value: str) -> float:
     if not number > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
     return number
+
+
+def _sizes_on(applied: PlanFile, day: PlanFile) -> dict[tuple[str, str], tuple[tuple[int, int], ...]]:
+    """The applied plan's (min, max) per pool at each slice start of ``day``, by UTC time of day."""
+    schedule = schedule_from(applied)
+    return {key: tuple(warm_replicas_at(schedule, *key, s.start) for s in day.pools[0].slices)
+            for key in schedule.replicas}
 
 
 def register(sub: Any) -> None:
@@ -59,6 +68,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--autoscaling-out", type=Path, default=None, metavar="FILE",
                         help="write each pool deployment's autoscaling windows (min_replicas, max_replicas, "
                              "target_ongoing_requests per UTC time window) as YAML")
+    parser.add_argument("--apply", type=Path, default=None, metavar="PLAN.json",
+                        help="evaluate a plan file made for another day on --day (by UTC time of day), beside "
+                             "this day's own plan, flat and fixed sizes")
     parser.set_defaults(handler=_plan)
 
 
@@ -71,10 +83,10 @@ def _plan(args: argparse.Namespace) -> int:
     from scheduler.capacity.carbon import day_intensities
     from scheduler.capacity.demand import DemandError, build_demand, client_groups
     from scheduler.capacity.planner import PlanningError, plan_day
-    from scheduler.capacity.report import plan_file, plot, table
+    from scheduler.capacity.report import backtest, backtest_table, plan_file, plot, table
     from scheduler.config.loader import load_fleet
     from scheduler.energy.profile_model import ProfileEnergyModel
-    from scheduler.plan.schedule import autoscaling_document, dump_plan
+    from scheduler.plan.schedule import PlanError, autoscaling_document, dump_plan, read_plan
     from scheduler.sim.fleets import scale_fleet
     from scheduler.sim.workload import DEFAULT_CONTINENTS, TraceError, load_trace
 
@@ -99,6 +111,16 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.FAILURE
     document = plan_file(plan, assumptions, args.day, policy_name, trace.name)
+    if args.apply is not None:
+        try:
+            applied = read_plan(args.apply)
+            evaluation = plan.evaluate(_sizes_on(applied, document), assumptions)
+        except (PlanError, PlanningError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exit_codes.FAILURE
+        comparison = backtest(document, applied, evaluation.totals)
+        print(json.dumps(comparison, indent=2) if args.json else backtest_table(comparison))
+        return exit_codes.OK
     print(dump_plan(document) if args.json else table(document))
     if args.plot is not None:
         plot(document, args.plot)

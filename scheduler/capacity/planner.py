@@ -131,6 +131,17 @@ class Plan:
     sizes: Mapping[PlanName, Mapping[tuple[str, str], tuple[tuple[int, int], ...]]]
     evaluations: Mapping[PlanName, Evaluation]
     carbon_usd_per_g: float
+    # Per slice and client group: the pools it may use, cheapest first.
+    orders: tuple[tuple[tuple[int, ...], ...], ...]
+
+    def evaluate(self, sizes: Mapping[tuple[str, str], Sequence[tuple[int, int]]], a: Assumptions) -> Evaluation:
+        """Other sizes (another day's plan, applied by time of day) on this plan's day: its
+        demand, intensities and ranking."""
+        missing = sorted(f"{r}/{p}" for r, p in {o.key for o in self.options} - set(sizes))
+        if missing:
+            raise PlanningError(f"the sizes give no replicas for pool(s) {', '.join(missing)} of this fleet")
+        return evaluate(self.options, self.groups, self.orders, self.demand, self.intensities, sizes, a,
+                        self.carbon_usd_per_g)
 
 
 def carbon_price(policy: PolicyConfig, workload_class: str) -> float:
@@ -243,7 +254,8 @@ def plan_day(regions: Sequence[RegionConfig], policy: PolicyConfig, a: Assumptio
     options = pool_options(regions, policy, a, demand, groups, energy)
     carbon_usd_per_g = carbon_price(policy, strictest_class(policy, a))
     slices = len(demand.slices)
-    orders = [[_order(options, g, k, intensities, carbon_usd_per_g) for g in groups] for k in range(slices)]
+    orders = tuple(tuple(tuple(_order(options, g, k, intensities, carbon_usd_per_g)) for g in groups)
+                   for k in range(slices))
     fixed = [o.fixed_replicas for o in options]
     low = np.zeros((len(options), slices), dtype=np.int64)
     high = np.zeros((len(options), slices), dtype=np.int64)
@@ -263,7 +275,7 @@ def plan_day(regions: Sequence[RegionConfig], policy: PolicyConfig, a: Assumptio
     }
     evaluations = {name: evaluate(options, groups, orders, demand, intensities, sized, a, carbon_usd_per_g)
                    for name, sized in sizes.items()}
-    return Plan(tuple(options), tuple(groups), demand, intensities, sizes, evaluations, carbon_usd_per_g)
+    return Plan(tuple(options), tuple(groups), demand, intensities, sizes, evaluations, carbon_usd_per_g, orders)
 
 
 def keep_warm(low: np.ndarray, option: PoolOption, forecast: Sequence[float], carbon_usd_per_g: float,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from scheduler.capacity.assumptions import Assumptions
-from scheduler.capacity.planner import Plan
+from scheduler.capacity.planner import Plan, PlanTotals
 from scheduler.plan.schedule import (
     SCHEMA_VERSION,
     DemandSlice,
@@ -71,6 +72,31 @@ def table(plan: PlanFile) -> str:
         lines.append(f"{name:8} {t.warm_gpu_hours:11,.1f} {t.cold_starts:11d} {t.energy_j / 3.6e6:10,.1f} "
                      f"{t.gco2e / 1000:12,.2f} {t.gco2e_actual / 1000:12,.2f} {t.usd:9,.2f} "
                      f"{t.energy_j / t.requests if t.requests else 0:10,.1f} {t.slo_attainment:9.2%}")
+    return "\n".join(lines)
+
+
+def backtest(day: PlanFile, applied: PlanFile, applied_totals: Totals | PlanTotals) -> dict[str, Any]:
+    """``applied`` (a plan made for another day) on ``day``, beside ``day``'s own sizings."""
+    totals = {f"applied ({applied.day})": _as_dict(applied_totals)}
+    totals |= {name: t.model_dump() for name, t in day.totals.items()}
+    return {"day": day.day, "applied": applied.day, "model": day.model, "policy": day.policy, "trace": day.trace,
+            "totals": totals}
+
+
+def _as_dict(totals: Totals | PlanTotals) -> dict[str, Any]:
+    return totals.model_dump() if isinstance(totals, Totals) else dataclasses.asdict(totals)
+
+
+def backtest_table(comparison: dict[str, Any]) -> str:
+    lines = [f"the plan of {comparison['applied']} applied on {comparison['day']} (UTC time of day), beside "
+             f"{comparison['day']}'s own plan ({comparison['model']}, policy {comparison['policy']}, "
+             f"trace {comparison['trace']})", "",
+             f"{'sizes':20} {'warm GPU-h':>11} {'cold starts':>11} {'kWh':>10} {'kgCO2e true':>12} {'USD':>9} "
+             f"{'unserved rps':>12} {'TTFT SLO':>9}"]
+    for name, t in comparison["totals"].items():
+        lines.append(f"{name:20} {t['warm_gpu_hours']:11,.1f} {t['cold_starts']:11d} {t['energy_j'] / 3.6e6:10,.1f} "
+                     f"{t['gco2e_actual'] / 1000:12,.2f} {t['usd']:9,.2f} {t['unserved_rps_max']:12,.2f} "
+                     f"{t['slo_attainment']:9.2%}")
     return "\n".join(lines)
 
 

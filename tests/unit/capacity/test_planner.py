@@ -95,6 +95,8 @@ def test_the_cleaner_region_fills_first_and_the_rest_spills_over() -> None:
     assert fixed.requests == planned.totals.requests
     assert fixed.energy_j > planned.totals.energy_j
     assert fixed.gco2e > planned.totals.gco2e
+    # Its own sizes applied again give its own figures.
+    assert plan.evaluate(plan.sizes["planned"], a) == planned
 
 
 @pytest.mark.timeout(60)

@@ -98,3 +98,20 @@ def test_a_bad_plan_file_is_refused_with_field_and_value(tmp_path: Path) -> None
     path.write_text(json.dumps({"schema_version": 2}), encoding="utf-8")
     with pytest.raises(PlanError, match=r"plan\.json: schema_version: Input should be 1, got 2"):
         read_plan(path)
+
+
+@pytest.mark.timeout(120)
+def test_a_plan_applies_to_a_day_it_was_not_made_for(shipped_plan: tuple[Path, Path]) -> None:
+    plan = read_plan(shipped_plan[0])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["plan", "--trace", "conv", "--day", "2023-09-14", "--json", "--apply", str(shipped_plan[0]),
+                     "--regions", str(ROOT / "regions"), "--policies", str(ROOT / "policies")])
+    assert code == 0
+    comparison = json.loads(out.getvalue())
+    assert comparison["day"] == "2023-09-14" and comparison["applied"] == "2023-06-01"
+    applied = comparison["totals"]["applied (2023-06-01)"]
+    # The same replicas by time of day, so the same warm GPU-hours; another day's grid.
+    assert applied["warm_gpu_hours"] == plan.totals["planned"].warm_gpu_hours
+    assert applied["gco2e_actual"] != plan.totals["planned"].gco2e_actual
+    assert set(comparison["totals"]) == {"applied (2023-06-01)", *PLAN_NAMES}
