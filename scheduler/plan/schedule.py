@@ -113,7 +113,7 @@ class PlanFile(_Strict):
     assumptions: dict[str, Any]
     demand: tuple[DemandSlice, ...]
     regions: tuple[RegionIntensity, ...]
-    pools: tuple[PoolPlan, ...]
+    pools: tuple[PoolPlan, ...] = Field(min_length=1)
     totals: dict[PlanName, Totals]
 
     @model_validator(mode="after")
@@ -135,27 +135,25 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class DailySchedule:
     """Per (region, pool): (min_replicas, max_replicas) of each slice, repeating every
-    ``slice_s x len(slices)`` seconds from ``start``."""
+    ``slice_s x slices`` seconds from ``start``."""
 
     start: float
     slice_s: float
+    slices: int
     replicas: Mapping[tuple[str, str], tuple[tuple[int, int], ...]]
     target_ongoing_requests: Mapping[tuple[str, str], tuple[float, ...]]
 
-    @property
-    def span_s(self) -> float:
-        return self.slice_s * len(next(iter(self.replicas.values()), ()))
-
     def slice_index(self, t: float) -> int:
         """The slice that holds ``t`` (any day: time since ``start`` modulo the span)."""
-        count = round(self.span_s / self.slice_s)
-        return int(((t - self.start) % self.span_s) // self.slice_s) % count
+        span_s = self.slice_s * self.slices
+        # min: a float remainder a hair below the span must not index past the last slice
+        return min(int(((t - self.start) % span_s) // self.slice_s), self.slices - 1)
 
 
 def schedule_from(plan: PlanFile) -> DailySchedule:
     replicas = {(p.region, p.pool): tuple((s.min_replicas, s.max_replicas) for s in p.slices) for p in plan.pools}
     targets = {(p.region, p.pool): tuple(s.target_ongoing_requests for s in p.slices) for p in plan.pools}
-    return DailySchedule(plan.start, plan.slice_s, MappingProxyType(replicas), MappingProxyType(targets))
+    return DailySchedule(plan.start, plan.slice_s, plan.slices, MappingProxyType(replicas), MappingProxyType(targets))
 
 
 def read_plan(path: Path) -> PlanFile:
