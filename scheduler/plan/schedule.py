@@ -184,6 +184,12 @@ def warm_replicas_at(schedule: DailySchedule, region: str, pool: str, t: float) 
     return slices[schedule.slice_index(t)]
 
 
+def target_ongoing_requests_at(schedule: DailySchedule, region: str, pool: str, t: float) -> float:
+    """The per-replica load Ray Serve's autoscaler aims at on ``region``/``pool`` at ``t``."""
+    warm_replicas_at(schedule, region, pool, t)  # the same KeyError for a pool the plan lacks
+    return schedule.target_ongoing_requests[(region, pool)][schedule.slice_index(t)]
+
+
 @dataclass(frozen=True)
 class AutoscalingWindow:
     """A time-of-day window (UTC, ``[start, end)``) and the autoscaling settings that hold in it."""
@@ -219,8 +225,8 @@ def _clock(schedule: DailySchedule, k: int) -> str:
 
 
 def autoscaling_document(plan: PlanFile) -> dict[str, Any]:
-    """Per region and pool deployment, the autoscaling windows in Ray Serve's field names
-    (``min_replicas``, ``max_replicas``, ``target_ongoing_requests``). Ray Serve needs
+    """Per region and pool, the planned model's deployment's autoscaling windows in Ray
+    Serve's field names (``min_replicas``, ``max_replicas``, ``target_ongoing_requests``). Ray Serve needs
     max_replicas >= 1: where the plan gives a pool none, the window says min 0, max 1 (at zero,
     woken only by a request the router still sends there)."""
     schedule = schedule_from(plan)
@@ -232,7 +238,7 @@ def autoscaling_document(plan: PlanFile) -> dict[str, Any]:
                              "target_ongoing_requests": w.target_ongoing_requests}}
             for w in autoscaling_windows(schedule, p.region, p.pool)
         ]
-        regions.setdefault(p.region, {"pools": {}})["pools"][p.pool] = {"windows": windows}
+        regions.setdefault(p.region, {"pools": {}})["pools"][p.pool] = {"model": plan.model, "windows": windows}
     return {"plan": {"day": plan.day, "model": plan.model, "policy": plan.policy, "trace": plan.trace,
                      "timezone": "UTC"},
             "regions": regions}

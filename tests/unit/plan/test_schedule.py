@@ -21,6 +21,7 @@ from scheduler.plan.schedule import (
     load_schedule,
     plan_json_schema,
     read_plan,
+    target_ongoing_requests_at,
     warm_replicas_at,
 )
 
@@ -73,6 +74,8 @@ def test_the_schedule_applies_by_time_of_day_on_any_day(shipped_plan: tuple[Path
             t = day.timestamp() + hour * 3600 + 1800
             expected = (pool.slices[hour].min_replicas, pool.slices[hour].max_replicas)
             assert warm_replicas_at(schedule, pool.region, pool.pool, t) == expected
+            assert target_ongoing_requests_at(schedule, pool.region, pool.pool, t) == \
+                pool.slices[hour].target_ongoing_requests
     with pytest.raises(KeyError, match="no pool nowhere/none"):
         warm_replicas_at(schedule, "nowhere", "none", plan.start)
 
@@ -82,7 +85,9 @@ def test_autoscaling_windows_cover_the_day_in_ray_serve_field_names(shipped_plan
     plan = read_plan(shipped_plan[0])
     document = yaml.safe_load(shipped_plan[1].read_text(encoding="utf-8"))
     for pool in plan.pools:
-        windows = document["regions"][pool.region]["pools"][pool.pool]["windows"]
+        deployment = document["regions"][pool.region]["pools"][pool.pool]
+        assert deployment["model"] == plan.model
+        windows = deployment["windows"]
         assert windows[0]["start"] == "00:00" and windows[-1]["end"] == "24:00"
         assert all(a["end"] == b["start"] for a, b in itertools.pairwise(windows))
         for window in windows:
