@@ -246,6 +246,7 @@ def fill(options: Sequence[PoolOption], groups: Sequence[ClientGroup], orders: S
 
 
 def replicas_for(rate: float, capacity_rps: float) -> int:
+    # A rate of exactly k replicas' capacity (give or take float rounding) needs k, not k + 1.
     return math.ceil(rate / capacity_rps - 1e-9) if rate > 0 else 0
 
 
