@@ -66,6 +66,18 @@ def table(plan: PlanFile) -> str:
     idle = len(plan.pools) - len(used)
     if idle:
         lines.append(f"({idle} other pools: 0 replicas all day)")
+    lines += ["", "per slice, all pools: planned / flat / fixed",
+              f"{'UTC':5} {'warm GPUs':>20} {'kWh':>24} {'kgCO2e (forecast)':>26} {'TTFT SLO planned':>17}"]
+    for k, s in enumerate(plan.pools[0].slices):
+        by_plan = {name: [p.slices[k].figures[name] for p in plan.pools] for name in plan.totals}
+        gpus = "/".join(f"{sum(f.min_replicas * p.gpus_per_replica for f, p in zip(figs, plan.pools, strict=True)):,}"
+                        for figs in by_plan.values())
+        kwh = "/".join(f"{sum(f.energy_j for f in figs) / 3.6e6:,.1f}" for figs in by_plan.values())
+        grams = "/".join(f"{sum(f.gco2e for f in figs) / 1000:,.2f}" for figs in by_plan.values())
+        planned = by_plan["planned"]
+        rate = sum(f.demand_rps for f in planned)
+        slo = sum(f.demand_rps * f.slo_attainment for f in planned) / rate if rate else 1.0
+        lines.append(f"{datetime.fromtimestamp(s.start, tz=UTC):%H:%M} {gpus:>20} {kwh:>24} {grams:>26} {slo:>17.2%}")
     lines += ["", f"{'plan':8} {'warm GPU-h':>11} {'cold starts':>11} {'kWh':>10} {'kgCO2e fcst':>12} "
                   f"{'kgCO2e true':>12} {'USD':>9} {'J/request':>10} {'TTFT SLO':>9}"]
     for name, t in plan.totals.items():

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scheduler import exit_codes
 from scheduler.capacity.assumptions import SHIPPED_ASSUMPTIONS, load_assumptions
+from scheduler.cli import main
 from scheduler.config.loader import ConfigError
 
 
@@ -55,3 +57,11 @@ def test_a_bad_value_is_refused_naming_file_field_and_value(tmp_path: Path, sect
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read"):
         load_assumptions(tmp_path / "missing.yaml")
+
+
+@pytest.mark.timeout(60)
+def test_the_command_refuses_bad_assumptions_with_the_config_exit_code(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path = edited(tmp_path / "assumptions.yaml", "demand", "max_headroom", 0.5)
+    assert main(["plan", "--assumptions", str(path)]) == exit_codes.CONFIG
+    assert f"{path}: demand.max_headroom: Input should be greater than or equal to 1, got 0.5" in capsys.readouterr().err
