@@ -3,6 +3,7 @@ the field and the value."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from scheduler import exit_codes
 from scheduler.capacity.assumptions import SHIPPED_ASSUMPTIONS, load_assumptions
 from scheduler.cli import main
 from scheduler.config.loader import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_shipped_assumptions_load() -> None:
@@ -65,3 +68,10 @@ def test_the_command_refuses_bad_assumptions_with_the_config_exit_code(tmp_path:
     path = edited(tmp_path / "assumptions.yaml", "demand", "max_headroom", 0.5)
     assert main(["plan", "--assumptions", str(path)]) == exit_codes.CONFIG
     assert f"{path}: demand.max_headroom: Input should be greater than or equal to 1, got 0.5" in capsys.readouterr().err
+
+
+def test_the_diurnal_example_differs_from_the_shipped_assumptions_only_in_its_hourly_profile() -> None:
+    example = load_assumptions(ROOT / "examples" / "planning" / "diurnal.yaml")
+    shipped = load_assumptions()
+    assert sum(example.hourly_profile) / 24 == pytest.approx(1.0)
+    assert dataclasses.replace(example, source=shipped.source, hourly_profile=shipped.hourly_profile) == shipped
