@@ -4,6 +4,7 @@ file, the field path and the bad value), then compiled into a frozen ``Assumptio
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -114,7 +115,7 @@ class Assumptions:
         return round(DAY_S / self.slice_s)
 
     def describe(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return dataclasses.asdict(self)
 
 
 def load_assumptions(path: Path = SHIPPED_ASSUMPTIONS) -> Assumptions:

@@ -109,8 +109,8 @@ class ReplicaModel:
         within = np.where(slack[None, :] >= 0,
                           1.0 - waiting_p[:, None] * np.exp(-decay[:, None] * np.maximum(slack, 0.0)[None, :]), 0.0)
         share = within @ rtt_weight
-        saturated = offered >= slots
-        return np.where(saturated, 0.0, share)  # type: ignore[no-any-return]
+        attainment: np.ndarray = np.where(offered >= slots, 0.0, share)
+        return attainment
 
 
 def erlang_c(servers: int, offered: np.ndarray) -> np.ndarray:
@@ -122,7 +122,8 @@ def erlang_c(servers: int, offered: np.ndarray) -> np.ndarray:
         blocking = a * blocking / (k + a * blocking)
     with np.errstate(divide="ignore", invalid="ignore"):
         c = servers * blocking / (servers - a * (1.0 - blocking))
-    return np.where(a >= servers, 1.0, np.clip(c, 0.0, 1.0))  # type: ignore[no-any-return]
+    waits: np.ndarray = np.where(a >= servers, 1.0, np.clip(c, 0.0, 1.0))
+    return waits
 
 
 def cold_start_j(tdp_w: float, gpus: int, seconds: float, power_share: float) -> float:
