@@ -9,6 +9,7 @@ import itertools
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 import yaml
@@ -16,8 +17,11 @@ import yaml
 from scheduler.cli import main
 from scheduler.plan.schedule import (
     PLAN_NAMES,
+    AutoscalingWindow,
+    DailySchedule,
     PlanError,
     PlanFile,
+    autoscaling_windows,
     load_schedule,
     plan_json_schema,
     read_plan,
@@ -120,3 +124,17 @@ def test_a_plan_applies_to_a_day_it_was_not_made_for(shipped_plan: tuple[Path, P
     assert applied["warm_gpu_hours"] == plan.totals["planned"].warm_gpu_hours
     assert applied["gco2e_actual"] != plan.totals["planned"].gco2e_actual
     assert set(comparison["totals"]) == {"applied (2023-06-01)", *PLAN_NAMES}
+
+
+def test_equal_neighbouring_slices_merge_into_one_window() -> None:
+    start = datetime(2023, 6, 1, tzinfo=UTC).timestamp()
+    sizes = ((1, 2),) * 6 + ((3, 4),) * 12 + ((1, 2),) * 6
+    schedule = DailySchedule(start, 3600.0, 24, MappingProxyType({("r", "p"): sizes}),
+                             MappingProxyType({("r", "p"): (8.0,) * 24}))
+    assert autoscaling_windows(schedule, "r", "p") == (
+        AutoscalingWindow("00:00", "06:00", 1, 2, 8.0),
+        AutoscalingWindow("06:00", "18:00", 3, 4, 8.0),
+        AutoscalingWindow("18:00", "24:00", 1, 2, 8.0),
+    )
+    assert warm_replicas_at(schedule, "r", "p", start - 1) == (1, 2)  # 23:59:59 the day before
+    assert warm_replicas_at(schedule, "r", "p", start + 6 * 3600) == (3, 4)
