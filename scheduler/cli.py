@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "scheduler.canary.cli",
     "scheduler.serve.cli",
     "scheduler.sim.cli",
+    "scheduler.capacity.cli",
     "scheduler.deferral.cli",
     "scheduler.bench.cli",
     "scheduler.gate.cli",
