@@ -100,7 +100,7 @@ class Sample:
                 f"answered {self.answered:>9,}  deleted {self.deleted:>9,}  held {self.held:>7,}  "
                 f"deferral {self.deferral_bytes / 2**20:8.1f} MiB (accounted {self.accounted_bytes / 2**20:7.1f}, "
                 f"flood {self.flood_bytes / 2**20:6.1f})  "
-                f"markers {self.marker_bytes / 2**20:8.1f} MiB ({self.keys.get('ledger_booked', 0):,} ledger, "
+                f"markers {self.marker_bytes / 2**20:8.1f} MiB ({self.keys.get('ledger_entry', 0):,} ledger, "
                 f"{self.keys.get('audit_once', 0):,} audit)  redis used {self.used_memory / 2**20:8.1f} MiB  "
                 f"[{self.real_s:6.0f} s, lag {self.lag_s:4.0f} s]")
 
