@@ -45,10 +45,12 @@ from typing import Any, Literal
 import orjson
 import yaml
 
+from scheduler.wire.headers import TICKET_HEADER
+
 VERSION = "v1"
 # A ticket is good for this long at most: a stolen one is useless soon after.
 MAX_TICKET_TTL_S = 30.0
-HEADER = "x-scheduler-ticket"
+HEADER = TICKET_HEADER
 KEYS_FILE_ENV = "SCHEDULER_TICKET_KEYS_FILE"
 # The key file's content itself, for platforms that inject secrets as variables.
 KEYS_ENV = "SCHEDULER_TICKET_KEYS"

@@ -18,9 +18,11 @@ import orjson
 
 from scheduler.client.errors import InvalidArgumentError, SchedulerRpcError, UnavailableError
 from scheduler.sse import DONE, MalformedEvent, SseParser, choice_text, openai_error, parse_event
-from scheduler.tickets import HEADER as TICKET_HEADER
 from scheduler.v1 import messages_pb2 as pb
 from scheduler.v1 import router_pb2
+from scheduler.wire.claims import RegionReceipt
+from scheduler.wire.headers import TICKET_HEADER
+from scheduler.wire.proto import receipt_to_proto
 
 # Region answers that mean "this request is wrong", not "try the next region".
 CLIENT_ERRORS = frozenset({400, 422})
@@ -113,9 +115,6 @@ class DirectStream:
 def receipt_proto(claims: dict[str, Any] | None, failovers: list[pb.Failover]) -> pb.EnergyReceipt | None:
     if claims is None:
         return None
-    from scheduler.region_receipt import RegionReceipt
-    from scheduler.server.convert import receipt_to_proto
-
     receipt = receipt_to_proto(RegionReceipt(claims).energy_receipt())
     receipt.failovers.extend(failovers)
     return receipt
