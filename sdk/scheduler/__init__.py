@@ -1,0 +1,1 @@
+../../scheduler/__init__.py

@@ -1,0 +1,1 @@
+../../../scheduler/energy/__init__.py

@@ -1,0 +1,1 @@
+../../../scheduler/energy/output_budget.py

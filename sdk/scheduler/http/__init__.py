@@ -1,0 +1,1 @@
+../../../scheduler/http/__init__.py
