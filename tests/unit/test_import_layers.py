@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -58,3 +59,67 @@ def test_the_core_does_not_import_the_layers_above_it() -> None:
     assert not graph["scheduler.energy"] & {"scheduler.types", "scheduler.framework", "scheduler.config"}
     assert not graph["scheduler.framework"] & {"scheduler.plugins", "scheduler.datalayer", "scheduler.server"}
     assert not graph["scheduler.ledger"] & {"scheduler.server"}
+
+
+# The router's parts: the SDK (scheduler.client, shipped alone as carbon-scheduler-sdk) and the
+# wire layer it shares with the router never import them, so the SDK installs without them.
+ROUTER_PARTS = frozenset({"scheduler.server", "scheduler.serve", "scheduler.datalayer", "scheduler.framework",
+                          "scheduler.config", "scheduler.sim"})
+# What the SDK's wheel is built from: links to the modules it is made of (sdk/pyproject.toml).
+SDK_TREE = ROOT.parent / "sdk" / "scheduler"
+
+
+def test_the_sdk_and_its_wire_layer_do_not_import_the_router() -> None:
+    graph = imports()
+    for sdk_part in ("scheduler.client", "scheduler.wire"):
+        assert graph[sdk_part], f"the walk found no imports in {sdk_part}: the test would prove nothing"
+        assert not graph[sdk_part] & ROUTER_PARTS, f"{sdk_part} imports {sorted(graph[sdk_part] & ROUTER_PARTS)}"
+
+
+def module_path(module: str) -> Path | None:
+    """The file of a ``scheduler`` module or package; None for a name that is neither (a class)."""
+    base = ROOT.parent.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def module_imports(module: str) -> set[str]:
+    """The ``scheduler`` modules ``module`` imports anywhere in its file (a function's lazy
+    import too), with the packages above each (importing a module runs their ``__init__``)."""
+    path = module_path(module)
+    assert path is not None, module
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("scheduler"):
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("scheduler")]
+        for name in names:
+            parts = name.split(".")
+            found.update(m for i in range(1, len(parts) + 1) if module_path(m := ".".join(parts[:i])) is not None)
+    return found
+
+
+def test_the_sdk_wheel_carries_every_module_the_sdk_imports_and_no_other() -> None:
+    reached: set[str] = set()
+    todo = [f"scheduler.client.{p.stem}".removesuffix(".__init__") for p in (ROOT / "client").glob("*.py")]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo.extend(module_imports(module))
+    shipped = {".".join((Path(folder) / name).relative_to(SDK_TREE.parent).with_suffix("").parts)
+               .removesuffix(".__init__")
+               for folder, _, names in os.walk(SDK_TREE, followlinks=True)  # (rglob would not enter the links)
+               for name in names if name.endswith(".py")}
+    assert len(shipped) > 10, f"{SDK_TREE}: found {sorted(shipped)}; are its links intact?"
+    router = sorted(m for m in reached if part(m) in ROUTER_PARTS)
+    assert not router, f"the SDK reaches the router's {router}"
+    missing = sorted(reached - shipped)
+    assert not missing, f"the SDK imports {missing}, which its wheel would not carry: link them under {SDK_TREE}"
+    # The generated stubs go as a whole; any other link the SDK does not import is dead weight.
+    unused = sorted(m for m in shipped - reached if part(m) != "scheduler.v1")
+    assert not unused, f"{SDK_TREE} links {unused}, which the SDK does not import"
