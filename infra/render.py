@@ -32,12 +32,13 @@ import json
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from scheduler.config.autoscaling import ReplicaRange, replica_ranges
 from scheduler.config.loader import load_policy, load_region, parse
 from scheduler.config.schema import ModelDeployment, PoolConfig, RegionConfig
 
@@ -136,7 +137,8 @@ class PoolPlan:
     model: ModelDeployment  # the one model its deployment serves
     gpus_per_worker: int
     workers: int  # the worker group's maxReplicas: enough nodes for the pool's count
-    replicas: int  # Serve replicas, tensor_parallel GPUs each
+    replicas: int  # Serve replicas at most, tensor_parallel GPUs each
+    autoscaling: ReplicaRange  # the served model's replica range (region file or default)
 
     @property
     def accelerator_type(self) -> str:
@@ -162,7 +164,8 @@ def pool_plan(region: RegionConfig, pool: PoolConfig, options: RenderOptions) ->
     workers = -(-pool.count // gpus)
     per_worker = gpus // model.tensor_parallel
     replicas = max(1, min(pool.count // model.tensor_parallel, workers * per_worker))
-    return PoolPlan(pool=pool, model=model, gpus_per_worker=gpus, workers=workers, replicas=replicas)
+    return PoolPlan(pool=pool, model=model, gpus_per_worker=gpus, workers=workers, replicas=replicas,
+                    autoscaling=replica_ranges(pool)[model.name])
 
 
 def _source(path: Path) -> str:
@@ -197,7 +200,9 @@ def pool_args(plan: PoolPlan, options: RenderOptions) -> dict[str, Any]:
         "gpu_memory_utilization": options.gpu_memory_utilization,
         "enforce_eager": False,
         "tensor_parallel": plan.model.tensor_parallel,
-        "replicas": plan.replicas,
+        # Ray Serve's autoscaler sizes the deployment within the model's range (the region file's
+        # autoscaling block, else the default: scheduler.config.autoscaling), at most ``replicas``.
+        "autoscaling": asdict(replace(plan.autoscaling, max_replicas=min(plan.autoscaling.max_replicas, plan.replicas))),
         "accelerator_type": plan.accelerator_type,
     }
 

@@ -135,8 +135,13 @@ class PoolLiveState:
     # max_model_len). None: not reported (the pool is taken to serve what its config says).
     # (Not hashed: a dict is not hashable, and equal states still hash equal without it.)
     models: Mapping[str, int] | None = field(default=None, hash=False)
-    # Replicas of the pool's deployment that are up (None: not reported).
+    # Replicas of the pool's deployment that serve now (warm), and those whose engine is loading
+    # (starting), as Ray Serve counts them (None: not reported; the pool then counts as warm).
+    # A pool with no warm replica is cold: a request there waits for, and with none starting
+    # pays for, a cold start (docs/objective.md, "Cold pools"). Every model the pool's
+    # deployment serves shares its replicas.
     replicas: int | None = None
+    starting_replicas: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
