@@ -148,10 +148,11 @@ class PoolPlan:
 def pool_plan(region: RegionConfig, pool: PoolConfig, options: RenderOptions) -> PoolPlan:
     """One deployment per pool, serving the pool's first single-GPU model (else its first model).
 
-    Replicas: the pool's declared capacity, ``count // tensor_parallel``, in replicas that fit
-    whole on a worker (vLLM's tensor parallelism stays inside a node). The router's energy and
-    capacity model assumes ``count`` GPUs, so the cluster runs them all; a smaller cluster means
-    lowering ``count`` in the region file, not here.
+    Replicas: at most the pool's declared capacity, ``count // tensor_parallel``, in replicas
+    that fit whole on a worker (vLLM's tensor parallelism stays inside a node); Serve's
+    autoscaler runs between the model's ``min_replicas`` and that (or its ``max_replicas``, if
+    lower: scheduler.config.autoscaling). A smaller cluster means lowering ``count`` or the
+    range in the region file, not here.
     """
     model = next((m for m in pool.models if m.tensor_parallel == 1), pool.models[0])
     gpus = min(options.gpus_per_worker, pool.count)
@@ -297,11 +298,14 @@ def ray_resources_param(resources: Mapping[str, int]) -> str:
 def worker_group(region: RegionConfig, plan: PoolPlan, options: RenderOptions,
                  labels: Mapping[str, str]) -> dict[str, Any]:
     gpus = str(plan.gpus_per_worker)
+    # Start with, and keep, the workers the served model's min_replicas need (none for a pool
+    # that scales to zero): KubeRay's autoscaler adds workers as Serve's autoscaler adds
+    # replicas, up to the pool's size, and removes the ones left idle.
+    floor = -(-plan.autoscaling.min_replicas // (plan.gpus_per_worker // plan.model.tensor_parallel))
     return {
         "groupName": f"gpu-{plan.pool.name}",
-        # Start at the pool's size: the Serve replicas fill every worker anyway.
-        "replicas": plan.workers,
-        "minReplicas": 1,
+        "replicas": floor,
+        "minReplicas": floor,
         "maxReplicas": plan.workers,
         "rayStartParams": {
             "metrics-export-port": str(RAY_METRICS_PORT),

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from scheduler.config.autoscaling import replica_ranges
 from scheduler.config.units import Rate, parse_rate
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
@@ -159,8 +160,6 @@ class PoolConfig(Strict):
                     f"model {deployment.name} needs tensor_parallel={deployment.tensor_parallel} "
                     f"GPUs but the pool has count={self.count}"
                 )
-        from scheduler.config.autoscaling import replica_ranges
-
         replica_ranges(self)  # raises when the models' max replicas need more GPUs than count
         return self
 

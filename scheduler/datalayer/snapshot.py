@@ -194,7 +194,9 @@ class SnapshotBuilder:
             for region in self.regions)
         self._replicas = tuple(replicas_of(c) for c in self.candidates)
         # Per candidate: what waking one of its replicas costs (scheduler.energy.cold_start).
-        self._cold_starts: tuple[ColdStart, ...] = tuple(cold_start(c.pool, c.deployment) for c in self.candidates)
+        self._cold_starts: tuple[ColdStart, ...] = tuple(
+            cold_start(c.gpu, c.model, c.deployment.precision, c.deployment.tensor_parallel, c.pool.cold_start_s,
+                       c.pool.cold_start_j) for c in self.candidates)
         # (candidate index, batch, others' context) -> its coefficients (``_at_point``)
         self._points: dict[tuple[int, float, float], tuple[EnergyCoefficients, LatencyCoefficients]] = {}
         # the fresh pool states per region of the last build, and its perf tuple

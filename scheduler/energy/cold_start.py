@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.config.schema import ModelDeployment, PoolConfig
-from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.hardware import GpuSpec
+from scheduler.energy.models import ModelSpec
 
 ENGINE_START_S = 30.0
 LOAD_BYTES_PER_S = 2e9
@@ -32,13 +31,12 @@ class ColdStart:
     source: str
 
 
-def cold_start(pool: PoolConfig, deployment: ModelDeployment) -> ColdStart:
-    """The cold start of one replica of ``deployment`` on ``pool``."""
-    gpu = GPU_CATALOGUE[pool.gpu]
-    weights = MODEL_CATALOGUE[deployment.name].weight_bytes(deployment.precision)
-    seconds = pool.cold_start_s if pool.cold_start_s is not None else (
-        ENGINE_START_S + weights / deployment.tensor_parallel / LOAD_BYTES_PER_S)
-    joules = pool.cold_start_j if pool.cold_start_j is not None else (
-        seconds * deployment.tensor_parallel * gpu.idle_w)
-    configured = pool.cold_start_s is not None or pool.cold_start_j is not None
+def cold_start(gpu: GpuSpec, model: ModelSpec, precision: str, tensor_parallel: int,
+               cold_start_s: float | None = None, cold_start_j: float | None = None) -> ColdStart:
+    """The cold start of one replica of ``model`` at ``precision`` on ``tensor_parallel`` GPUs
+    of ``gpu``; ``cold_start_s`` and ``cold_start_j`` are the pool's settings (None: derived)."""
+    seconds = cold_start_s if cold_start_s is not None else (
+        ENGINE_START_S + model.weight_bytes(precision) / tensor_parallel / LOAD_BYTES_PER_S)
+    joules = cold_start_j if cold_start_j is not None else seconds * tensor_parallel * gpu.idle_w
+    configured = cold_start_s is not None or cold_start_j is not None
     return ColdStart(seconds, joules, "config" if configured else "derived")

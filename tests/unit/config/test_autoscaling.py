@@ -14,7 +14,6 @@ import yaml
 from scheduler.config.autoscaling import ReplicaRange, replica_ranges
 from scheduler.config.loader import ConfigError, load_region
 from scheduler.config.schema import PoolConfig
-from scheduler.energy.cold_start import cold_start
 
 EIGHT_B = {"name": "llama-3.1-8b", "max_context": 131072}
 SEVENTY_B = {"name": "llama-3.1-70b", "max_context": 65536, "tensor_parallel": 4}
@@ -83,14 +82,3 @@ def test_blocks_whose_maxima_exceed_the_pool_are_an_error_naming_file_field_and_
 def test_min_above_max_is_an_error() -> None:
     with pytest.raises(ValueError, match="min_replicas 3 exceeds max_replicas 2"):
         pool_config(8, {**EIGHT_B, "autoscaling": {"min_replicas": 3, "max_replicas": 2}})
-
-
-@pytest.mark.timeout(30)
-def test_cold_start_from_the_pool_settings_else_derived() -> None:
-    derived = cold_start(pool_config(8, EIGHT_B), pool_config(8, EIGHT_B).models[0])
-    # 30 s + 16 GB of bf16 weights at 2 GB/s; at the H100's 75 W idle power.
-    assert derived.source == "derived"
-    assert derived.seconds == pytest.approx(30 + 16.06e9 / 2e9, rel=0.01)
-    assert derived.joules == pytest.approx(derived.seconds * 75)
-    configured = pool_config(8, EIGHT_B, cold_start_s="90s", cold_start_j=5000.0)
-    assert cold_start(configured, configured.models[0]) == type(derived)(90.0, 5000.0, "config")

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from scheduler.energy.cold_start import cold_start
+from scheduler.config.schema import ModelDeployment, PoolConfig
+from scheduler.energy.cold_start import ColdStart, cold_start
+from scheduler.energy.hardware import GPU_CATALOGUE
+from scheduler.energy.models import MODEL_CATALOGUE
 from scheduler.framework.columns import prepared
 from scheduler.framework.explain import explain_dict, explain_table
 from scheduler.framework.predict import request_view
@@ -18,6 +21,14 @@ from scheduler.plugins.filters.cold_pool import ColdPoolFilter
 from scheduler.plugins.filters.model_available import ModelAvailableFilter
 from scheduler.types import GeoPoint, PoolLiveState, RegionLiveState, Request
 from tests.literals import NOW, carbon, pool, region
+
+
+def pool_cold_start(pool: PoolConfig, model: ModelDeployment | None = None) -> ColdStart:
+    """The cold start of ``model`` (the pool's first, by default) on ``pool``, as the snapshot
+    builder computes it for its candidate."""
+    model = model or pool.models[0]
+    return cold_start(GPU_CATALOGUE[pool.gpu], MODEL_CATALOGUE[model.name], model.precision, model.tensor_parallel,
+                      pool.cold_start_s, pool.cold_start_j)
 
 MODEL = "llama-3.1-8b"
 # Where the unit tests' regions are (tests.literals.region): no RTT to speak of.
@@ -39,7 +50,7 @@ def live(name: str, **pools: tuple[int | None, int | None]) -> RegionLiveState:
 
 # Two pools of one region, same GPU: "a" is cold or warm as the case says, "b" always warm.
 FLEET = [region("r", pools=[pool("a", "H100-80GB"), pool("b", "H100-80GB")])]
-COLD_START = cold_start(FLEET[0].pools[0], FLEET[0].pools[0].models[0])
+COLD_START = pool_cold_start(FLEET[0].pools[0], FLEET[0].pools[0].models[0])
 # A pool that says what its cold start costs.
 QUICK = [region("q", pools=[{**pool("a", "H100-80GB"), "cold_start_s": 5, "cold_start_j": 400.0}])]
 
