@@ -8,6 +8,7 @@
   HTTP request on a kept-alive connection costs the router a fraction of a gRPC call.
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: OpenAI's API,
   streamed or not (scheduler.server.openai_front has the formats and the scheduling hints).
+- ``GET /health``: 200 while the router serves; no key needed, nothing read but memory.
 - ``POST /v1/deferred/completions`` (a completions body plus ``"deadline"``, epoch seconds):
   the Defer RPC, answered ``202`` with the ``DeferResponse`` as JSON; ``GET /v1/deferred/{id}``:
   GetDeferred, the ``DeferredStatus`` as JSON; ``DELETE /v1/deferred/{id}``: CancelDeferred
@@ -53,6 +54,7 @@ from scheduler.server import convert, openai_front
 from scheduler.server.auth import Principal
 from scheduler.server.core import TRANSIENT_PLUGINS, ProxyRun, RouterCore
 from scheduler.server.deferred import Deferrals
+from scheduler.server.dispatch import merge_fields
 from scheduler.server.edge import GUARDED_DESERIALIZERS, admit, authenticate
 from scheduler.server.status import rpc_status_for
 from scheduler.server.wire import RejectedRequest
@@ -68,6 +70,8 @@ GENERATE_PATH = "/scheduler.v1.GlobalRouter/Generate"
 DEFERRED_COMPLETIONS_PATH = "/v1/deferred/completions"
 # GET DEFERRED_PREFIX + request id: a deferred request's status.
 DEFERRED_PREFIX = "/v1/deferred/"
+# Load balancers' and orchestrators' probe: the one path that takes no key.
+HEALTH_PATH = "/health"
 # What the DeferRequest's fields are called in a deferred completions body.
 _DEFERRED_BODY_FIELDS = {"deadline_unix_s": "deadline", "request.request_id": "x_scheduler.request_id",
                          "request.workload_class": "x_scheduler.workload_class"}
@@ -277,6 +281,7 @@ class HttpApi:
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/v1/chat/completions"): self.chat_completions,
             ("GET", "/v1/models"): self.models,
+            ("GET", HEALTH_PATH): self.health,
             ("POST", DEFERRED_COMPLETIONS_PATH): self.deferred_completions,
         }, {("GET", DEFERRED_PREFIX): self.deferred_status, ("DELETE", DEFERRED_PREFIX): self.deferred_cancel})
 
@@ -286,7 +291,7 @@ class HttpApi:
         ``100 Continue`` and before any of its body is read (the server then closes the
         connection); None without keys (--insecure: nothing to check)."""
         keys = self.deps.keys
-        if keys is None:
+        if keys is None or (method == "GET" and path == HEALTH_PATH):
             return None
         try:
             return authenticate(keys, path, headers.get("authorization"))
@@ -501,7 +506,8 @@ class HttpApi:
         try:
             await self._admit(request, "openai.models")
             snapshot = self.deps.refresher.current()
-            data = [{"id": name, "object": "model", "created": 0, "owned_by": "carbon-scheduler"}
+            data = [{"id": name, "object": "model", "created": 0, "owned_by": "carbon-scheduler",
+                     "max_model_len": openai_front.max_model_len(snapshot, name)}
                     for name in sorted(snapshot.candidates_by_model)]
             return HttpResponse(200, orjson.dumps({"object": "list", "data": data}))
         except Exception as exc:
@@ -509,6 +515,11 @@ class HttpApi:
             return response
         finally:
             self.deps.metrics.request("openai.models", code)
+
+    async def health(self, request: HttpRequest) -> HttpResponse:
+        """Serving: the process answers and holds a fleet snapshot (whether regions are well is
+        the decision's business, not the probe's)."""
+        return HttpResponse(200, b'{"status":"ok"}', JSON)
 
     async def completions(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
         return await self._generate(request, chat=False)
@@ -522,6 +533,7 @@ class HttpApi:
         try:
             principal = await self._admit(request, method)
             msg, call = openai_front.generate_request(_json_body(request), request.headers, chat)
+            openai_front.fill_chat_max_tokens(msg, self.deps.refresher.current())
             run = self.core.proxy(principal, msg, call.remaining_s, trace, prefetch=False)
         except Exception as exc:
             response, code = openai_error(exc)
@@ -542,16 +554,22 @@ class HttpApi:
             slots.acquire(principal)
             try:
                 texts, finish = [], ""
+                fields: dict[str, Any] | None = None
+                logprobs: dict[str, Any] | None = None
                 async with run:
                     async for delta in run:
                         texts.append(delta.text)
                         finish = delta.finish_reason or finish
+                        if delta.delta_fields is not None:
+                            fields = merge_fields(fields, delta.delta_fields)
+                        if delta.logprobs is not None:
+                            logprobs = merge_fields(logprobs, delta.logprobs)
             finally:
                 slots.release(principal)
             if run.failure is not None:
                 raise run.failure
             body = openai_front.completion_object(call, run.decision_id, "".join(texts), finish, run.stream.usage,
-                                                  run.receipt)
+                                                  run.receipt, fields, logprobs)
             headers = openai_front.receipt_headers(run.receipt) if run.receipt is not None else ()
             return HttpResponse(200, orjson.dumps(body), JSON, headers)
         except Exception as exc:
@@ -564,7 +582,8 @@ class HttpApi:
 
     async def _sse(self, principal: Principal, run: ProxyRun, call: openai_front.OpenAiCall,
                    method: str) -> AsyncIterator[bytes]:
-        """Streamed: OpenAI chunks, [DONE], then the receipt. A failure before the first text
+        """Streamed: OpenAI chunks, the usage chunk with the receipt (``include_usage``), [DONE];
+        the receipt after [DONE] when no usage chunk carried it. A failure before the first text
         is answered with its own status (``AnswerInstead``); after it, as an error event."""
         writer = openai_front.ChunkWriter(call, run.decision_id)
         try:
@@ -589,6 +608,7 @@ class HttpApi:
                         raise AnswerInstead(response) from None
                     yield writer.error(str(exc), "server_error", _openai_mapping(exc).code)
                     return
+            receipt_sent = False
             if run.failure is not None:
                 _, outcome.code = openai_error(run.failure)
                 outcome.message = str(run.failure)
@@ -596,8 +616,9 @@ class HttpApi:
             else:
                 if call.include_usage:
                     yield writer.usage(run.stream.usage, run.receipt)
+                    receipt_sent = True
                 yield writer.done()
-            if run.receipt is not None:
+            if run.receipt is not None and not receipt_sent:
                 yield writer.receipt(run.receipt)
 
 
