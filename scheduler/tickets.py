@@ -302,6 +302,23 @@ def engine_body(body: Mapping[str, Any]) -> dict[str, Any]:
     return dict(body)
 
 
+def message_body(role: str, content: str, name: str = "", tool_call_id: str = "",
+                 tool_calls: list[Any] | None = None) -> dict[str, Any]:
+    """One chat message of an engine body, as the router signs it and a direct-mode client
+    sends it: OpenAI's optional keys only when set, and no content (null) for an assistant
+    message that only calls tools."""
+    out: dict[str, Any] = {"role": role, "content": content}
+    if name:
+        out["name"] = name
+    if tool_call_id:
+        out["tool_call_id"] = tool_call_id
+    if tool_calls is not None:
+        out["tool_calls"] = tool_calls
+        if not content:
+            out["content"] = None
+    return out
+
+
 def _canonical(name: str, value: Any) -> Any:
     if name in REAL_FIELDS and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

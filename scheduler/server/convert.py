@@ -23,7 +23,7 @@ from scheduler.errors import FieldViolation, InvalidRequest
 from scheduler.framework.explain import objective_of
 from scheduler.server.dispatch import CHAT_COMPLETIONS, COMPLETIONS, RegionCall
 from scheduler.server.prefix import derive_prefix_key, scoped, shared_text
-from scheduler.tickets import ENGINE_FIELDS, MAX_TOKEN_BYTES
+from scheduler.tickets import ENGINE_FIELDS, MAX_TOKEN_BYTES, message_body
 from scheduler.types import (
     CarbonUsed,
     Decision,
@@ -126,11 +126,7 @@ def _cap_strings(bad: list[FieldViolation], field: str, values: Any, max_entries
 
 def _message_body(message: pb.ChatMessage, index: int, bad: list[FieldViolation]) -> dict[str, Any]:
     """A chat message with OpenAI's other fields (name, tool_call_id, tool_calls)."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.name:
-        out["name"] = message.name
-    if message.tool_call_id:
-        out["tool_call_id"] = message.tool_call_id
+    calls = None
     if message.tool_calls_json:
         try:
             calls = orjson.loads(message.tool_calls_json)
@@ -139,10 +135,8 @@ def _message_body(message: pb.ChatMessage, index: int, bad: list[FieldViolation]
         if type(calls) is not list:
             bad.append(FieldViolation(f"chat.messages[{index}].tool_calls_json",
                                       f"expected a JSON list, got {show(message.tool_calls_json)}"))
-        out["tool_calls"] = calls
-        if not message.content:
-            out["content"] = None  # OpenAI's form of an assistant message that only calls tools
-    return out
+            calls = []
+    return message_body(message.role, message.content, message.name, message.tool_call_id, calls)
 
 
 def _engine_fields(raw: str, bad: list[FieldViolation]) -> dict[str, Any]:

@@ -8,11 +8,13 @@ import orjson
 import pytest
 
 from scheduler import errors, tickets
+from scheduler.client import direct
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.server import convert
 from scheduler.types import FleetSnapshot
 from scheduler.v1 import messages_pb2 as pb
+from scheduler.v1 import router_pb2
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,3 +80,16 @@ def test_tool_calls_that_are_not_a_json_list_are_refused() -> None:
     with pytest.raises(errors.InvalidRequest) as refused:
         convert.incoming(chat(pb.ChatMessage(role="assistant", tool_calls_json='{"id": 1}')), "acme", snapshot())
     assert [v.field for v in refused.value.violations] == ["chat.messages[0].tool_calls_json"]
+
+
+def test_a_direct_mode_client_sends_the_body_the_router_signed() -> None:
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]
+    msg = chat(pb.ChatMessage(role="user", content="Weather in Paris?", name="ann"),
+               pb.ChatMessage(role="assistant", tool_calls_json=orjson.dumps(calls).decode()),
+               pb.ChatMessage(role="tool", content="12 C", tool_call_id="call_1"),
+               engine={"tools": TOOLS, "logprobs": True, "top_logprobs": 2})
+    signed = convert.incoming(msg, "acme", snapshot()).call.body
+    target = router_pb2.DirectTarget(region="eu-north", pool="p", model="llama-3.1-8b")
+    sent = direct.region_body(msg, target)
+    assert tickets.body_digest(sent) == tickets.body_digest(signed)
+    assert tickets.engine_body({k: v for k, v in sent.items() if k != "x_scheduler"})
