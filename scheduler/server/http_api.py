@@ -225,6 +225,11 @@ def deferred_request(body: Any, headers: Mapping[str, str]) -> router_pb2.DeferR
         msg, _ = openai_front.generate_request(completion, headers, chat=False)
     except errors.InvalidRequest as exc:
         raise errors.InvalidRequest([*bad, *exc.violations]) from None
+    beyond_text = sorted(set(orjson.loads(msg.engine_fields_json or "{}")) & openai_front.BEYOND_TEXT_FIELDS)
+    if beyond_text:
+        raise errors.InvalidRequest([errors.FieldViolation(name, f"{name}: a deferred answer is its text only "
+                                                                 "(fetched later, without tool calls or logprobs)")
+                                     for name in beyond_text])
     if bad:
         raise errors.InvalidRequest(bad)
     named = (isinstance(hints, dict) and "workload_class" in hints) or "x-scheduler-workload-class" in headers

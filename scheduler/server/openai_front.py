@@ -79,6 +79,9 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
 }
 # Fields honoured at their default only (anything else would change the answer).
 DEFAULT_ONLY_FIELDS = frozenset({"n", "best_of", "modalities"})
+# Engine fields whose answer is more than text (tool calls, logprobs): only a streamed or whole
+# OpenAI answer carries it, not a deferred request's stored text.
+BEYOND_TEXT_FIELDS = frozenset({"tools", "tool_choice", "logprobs", "top_logprobs"})
 HINTS = frozenset({"tenant", "request_id", "workload_class", "ttft_ms", "tpot_ms", "deadline_ms", "jurisdictions",
                    "certifications", "precision", "task_class", "client_location", "prefix_key", "prompt_tokens",
                    "cached_tokens", "workflow_id", "workflow_shape", "shared_prefix_tokens"})

@@ -12,7 +12,7 @@ from scheduler import tickets
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.errors import InvalidRequest
-from scheduler.server import openai_front
+from scheduler.server import http_api, openai_front
 from scheduler.server.dispatch import TextDelta, merge_fields
 from scheduler.types import EnergyReceipt
 from scheduler.v1 import messages_pb2 as pb
@@ -234,3 +234,11 @@ def test_tool_calls_and_logprobs_reach_the_client_streamed_and_whole() -> None:
     logprobs = {"tokens": ["a"], "token_logprobs": [-0.1]}
     text_chunk = orjson.loads(openai_front.ChunkWriter(text_call, "abc").delta(TextDelta("a", "", None, logprobs))[6:])
     assert text_chunk["choices"][0]["logprobs"] == logprobs
+
+
+def test_a_deferred_completion_refuses_what_its_stored_text_cannot_carry() -> None:
+    deferred = http_api.deferred_request({**BASE, "deadline": 0, "presence_penalty": 0.3, "logprobs": False}, {})
+    assert orjson.loads(deferred.request.engine_fields_json) == {"presence_penalty": 0.3}
+    with pytest.raises(InvalidRequest) as refused:
+        http_api.deferred_request({**BASE, "logprobs": 2}, {})
+    assert [v.field for v in refused.value.violations] == ["logprobs"]
