@@ -26,7 +26,6 @@ import asyncio
 import base64
 import contextlib
 import logging
-import math
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -52,10 +51,12 @@ from scheduler.http.server import (
 )
 from scheduler.server import convert, openai_front
 from scheduler.server.auth import Principal
+from scheduler.server.batches import Batches
 from scheduler.server.core import TRANSIENT_PLUGINS, ProxyRun, RouterCore
 from scheduler.server.deferred import Deferrals
 from scheduler.server.dispatch import merge_fields
 from scheduler.server.edge import GUARDED_DESERIALIZERS, admit, authenticate
+from scheduler.server.openai_front import deferred_request
 from scheduler.server.status import rpc_status_for
 from scheduler.server.wire import RejectedRequest
 from scheduler.v1 import messages_pb2, router_pb2
@@ -72,6 +73,10 @@ DEFERRED_COMPLETIONS_PATH = "/v1/deferred/completions"
 DEFERRED_PREFIX = "/v1/deferred/"
 # Load balancers' and orchestrators' probe: the one path that takes no key.
 HEALTH_PATH = "/health"
+# OpenAI's Batch API (scheduler.server.batches).
+FILES_PATH, BATCHES_PATH = "/v1/files", "/v1/batches"
+# A route's parameter segment.
+PARAMETER = "{id}"
 # What the DeferRequest's fields are called in a deferred completions body.
 _DEFERRED_BODY_FIELDS = {"deadline_unix_s": "deadline", "request.request_id": "x_scheduler.request_id",
                          "request.workload_class": "x_scheduler.workload_class"}
@@ -205,39 +210,6 @@ def _json_body(request: HttpRequest) -> Any:
         raise errors.InvalidRequest([errors.FieldViolation("body", f"not JSON: {exc}"[:200])]) from None
 
 
-def deferred_request(body: Any, headers: Mapping[str, str]) -> router_pb2.DeferRequest:
-    """A deferred completions body (a completions body plus ``deadline``, epoch seconds, 0 or
-    absent: the policy's deferrable SLO from now) as a ``DeferRequest``; the workload class is
-    ``deferrable`` unless the request names one."""
-    if not isinstance(body, dict):
-        raise errors.InvalidRequest([errors.FieldViolation("body", "expected a JSON object")])
-    bad = []
-    deadline = body.get("deadline", 0)
-    if not isinstance(deadline, int | float) or isinstance(deadline, bool) or not math.isfinite(deadline):
-        bad.append(errors.FieldViolation("deadline", f"expected epoch seconds, got {deadline!r}"[:200]))
-        deadline = 0
-    if body.get("stream", False) is not False:
-        bad.append(errors.FieldViolation("stream", f"a deferred request is fetched ({DEFERRED_PREFIX}{{id}}), "
-                                                   "not streamed"))
-    completion = {name: value for name, value in body.items() if name != "deadline"}
-    hints = completion.get("x_scheduler")
-    try:
-        msg, _ = openai_front.generate_request(completion, headers, chat=False)
-    except errors.InvalidRequest as exc:
-        raise errors.InvalidRequest([*bad, *exc.violations]) from None
-    beyond_text = sorted(set(orjson.loads(msg.engine_fields_json or "{}")) & openai_front.BEYOND_TEXT_FIELDS)
-    if beyond_text:
-        raise errors.InvalidRequest([errors.FieldViolation(name, f"{name}: a deferred answer is its text only "
-                                                                 "(fetched later, without tool calls or logprobs)")
-                                     for name in beyond_text])
-    if bad:
-        raise errors.InvalidRequest(bad)
-    named = (isinstance(hints, dict) and "workload_class" in hints) or "x-scheduler-workload-class" in headers
-    if not named:
-        msg.workload_class = messages_pb2.WORKLOAD_CLASS_DEFERRABLE
-    return router_pb2.DeferRequest(request=msg, deadline_unix_s=float(deadline))
-
-
 def _body_names(exc: errors.InvalidRequest) -> errors.InvalidRequest:
     """A Defer violation named as the deferred completions body names the field."""
     return errors.InvalidRequest([
@@ -246,29 +218,31 @@ def _body_names(exc: errors.InvalidRequest) -> errors.InvalidRequest:
 
 
 class Routes(Mapping[tuple[str, str], Handler]):
-    """The server's routes: exact paths, and paths whose last segment is a parameter (keyed by
-    their prefix, e.g. ``/v1/deferred/``, shown as ``/v1/deferred/{id}``): a path under the
-    prefix with one more, non-empty segment."""
+    """The server's routes: exact paths, and paths with one segment a parameter (keyed by their
+    template, e.g. ``/v1/deferred/{id}`` or ``/v1/batches/{id}/cancel``): a path with the
+    template's text around one non-empty segment."""
 
     def __init__(self, exact: Mapping[tuple[str, str], Handler],
                  parameterized: Mapping[tuple[str, str], Handler]) -> None:
         self.exact = dict(exact)
-        self.parameterized = dict(parameterized)
+        self.parameterized = {(method, *template.split(PARAMETER, 1)): handler
+                              for (method, template), handler in parameterized.items()}
 
     def __getitem__(self, key: tuple[str, str]) -> Handler:
         handler = self.exact.get(key)
         if handler is not None:
             return handler
         method, path = key
-        for (route_method, prefix), candidate in self.parameterized.items():
-            rest = path[len(prefix):]
-            if route_method == method and path.startswith(prefix) and rest and "/" not in rest:
-                return candidate
+        for (route_method, prefix, suffix), candidate in self.parameterized.items():
+            if route_method == method and path.startswith(prefix) and path.endswith(suffix):
+                value = path[len(prefix):len(path) - len(suffix)]
+                if value and "/" not in value:
+                    return candidate
         raise KeyError(key)
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         yield from self.exact
-        yield from ((method, prefix + "{id}") for method, prefix in self.parameterized)
+        yield from ((method, prefix + PARAMETER + suffix) for method, prefix, suffix in self.parameterized)
 
     def __len__(self) -> int:
         return len(self.exact) + len(self.parameterized)
@@ -278,6 +252,8 @@ class HttpApi:
     def __init__(self, deps: RouterDeps) -> None:
         self.deps = deps
         self.core = RouterCore(deps)
+        self.batches = Batches(deps.store, deps.deferrals, deps.clock,
+                               lambda msg: openai_front.fill_chat_max_tokens(msg, deps.refresher.current()))
 
     def routes(self) -> Routes:
         return Routes({
@@ -288,7 +264,13 @@ class HttpApi:
             ("GET", "/v1/models"): self.models,
             ("GET", HEALTH_PATH): self.health,
             ("POST", DEFERRED_COMPLETIONS_PATH): self.deferred_completions,
-        }, {("GET", DEFERRED_PREFIX): self.deferred_status, ("DELETE", DEFERRED_PREFIX): self.deferred_cancel})
+            ("POST", FILES_PATH): self.upload_file,
+            ("POST", BATCHES_PATH): self.create_batch,
+        }, {("GET", DEFERRED_PREFIX + PARAMETER): self.deferred_status,
+            ("DELETE", DEFERRED_PREFIX + PARAMETER): self.deferred_cancel,
+            ("GET", FILES_PATH + "/" + PARAMETER + "/content"): self.file_content,
+            ("GET", BATCHES_PATH + "/" + PARAMETER): self.batch_status,
+            ("POST", BATCHES_PATH + "/" + PARAMETER + "/cancel"): self.batch_cancel})
 
     def authorize(self, method: str, path: str, headers: Mapping[str, str]) -> Principal | HttpResponse | None:
         """The server's check when a request's headers are complete (every endpoint here takes a
@@ -504,6 +486,47 @@ class HttpApi:
         finally:
             self.deps.metrics.request(method, code)
 
+    # --- OpenAI's Batch API (scheduler.server.batches) ---------------------------------------
+
+    async def upload_file(self, request: HttpRequest) -> HttpResponse:
+        return await self._batch_call(request, "openai.files.create", lambda principal: self.batches.upload(
+            principal, request.headers.get("content-type", ""), request.body))
+
+    async def file_content(self, request: HttpRequest) -> HttpResponse:
+        file_id = _parameter(request.path, FILES_PATH + "/", "/content")
+        return await self._batch_call(request, "openai.files.content",
+                                      lambda principal: self.batches.content(principal, file_id))
+
+    async def create_batch(self, request: HttpRequest) -> HttpResponse:
+        return await self._batch_call(request, "openai.batches.create", lambda principal: self.batches.create(
+            principal, _json_body(request), request.headers))
+
+    async def batch_status(self, request: HttpRequest) -> HttpResponse:
+        batch_id = _parameter(request.path, BATCHES_PATH + "/", "")
+        return await self._batch_call(request, "openai.batches.get",
+                                      lambda principal: self.batches.get(principal, batch_id))
+
+    async def batch_cancel(self, request: HttpRequest) -> HttpResponse:
+        batch_id = _parameter(request.path, BATCHES_PATH + "/", "/cancel")
+        return await self._batch_call(request, "openai.batches.cancel",
+                                      lambda principal: self.batches.cancel(principal, batch_id))
+
+    async def _batch_call(self, request: HttpRequest, method: str,
+                          call: Callable[[Principal], Awaitable[dict[str, Any] | bytes]]) -> HttpResponse:
+        """One Batch API call: admitted, answered as JSON (a file's content as it is), errors as
+        OpenAI error objects, counted."""
+        code = "OK"
+        try:
+            answer = await call(await self._admit(request, method))
+            if isinstance(answer, bytes):
+                return HttpResponse(200, answer, "application/jsonl")
+            return HttpResponse(200, orjson.dumps(answer), JSON)
+        except Exception as exc:
+            response, code = openai_error(exc)
+            return response
+        finally:
+            self.deps.metrics.request(method, code)
+
     # --- the OpenAI API ------------------------------------------------------------------
 
     async def models(self, request: HttpRequest) -> HttpResponse:
@@ -625,6 +648,11 @@ class HttpApi:
                 yield writer.done()
             if run.receipt is not None and not receipt_sent:
                 yield writer.receipt(run.receipt)
+
+
+def _parameter(path: str, prefix: str, suffix: str) -> str:
+    """A route's parameter segment, unquoted."""
+    return urllib.parse.unquote(path[len(prefix):len(path) - len(suffix)])
 
 
 def _json(message: Any) -> bytes:

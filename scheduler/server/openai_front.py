@@ -39,6 +39,7 @@ receipt (``usage.energy_receipt``: OpenAI's clients keep unknown fields of ``usa
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from scheduler.server.dispatch import TextDelta
 from scheduler.tickets import MESSAGE_KEYS
 from scheduler.types import EnergyReceipt, FleetSnapshot
 from scheduler.v1 import messages_pb2 as pb
+from scheduler.v1 import router_pb2
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 WORKLOAD = {"interactive": pb.WORKLOAD_CLASS_INTERACTIVE, "batch": pb.WORKLOAD_CLASS_BATCH,
@@ -349,6 +351,37 @@ def generate_request(body: Any, headers: Mapping[str, str], chat: bool) -> tuple
         raise InvalidRequest(fields.bad)
     return msg, OpenAiCall(chat, model, stream is True, include_usage,
                            None if deadline_ms is None else deadline_ms / 1000.0)
+
+
+def deferred_request(body: Any, headers: Mapping[str, str], chat: bool = False) -> router_pb2.DeferRequest:
+    """A deferred body (a completions or chat completions body plus ``deadline``, epoch seconds,
+    0 or absent: the policy's deferrable SLO from now) as a ``DeferRequest``; the workload class
+    is ``deferrable`` unless the request names one. Refused: ``stream`` (a deferred request is
+    fetched) and the fields whose answer is more than the text it keeps (``BEYOND_TEXT_FIELDS``)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest([FieldViolation("body", "expected a JSON object")])
+    bad = []
+    deadline = body.get("deadline", 0)
+    if not isinstance(deadline, int | float) or isinstance(deadline, bool) or not math.isfinite(deadline):
+        bad.append(FieldViolation("deadline", f"expected epoch seconds, got {deadline!r}"[:200]))
+        deadline = 0
+    if body.get("stream", False) not in (False, None):
+        bad.append(FieldViolation("stream", "a deferred request is fetched, not streamed"))
+    completion = {name: value for name, value in body.items() if name != "deadline"}
+    hints = completion.get("x_scheduler")
+    try:
+        msg, _ = generate_request(completion, headers, chat)
+    except InvalidRequest as exc:
+        raise InvalidRequest([*bad, *exc.violations]) from None
+    beyond_text = sorted(set(orjson.loads(msg.engine_fields_json or "{}")) & BEYOND_TEXT_FIELDS)
+    bad.extend(FieldViolation(name, f"{name}: a deferred answer is its text only (fetched later, without tool "
+                                    "calls or logprobs)") for name in beyond_text)
+    if bad:
+        raise InvalidRequest(bad)
+    named = (isinstance(hints, dict) and "workload_class" in hints) or "x-scheduler-workload-class" in headers
+    if not named:
+        msg.workload_class = pb.WORKLOAD_CLASS_DEFERRABLE
+    return router_pb2.DeferRequest(request=msg, deadline_unix_s=float(deadline))
 
 
 def max_model_len(snapshot: FleetSnapshot, model: str) -> int | None:
