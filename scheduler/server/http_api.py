@@ -9,6 +9,9 @@
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: OpenAI's API,
   streamed or not (scheduler.server.openai_front has the formats and the scheduling hints).
 - ``GET /health``: 200 while the router serves; no key needed, nothing read but memory.
+- ``POST /v1/files``, ``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET
+  /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``: OpenAI's Batch API on the deferral
+  queue (scheduler.server.batches).
 - ``POST /v1/deferred/completions`` (a completions body plus ``"deadline"``, epoch seconds):
   the Defer RPC, answered ``202`` with the ``DeferResponse`` as JSON; ``GET /v1/deferred/{id}``:
   GetDeferred, the ``DeferredStatus`` as JSON; ``DELETE /v1/deferred/{id}``: CancelDeferred
