@@ -23,6 +23,7 @@ most ``MAX_LINES`` requests, each request under the deferral's own caps (held re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.parser
 import email.policy
 import os
@@ -199,10 +200,12 @@ class Batches:
                 held += 1
         except Exception:
             # All of the batch or none of it: what was held is dropped, and the batch with it.
-            for request in requests[:held]:
-                await deferrals.cancel(principal, request.request.request_id)
-            await self._io(self.store.delete(batch_key(principal.tenant, batch_id)))
-            await self._io(self.store.zrem(batches_index(principal.tenant), [batch_id]))
+            # What cannot be dropped now lapses with its deadline; the first error is the answer.
+            with contextlib.suppress(errors.SchedulerError):
+                for request in requests[:held]:
+                    await deferrals.cancel(principal, request.request.request_id)
+                await self._io(self.store.delete(batch_key(principal.tenant, batch_id)))
+                await self._io(self.store.zrem(batches_index(principal.tenant), [batch_id]))
             raise
         return _batch_object(batch_id, record, {HELD: len(lines)})
 

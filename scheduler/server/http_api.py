@@ -91,7 +91,8 @@ MAX_BODY_BYTES = 5 * 2**20
 # runs: its endpoint's, as the handler counts it.
 _METRIC_METHODS = {ROUTE_PATH: "Route", GENERATE_PATH: GENERATE_PATH, "/v1/completions": "openai.completions",
                    "/v1/chat/completions": "openai.chat.completions", "/v1/models": "openai.models",
-                   DEFERRED_COMPLETIONS_PATH: "openai.deferred.completions"}
+                   DEFERRED_COMPLETIONS_PATH: "openai.deferred.completions", FILES_PATH: "openai.files.create",
+                   BATCHES_PATH: "openai.batches.create"}
 
 _CONNECT_STATUS = {code_pb2.OK: 200, code_pb2.CANCELLED: 499, code_pb2.UNKNOWN: 500, code_pb2.INVALID_ARGUMENT: 400,
                    code_pb2.DEADLINE_EXCEEDED: 504, code_pb2.NOT_FOUND: 404, code_pb2.ALREADY_EXISTS: 409,
