@@ -8,7 +8,8 @@
   HTTP request on a kept-alive connection costs the router a fraction of a gRPC call.
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: OpenAI's API,
   streamed or not (scheduler.server.openai_front has the formats and the scheduling hints).
-- ``GET /health``: 200 while the router serves; no key needed, nothing read but memory.
+- ``GET /health``: 200 while the router serves (503 while it starts or drains); no key
+  needed, nothing read but memory.
 - ``POST /v1/files``, ``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET
   /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``: OpenAI's Batch API on the deferral
   queue (scheduler.server.batches).
@@ -253,9 +254,10 @@ class Routes(Mapping[tuple[str, str], Handler]):
 
 
 class HttpApi:
-    def __init__(self, deps: RouterDeps) -> None:
+    def __init__(self, deps: RouterDeps, serving: Callable[[], bool] = lambda: True) -> None:
         self.deps = deps
         self.core = RouterCore(deps)
+        self.serving = serving
         self.batches = Batches(deps.store, deps.deferrals, deps.clock,
                                lambda msg: openai_front.fill_chat_max_tokens(msg, deps.refresher.current()))
 
@@ -549,9 +551,11 @@ class HttpApi:
             self.deps.metrics.request("openai.models", code)
 
     async def health(self, request: HttpRequest) -> HttpResponse:
-        """Serving: the process answers and holds a fleet snapshot (whether regions are well is
-        the decision's business, not the probe's)."""
-        return HttpResponse(200, b'{"status":"ok"}', JSON)
+        """200 while the router takes requests; 503 while it starts or drains (as the metrics
+        port's /healthz). Whether regions are well is the decision's business, not the probe's."""
+        if self.serving():
+            return HttpResponse(200, b'{"status":"ok"}', JSON)
+        return HttpResponse(503, b'{"status":"not serving"}', JSON)
 
     async def completions(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
         return await self._generate(request, chat=False)
@@ -685,7 +689,9 @@ def server_ssl_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSL
     return context
 
 
-def build_http_server(deps: RouterDeps, limits: ServerLimits | None = None) -> HttpServer:
-    api = HttpApi(deps)
+def build_http_server(deps: RouterDeps, limits: ServerLimits | None = None,
+                      serving: Callable[[], bool] = lambda: True) -> HttpServer:
+    """The front door; ``serving``: whether the router takes requests now (``GET /health``)."""
+    api = HttpApi(deps, serving)
     return HttpServer(api.routes(), limits=limits or ServerLimits(max_body_bytes=MAX_BODY_BYTES),
                       name="carbon-scheduler-router", authorize=api.authorize)

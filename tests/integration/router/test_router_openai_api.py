@@ -190,7 +190,11 @@ async def test_models_give_context_lengths_and_health_needs_no_key(
     async with httpx.AsyncClient() as http:
         health = await http.get(base_url(router) + "/health")
         models_without_key = await http.get(base_url(router) + "/v1/models")
+        router.serving = False  # as while it drains
+        draining = await http.get(base_url(router) + "/health")
+        router.serving = True
     assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert draining.status_code == 503
     assert models_without_key.status_code == 401
 
 
