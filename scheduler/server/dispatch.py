@@ -54,6 +54,8 @@ CHAT_COMPLETIONS = "/v1/chat/completions"
 CLIENT_ERRORS = frozenset({400, 422})
 # Coalescing waits only while reads come within this many windows of each other (a burst).
 COALESCE_BURST = 4
+# A chat delta's keys that carry its text (any other is relayed as ``TextDelta.delta_fields``).
+_TEXT_DELTA_KEYS = frozenset({"content", "role"})
 # Longest region error message kept (in failover records, receipts and statuses).
 REGION_MESSAGE_CHARS = 300
 
@@ -358,23 +360,24 @@ class RegionStream:
             if type(energy) is dict:
                 self.energy = energy
         text, reason = choice_text(event)
-        return text, reason, self._keep_other_fields(event)
-
-    def _keep_other_fields(self, event: dict[str, Any]) -> bool:
-        """Keep what the event's first choice carries beside its text (its delta's other fields,
-        its logprobs) for the next delta; whether there was any."""
         choices = event.get("choices")
-        if type(choices) is not list or not choices or type(choice := choices[0]) is not dict:
-            return False
+        if type(choices) is list and choices and type(choice := choices[0]) is dict:
+            delta, logprobs = choice.get("delta"), choice.get("logprobs")
+            # The usual chat chunk carries its text alone: nothing more to look at.
+            if (type(delta) is dict and not delta.keys() <= _TEXT_DELTA_KEYS) or logprobs is not None:
+                return text, reason, self._keep_other_fields(delta, logprobs)
+        return text, reason, False
+
+    def _keep_other_fields(self, delta: Any, logprobs: Any) -> bool:
+        """Keep what a choice carries beside its text (its delta's other fields, its logprobs)
+        for the next delta; whether there was any."""
         kept = False
-        delta = choice.get("delta")
         if type(delta) is dict:
             other = {name: value for name, value in delta.items()
                      if name not in ("content", "role") and value is not None and value != []}
             if other:
                 self._delta_fields = merge_fields(self._delta_fields, other)
                 kept = True
-        logprobs = choice.get("logprobs")
         if type(logprobs) is dict:
             self._logprobs = merge_fields(self._logprobs, logprobs)
             kept = True
