@@ -45,6 +45,8 @@ from typing import Any, Literal
 import orjson
 import yaml
 
+# (message_body: the router's request conversion imports it from here)
+from scheduler.wire.engine_body import message_body as message_body
 from scheduler.wire.headers import TICKET_HEADER
 
 VERSION = "v1"
@@ -60,11 +62,16 @@ KEY_BYTES = 32
 MAX_TOKEN_BYTES = 128
 
 # The fields of an OpenAI request body a region passes to its engine; any other is refused.
+# The one list: the router's OpenAI front door passes exactly these (those its request message
+# does not carry itself) and refuses the rest (scheduler.server.openai_front). Beside OpenAI's
+# own, vLLM's extensions: top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
+# stop_token_ids, include_stop_str_in_output, skip_special_tokens, chat_template_kwargs.
 ENGINE_FIELDS = frozenset({
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", "user", "min_tokens", "ignore_eos",
+    "parallel_tool_calls", "user", "min_tokens", "ignore_eos", "echo", "reasoning_effort", "stop_token_ids",
+    "include_stop_str_in_output", "skip_special_tokens", "chat_template_kwargs",
 })
 # Checked on their own (the ticket's model and max_tokens, one completion, the stream the
 # region sets up), so not in the digest: a router and a client may write them differently.
