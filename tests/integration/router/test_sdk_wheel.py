@@ -11,11 +11,14 @@ with what to install: the SDK's supported versions are tested, not skipped."""
 from __future__ import annotations
 
 import asyncio
+import email.parser
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,8 @@ pytestmark = pytest.mark.integration
 
 PROJECT = Path(__file__).resolve().parents[3]
 PYTHONS = ("3.11", "3.12", "3.13")
-MODEL = "llama-3.1-8b"
+# What the SDK may pull in (docs/installing.md says why each): anything more needs a reason there.
+SDK_REQUIRES = {"grpcio", "protobuf", "googleapis-common-protos", "httpx", "httptools", "orjson"}
 # The router's dependencies, and its own modules: none may be importable beside the SDK alone.
 ROUTER_MODULES = ("numpy", "redis", "pydantic", "uvloop", "yaml", "pynvml", "opentelemetry", "cryptography",
                   "httpx_sse", "scheduler.server", "scheduler.config", "scheduler.types")
@@ -111,6 +115,19 @@ def sdk_python(request: pytest.FixtureRequest, sdk_wheel: Path,
                                 str(sdk_wheel)], env=_clean_env(), timeout=300, capture_output=True, text=True)
     assert installed.returncode == 0, f"pip could not install the SDK on Python {version}:\n{installed.stderr}"
     return version, python
+
+
+@pytest.mark.timeout(30)
+def test_the_wheel_requires_only_the_sdks_dependencies_and_python_3_11(sdk_wheel: Path) -> None:
+    with zipfile.ZipFile(sdk_wheel) as archive:
+        names = archive.namelist()
+        meta = email.parser.Parser().parsestr(archive.read(next(n for n in names if n.endswith("/METADATA"))).decode())
+    requires = {re.split(r"[<>=!~ ;\[]", line, maxsplit=1)[0].lower() for line in meta.get_all("Requires-Dist", [])}
+    assert requires == SDK_REQUIRES
+    assert meta["Name"] == "carbon-scheduler-sdk" and meta["Requires-Python"] == ">=3.11"
+    packages = {n.rsplit("/", 1)[0] for n in names if n.startswith("scheduler/") and n.endswith(".py")}
+    assert packages == {"scheduler", "scheduler/client", "scheduler/v1", "scheduler/wire", "scheduler/http",
+                        "scheduler/energy"}
 
 
 @pytest.mark.timeout(120)
