@@ -36,7 +36,7 @@ PYTHONS = ("3.11", "3.12", "3.13")
 SDK_REQUIRES = {"grpcio", "protobuf", "googleapis-common-protos", "httpx", "httptools", "orjson"}
 # The router's dependencies, and its own modules: none may be importable beside the SDK alone.
 ROUTER_MODULES = ("numpy", "redis", "pydantic", "uvloop", "yaml", "pynvml", "opentelemetry", "cryptography",
-                  "httpx_sse", "scheduler.server", "scheduler.config", "scheduler.types")
+                  "scheduler.server", "scheduler.config", "scheduler.types")
 
 # Run by the virtualenv's Python, isolated (-I: no PYTHONPATH, no user site, not the checkout).
 SCRIPT = """
