@@ -103,9 +103,14 @@ def parse(path: Path) -> dict[str, Any]:
 
 def default_region(raw: dict[str, Any]) -> dict[str, Any]:
     """A region's carbon source defaults to CSV replay of its grid zone; a pool's power cap
-    to its GPU's TDP. Only absent keys are filled; a present but bad value stays for
+    to its GPU's TDP; a plain vLLM region's endpoint (what the routers probe, and list) to its
+    first pool's first server. Only absent keys are filled; a present but bad value stays for
     validation to report."""
     region = dict(raw)
+    if region.get("kind") == "vllm" and "endpoint" not in region:
+        first = _first_vllm_url(region.get("pools"))
+        if first is not None:
+            region["endpoint"] = first
     carbon = region.get("carbon", {})
     if isinstance(carbon, dict):
         carbon = dict(carbon)
@@ -125,6 +130,14 @@ def default_region(raw: dict[str, Any]) -> dict[str, Any]:
             filled.append(pool)
         region["pools"] = filled
     return region
+
+
+def _first_vllm_url(pools: object) -> str | None:
+    if not isinstance(pools, list) or not pools or not isinstance(pools[0], dict):
+        return None
+    servers = pools[0].get("vllm")
+    urls = servers.get("urls") if isinstance(servers, dict) else None
+    return urls[0] if isinstance(urls, list) and urls and isinstance(urls[0], str) else None
 
 
 # --- validate ----------------------------------------------------------------------------
