@@ -63,6 +63,9 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
             "model": chosen.candidate.deployment.name,
             "precision": chosen.candidate.deployment.precision,
             "energy": None if decision.energy is None else asdict(decision.energy),
+            "kind": chosen.candidate.region.kind,
+            "tickets_enforced": chosen.candidate.region.tickets_enforced,
+            "energy_measured": chosen.candidate.region.energy_measured,
         },
         "candidates": [
             {
@@ -73,6 +76,7 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
                 "costs": dict(s.costs),
                 "total": s.total,
                 "bounds": bounds.get(s.candidate.key, []),
+                "tickets_enforced": s.candidate.region.tickets_enforced,
             }
             for s in decision.ranked
         ],
@@ -122,6 +126,10 @@ def explain_table(decision: Decision) -> str:
                 f" {_number(s.quantities[name]) + ('*' if (c.key, name) in bounded else ''):>{w}}"
                 for name, w in zip(decision.scorer_names, widths, strict=True))
             lines.append(f"{rank:<5} {c.region.name:<14} {c.pool.name:<12} {c.gpu.name:<11}{cells} {_number(s.total):>11}")
+        plain = sorted({s.candidate.region.name for s in decision.ranked if not s.candidate.region.tickets_enforced})
+        if plain:
+            lines.append(f"plain vLLM  {', '.join(plain)} (kind vllm): tickets_enforced false (a dispatch ticket is not "
+                         "checked there), energy modelled, not measured")
     if decision.rejected:
         lines.append("rejected")
         for r in decision.rejected:

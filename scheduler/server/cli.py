@@ -224,7 +224,8 @@ def _router(args: argparse.Namespace) -> int:
             load_budgets(args.budgets)
         ticket_keys = TicketKeyRing.load(args.ticket_keys) if args.ticket_keys else None
         if ticket_keys is not None:
-            missing = sorted({r.name for r in fleet.regions} - set(ticket_keys.regions))
+            # A plain vLLM region checks no ticket: it needs no key (docs/byo-vllm.md).
+            missing = sorted({r.name for r in fleet.regions if r.tickets_enforced} - set(ticket_keys.regions))
             if missing:
                 raise TicketKeysError(f"{args.ticket_keys}: no keys for regions {missing}")
         # What the router runs on: every file read once, checked as a reload checks it.

@@ -19,6 +19,7 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -311,10 +312,13 @@ class RouterCore:
         sign = issuer.signer(decision_id=decision_id, request=incoming.request, body=incoming.call.body,
                              endpoint=incoming.call.path, snapshot=snapshot, mode="direct")
         expires_at = issuer.clock() + issuer.ttl_s
+        # A plain vLLM region checks no ticket and writes no receipt: a client streaming from it
+        # directly would go unbilled, so it is reached in proxy mode only (docs/byo-vllm.md).
+        reachable = (candidate for candidate in decision.ranked_candidates if candidate.region.tickets_enforced)
         targets = tuple(
             Target(candidate.region.name, candidate.pool.name, candidate.deployment.name,
                    candidate.region.endpoint.rstrip("/") + incoming.call.path, sign(candidate), expires_at)
-            for candidate in decision.ranked_candidates[: deps.direct_targets]
+            for candidate in islice(reachable, deps.direct_targets)
         )
         return Routed(decision_id, snapshot, incoming, decision, targets)
 
