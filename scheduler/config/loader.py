@@ -148,7 +148,7 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part.startswith(("function-", "json-or-python")):
+        elif part.startswith(("function-", "json-or-python")) or part == "[key]":  # a mapping's key: named before
             continue
         else:
             path += f".{part}" if path else str(part)
