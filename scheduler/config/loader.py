@@ -12,7 +12,7 @@ Every problem found is reported, not just the first, so an operator fixes a file
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -104,7 +104,7 @@ def parse(path: Path) -> dict[str, Any]:
 def default_region(raw: dict[str, Any]) -> dict[str, Any]:
     """A region's carbon source defaults to CSV replay of its grid zone; a pool's power cap
     to its GPU's TDP; a plain vLLM region's endpoint (what the routers probe, and list) to its
-    first pool's first server. Only absent keys are filled; a present but bad value stays for
+    pools' first server. Only absent keys are filled; a present but bad value stays for
     validation to report."""
     region = dict(raw)
     if region.get("kind") == "vllm" and "endpoint" not in region:
@@ -133,11 +133,17 @@ def default_region(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _first_vllm_url(pools: object) -> str | None:
-    if not isinstance(pools, list) or not pools or not isinstance(pools[0], dict):
+    """The first server URL of the region's pools (one validation would refuse is passed over:
+    its pool's error names it, the endpoint's would only repeat it)."""
+    if not isinstance(pools, list):
         return None
-    servers = pools[0].get("vllm")
-    urls = servers.get("urls") if isinstance(servers, dict) else None
-    return urls[0] if isinstance(urls, list) and urls and isinstance(urls[0], str) else None
+    for pool in pools:
+        servers = pool.get("vllm") if isinstance(pool, dict) else None
+        urls = servers.get("urls") if isinstance(servers, dict) else None
+        for url in urls if isinstance(urls, list) else ():
+            if isinstance(url, str) and url.startswith(("http://", "https://")):
+                return url
+    return None
 
 
 # --- validate ----------------------------------------------------------------------------
@@ -171,10 +177,22 @@ def validate(model: type[ModelT], raw: Mapping[str, Any], source: str) -> ModelT
     try:
         return model.model_validate_json(json.dumps(raw, default=str), strict=True)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False)
         raise ConfigError(
             ConfigIssue(source, field_path(tuple(err["loc"])), _describe(err))
-            for err in exc.errors(include_url=False)
+            for err in errors if not _echo_of_item_error(err, errors)
         ) from None
+
+
+def _echo_of_item_error(error: Mapping[str, Any], errors: Sequence[Mapping[str, Any]]) -> bool:
+    """Pydantic follows an item's error in a tuple with a minimum length by "should have at
+    least 1 item after validation, not 0" for that tuple and each one around it: the item's
+    error says what to fix; these only repeat it."""
+    if error["type"] != "too_short" or "after validation" not in str(error["msg"]):
+        return False
+    loc = tuple(error["loc"])
+    return any(len(other["loc"]) > len(loc) and tuple(other["loc"][: len(loc)]) == loc and other["type"] != "too_short"
+               for other in errors)
 
 
 # --- build -------------------------------------------------------------------------------
