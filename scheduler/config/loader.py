@@ -191,8 +191,7 @@ def _echo_of_item_error(error: Mapping[str, Any], errors: Sequence[Mapping[str, 
     if error["type"] != "too_short" or "after validation" not in str(error["msg"]):
         return False
     loc = tuple(error["loc"])
-    return any(len(other["loc"]) > len(loc) and tuple(other["loc"][: len(loc)]) == loc and other["type"] != "too_short"
-               for other in errors)
+    return any(len(other["loc"]) > len(loc) and tuple(other["loc"][: len(loc)]) == loc for other in errors)
 
 
 # --- build -------------------------------------------------------------------------------
