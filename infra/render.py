@@ -442,6 +442,10 @@ def render(options: RenderOptions, regions_dir: Path = REPO / "regions",
     names = []
     for source in region_sources:
         region = load_region(source)
+        if region.kind == "vllm":
+            # Its servers are the operator's own; a RayService here would start a second copy.
+            raise ValueError(f"{_source(source)}: kind vllm: this renders Ray Serve regions only; deploy a plain vLLM "
+                             "region's servers and its `scheduler region scrape` side-car yourself (docs/byo-vllm.md)")
         names.append(region.name)
         rel = _source(source)
         # One file per region, both objects: a region in its own cluster applies just this file.
