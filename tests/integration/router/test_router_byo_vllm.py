@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import httpx
 import pytest
 
 from scheduler.client import AsyncSchedulerClient
@@ -111,3 +112,17 @@ async def test_direct_mode_lists_no_plain_vllm_region(mixed_fleet: MixedFleet, m
         eu_only = await client._route(build_request(prompt="hello", model="llama-3.1-8b", max_tokens=2,
                                                     jurisdictions=["EU"]), None)
         assert eu_only.decision.ranked and not eu_only.targets
+
+
+async def test_the_openai_front_doors_receipt_says_so_too(mixed_fleet: MixedFleet, make_router: RouterFactory) -> None:
+    router = await make_router(mixed_fleet.configs, ticket_keys=TicketKeyRing.generate(["us-east"]), http=True)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{router.http_port}", timeout=30) as http:
+        answers = {}
+        for jurisdiction in ("EU", "US"):
+            answer = await http.post("/v1/chat/completions", headers={"x-scheduler-jurisdictions": jurisdiction}, json={
+                "model": "llama-3.1-8b", "max_tokens": 2, "messages": [{"role": "user", "content": "Explain PUE."}]})
+            assert answer.status_code == 200, answer.text
+            answers[jurisdiction] = answer.json()["energy_receipt"]
+    assert answers["EU"]["region"] == "eu-north" and answers["EU"]["tickets_enforced"] is False
+    assert answers["EU"]["measurement_source"] == "model"
+    assert answers["US"]["region"] == "us-east" and answers["US"]["tickets_enforced"] is True
