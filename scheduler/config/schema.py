@@ -118,6 +118,10 @@ class VllmServers(Strict):
     # The name each of the pool's models is served under (vLLM's --served-model-name), where it
     # is not the model's catalogue name.
     served_model_names: dict[ModelName, str] = Field(default_factory=dict)
+    # The environment variable that holds the servers' API key (vLLM's --api-key), set on every
+    # router and on the side-car (the key itself never goes in a config file); None: the servers
+    # check no key.
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]{0,127}$")] | None = None
 
     @model_validator(mode="after")
     def _unique_urls(self) -> VllmServers:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from scheduler.config.schema import PoolConfig, RegionConfig
+from scheduler.config.schema import PoolConfig, RegionConfig, VllmServers
 from scheduler.types import PoolLiveState, RegionLiveState
 
 log = logging.getLogger(__name__)
@@ -105,12 +106,16 @@ class ServerReading:
     models: Mapping[str, int]
 
 
-async def read_server(client: httpx.AsyncClient, url: str, timeout_s: float) -> ServerReading:
+async def read_server(client: httpx.AsyncClient, url: str, timeout_s: float,
+                      api_key: str | None = None) -> ServerReading:
     """``/metrics`` and ``/v1/models`` of one vLLM server (``httpx.HTTPError`` or
-    ``MetricsError`` when it does not answer as vLLM does)."""
+    ``MetricsError`` when it does not answer as vLLM does). ``api_key``: the servers' --api-key
+    (vLLM guards /v1, not /metrics)."""
     base = url.rstrip("/")
+    auth = {} if api_key is None else {"authorization": f"Bearer {api_key}"}
     metrics_answer, models_answer = await asyncio.gather(
-        client.get(f"{base}/metrics", timeout=timeout_s), client.get(f"{base}/v1/models", timeout=timeout_s))
+        client.get(f"{base}/metrics", timeout=timeout_s),
+        client.get(f"{base}/v1/models", timeout=timeout_s, headers=auth))
     metrics_answer.raise_for_status()
     models_answer.raise_for_status()
     text = metrics_answer.text
@@ -177,12 +182,12 @@ class VllmRegionSource:
                              "live state; only a region of kind 'vllm' is scraped")
 
     async def __call__(self) -> RegionLiveState:
-        pools = [(pool, pool.vllm.urls) for pool in self.region.pools if pool.vllm is not None]
-        urls = [(pool.name, url) for pool, pool_urls in pools for url in pool_urls]
-        answers = await asyncio.gather(*(read_server(self.client, url, self.timeout_s) for _, url in urls),
+        pools = [(pool, pool.vllm) for pool in self.region.pools if pool.vllm is not None]
+        urls = [(pool.name, url, servers) for pool, servers in pools for url in servers.urls]
+        answers = await asyncio.gather(*(self._read(url, servers) for _, url, servers in urls),
                                        return_exceptions=True)
         by_pool: dict[str, list[ServerReading]] = {pool.name: [] for pool, _ in pools}
-        for (pool_name, url), answer in zip(urls, answers, strict=True):
+        for (pool_name, url, _), answer in zip(urls, answers, strict=True):
             if isinstance(answer, ServerReading):
                 by_pool[pool_name].append(answer)
             elif isinstance(answer, httpx.HTTPError | ValueError):  # MetricsError, bad JSON included
@@ -198,6 +203,14 @@ class VllmRegionSource:
                 published[pool.name] = self._pool_state(pool, readings, now)
         return RegionLiveState(region=self.region.name, healthy=bool(published), observed_at=self.clock(),
                                pools=published)
+
+    async def _read(self, url: str, servers: VllmServers) -> ServerReading:
+        api_key = None
+        if servers.api_key_env is not None:
+            api_key = os.environ.get(servers.api_key_env)
+            if not api_key:
+                raise MetricsError(f"${servers.api_key_env}, the servers' API key, is not set here")
+        return await read_server(self.client, url, self.timeout_s, api_key)
 
     def _pool_state(self, pool: PoolConfig, readings: list[ServerReading], now: float) -> PoolLiveState:
         def total(name: str) -> float:

@@ -231,6 +231,13 @@ def _router(args: argparse.Namespace) -> int:
         # What the router runs on: every file read once, checked as a reload checks it.
         initial = load_local(sources, ticket_keys, str(args.ticket_keys))
         policy, keys, budgets = initial.policy, initial.keys, initial.budgets
+        unset = sorted({f"${pool.vllm.api_key_env} ({region.name}/{pool.name})" for region in fleet.regions
+                        for pool in region.pools if pool.vllm is not None and pool.vllm.api_key_env is not None
+                        and not os.environ.get(pool.vllm.api_key_env)})
+        if unset:
+            print(f"{args.regions}: the API keys of plain vLLM servers are not set in this router's environment: "
+                  f"{', '.join(unset)} (docs/byo-vllm.md)", file=sys.stderr)
+            return exit_codes.CONFIG
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
         return exit_codes.CONFIG

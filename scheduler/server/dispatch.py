@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import time
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
@@ -213,6 +214,13 @@ class RegionStream:
             # A plain vLLM server (docs/byo-vllm.md): the OpenAI request alone, under the name the
             # server knows the model by; it checks no ticket and reads no scheduling hints.
             url = self._server(candidate).rstrip("/") + self.call.path
+            api_key_env = candidate.pool.vllm.api_key_env if candidate.pool.vllm is not None else None
+            if api_key_env is not None:
+                api_key = os.environ.get(api_key_env)
+                if not api_key:
+                    raise _RegionFailed(f"${api_key_env}, the API key of {candidate.key}'s vLLM servers, is not set "
+                                        "on this router")
+                headers["authorization"] = f"Bearer {api_key}"
             body = {
                 **self.call.body,
                 "model": candidate.pool.served_model_name(candidate.deployment.name),

@@ -110,6 +110,8 @@ BAD = [
     Bad("a served name for an unknown model",
         edited(pools=_pool(urls=["http://a:1"], served_model_names={"gpt-9": "x"})),
         "pools[0].vllm.served_model_names.gpt-9", "'gpt-9' is not a known model"),
+    Bad("an API key's variable that is not a name", edited(pools=_pool(urls=["http://a:1"], api_key_env="my-key")),
+        "pools[0].vllm.api_key_env", "'my-key'"),
     Bad("eco on a vllm region", edited(eco=True), "(top level)", "kind 'vllm': eco needs the region to set"),
     Bad("a local profile on a vllm region", edited(local={"pools": [{"pool": "a100-chat"}]}), "(top level)",
         "kind 'vllm': a plain vLLM region has no local profile"),

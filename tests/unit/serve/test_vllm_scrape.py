@@ -85,6 +85,8 @@ class Server:
 
     metrics_text: str = field(default_factory=metrics)
     models: dict[str, int] = field(default_factory=lambda: {"served-8b": 4096})
+    # As vLLM's --api-key: /v1 needs it, /metrics does not.
+    api_key: str | None = None
     port: int = 0
     _server: object = None
     _task: asyncio.Task[None] | None = None
@@ -104,6 +106,8 @@ class Server:
             return PlainTextResponse(self.metrics_text)
 
         async def models_page(request: Request) -> JSONResponse:
+            if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
             return JSONResponse({"object": "list", "data": [
                 {"id": name, "object": "model", "owned_by": "vllm", "max_model_len": limit}
                 for name, limit in self.models.items()]})
@@ -124,7 +128,7 @@ class Server:
                 await self._task
 
 
-def region(pools: dict[str, list[str]], kind: str = "vllm") -> RegionConfig:
+def region(pools: dict[str, list[str]], kind: str = "vllm", api_key_env: str | None = None) -> RegionConfig:
     return RegionConfig.model_validate({
         "name": "eu-byo", "kind": kind, "jurisdiction": "EU", "grid_zone": "SE", "pue": 1.2, "price_per_kwh": 0.1,
         "location": {"lat": 59.3, "lon": 18.1}, "endpoint": "http://127.0.0.1:1",
@@ -132,7 +136,8 @@ def region(pools: dict[str, list[str]], kind: str = "vllm") -> RegionConfig:
         "pools": [{"name": name, "gpu": "A100-80GB", "count": 8, "power_cap_w": 400,
                    "models": [{"name": "llama-3.1-8b", "max_context": 8192},
                               {"name": "llama-3.2-3b", "max_context": 8192}],
-                   "vllm": {"urls": urls, "served_model_names": {"llama-3.1-8b": "served-8b"}}}
+                   "vllm": {"urls": urls, "served_model_names": {"llama-3.1-8b": "served-8b"},
+                            "api_key_env": api_key_env}}
                   for name, urls in pools.items()],
     })
 
@@ -217,6 +222,20 @@ async def test_servers_that_do_not_answer_as_vllm_are_left_out(servers: list[Ser
         # No server answers: no pool is published and the region is unhealthy at once.
         down = await source()
         assert not down.healthy and not down.pools
+
+
+async def test_the_servers_api_key_comes_from_the_environment(servers: list[Server],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    server = servers[0]
+    server.api_key = "sk-byo"
+    async with httpx.AsyncClient() as client:
+        source = VllmRegionSource(region({"a100-chat": [server.url]}, api_key_env="BYO_SCRAPE_KEY"), client)
+        monkeypatch.delenv("BYO_SCRAPE_KEY", raising=False)
+        assert not (await source()).pools
+        monkeypatch.setenv("BYO_SCRAPE_KEY", "sk-wrong")
+        assert not (await source()).pools  # 401 on /v1/models
+        monkeypatch.setenv("BYO_SCRAPE_KEY", "sk-byo")
+        assert (await source()).pools["a100-chat"].models == {"llama-3.1-8b": 4096}
 
 
 def test_only_a_vllm_region_is_scraped() -> None:
