@@ -20,4 +20,4 @@ def test_a_vllm_region_is_refused_by_name(tmp_path: Path) -> None:
     (regions / "eu-byo.yaml").write_text(VLLM_REGION)
     render = load_render()
     with pytest.raises(ValueError, match=r"regions/eu-byo\.yaml: kind vllm: this renders Ray Serve regions only"):
-        render.render(render.RenderOptions(), regions, REPO / "policies")
+        render.render(render.default_options(), regions, REPO / "policies")
