@@ -175,6 +175,8 @@ class VllmRegionSource:
     monotonic: Callable[[], float] = time.monotonic
     clock: Callable[[], float] = time.time
     _previous: dict[str, _PoolCounters] = field(default_factory=dict, init=False)
+    # Servers whose last pass failed: a failure is logged when it starts, not on every pass.
+    _down: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         if self.region.kind != "vllm":
@@ -190,9 +192,14 @@ class VllmRegionSource:
         for (pool_name, url, _), answer in zip(urls, answers, strict=True):
             if isinstance(answer, ServerReading):
                 by_pool[pool_name].append(answer)
+                if url in self._down:
+                    self._down.discard(url)
+                    log.info("region %s: pool %s: server %s answers again", self.region.name, pool_name, url)
             elif isinstance(answer, httpx.HTTPError | ValueError):  # MetricsError, bad JSON included
-                log.warning("region %s: pool %s: server %s not answering: %s", self.region.name, pool_name, url,
-                            answer or type(answer).__name__)
+                if url not in self._down:
+                    self._down.add(url)
+                    log.warning("region %s: pool %s: server %s not answering (left out until it does): %s",
+                                self.region.name, pool_name, url, answer or type(answer).__name__)
             else:
                 raise answer
         now = self.monotonic()
