@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from scheduler.config.autoscaling import replica_ranges
 from scheduler.config.units import Rate, parse_rate
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
@@ -51,6 +52,13 @@ def parse_duration(value: object) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def parse_duration_or_zero(value: object) -> float:
+    """``parse_duration``, and 0 (at once) as well."""
+    if value == 0 and not isinstance(value, bool):
+        return 0.0
+    return parse_duration(value)
 
 
 def _known_gpu(name: str) -> str:
@@ -95,6 +103,27 @@ class GeoLocation(Strict):
     lon: float = Field(ge=-180, le=180)
 
 
+class Autoscaling(Strict):
+    """How many replicas of one model's deployment Ray Serve's autoscaler keeps
+    (``autoscaling_config``, docs/deploying.md#autoscaling): between ``min_replicas`` (0: the
+    model scales to zero when idle) and ``max_replicas``, aiming at ``target_ongoing_requests``
+    per replica (None: derived from the engine's max_num_seqs, scheduler.config.autoscaling)."""
+
+    min_replicas: int = Field(ge=0, le=20000)
+    max_replicas: int = Field(ge=1, le=20000)
+    target_ongoing_requests: float | None = Field(default=None, gt=0)
+    upscale_delay_s: Annotated[float, BeforeValidator(parse_duration_or_zero)] = 30.0
+    downscale_delay_s: Annotated[float, BeforeValidator(parse_duration_or_zero)] = 600.0
+    metrics_interval_s: Duration = 10.0
+    look_back_period_s: Duration = 30.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")
+        return self
+
+
 class ModelDeployment(Strict):
     """A model served on a pool: which weights, at which precision, up to which context."""
 
@@ -103,6 +132,8 @@ class ModelDeployment(Strict):
     max_context: int = Field(gt=0)
     # GPUs per replica (tensor parallelism).
     tensor_parallel: int = Field(default=1, ge=1, le=16)
+    # This model's replica range (None: the default, scheduler.config.autoscaling.replica_ranges).
+    autoscaling: Autoscaling | None = None
 
 
 BaseUrl = Annotated[str, Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
@@ -137,6 +168,10 @@ class PoolConfig(Strict):
     count: int = Field(gt=0, le=20000)
     models: tuple[ModelDeployment, ...] = Field(min_length=1)
     power_cap_w: float = Field(gt=0)
+    # What waking one replica from zero costs: seconds until it serves, and joules its GPUs
+    # draw meanwhile (None: derived, scheduler.energy.cold_start; docs/objective.md).
+    cold_start_s: Duration | None = None
+    cold_start_j: float | None = Field(default=None, ge=0)
     # Only in a region of kind ``vllm``: the servers this pool is.
     vllm: VllmServers | None = None
 
@@ -157,6 +192,7 @@ class PoolConfig(Strict):
                     f"model {deployment.name} needs tensor_parallel={deployment.tensor_parallel} "
                     f"GPUs but the pool has count={self.count}"
                 )
+        replica_ranges(self)  # raises when the models' max replicas need more GPUs than count
         if self.vllm is not None:
             names = [deployment.name for deployment in self.models]
             unknown = [name for name in self.vllm.served_model_names if name not in names]
@@ -180,6 +216,9 @@ class LocalPool(Strict):
     # The local engine's context limit (the tiny model allows up to 2,048 positions): the
     # region publishes it, and the router's live-serving filter holds requests to it.
     max_model_len: int = Field(default=2048, ge=64, le=2048)
+    # The local engine's replica range (None: one replica, always up). min_replicas 0 lets the
+    # pool scale to zero locally too (each local replica is one CPU engine of ~3 GB).
+    autoscaling: Autoscaling | None = None
 
 
 class LocalProfile(Strict):
@@ -247,6 +286,14 @@ class RegionConfig(Strict):
         if self.eco:
             raise ValueError("kind 'vllm': eco needs the region to set its GPUs' power caps, which a plain vLLM "
                              "server does not; set the caps on the hosts and remove eco")
+        # Ray Serve's autoscaler sizes a ray-serve region's deployments; plain servers run as
+        # the operator started them, always warm.
+        scaled = [f"{pool.name}/{model.name}" for pool in self.pools for model in pool.models
+                  if model.autoscaling is not None]
+        cold = [pool.name for pool in self.pools if pool.cold_start_s is not None or pool.cold_start_j is not None]
+        if scaled or cold:
+            raise ValueError(f"kind 'vllm': plain vLLM servers are neither autoscaled nor woken from zero; remove "
+                             f"{', '.join([*(f'autoscaling of {m}' for m in scaled), *(f'cold_start of {p}' for p in cold)])}")
         return self
 
     @property

@@ -112,6 +112,12 @@ BAD = [
         "pools[0].vllm.served_model_names.gpt-9", "'gpt-9' is not a known model"),
     Bad("an API key's variable that is not a name", edited(pools=_pool(urls=["http://a:1"], api_key_env="my-key")),
         "pools[0].vllm.api_key_env", "'my-key'"),
+    Bad("autoscaling on a vllm region", edited(pools=[{**_pool(urls=["http://a:1"])[0], "models": [
+        {"name": "llama-3.1-8b", "max_context": 32768, "autoscaling": {"min_replicas": 0, "max_replicas": 2}}]}]),
+        "(top level)", "plain vLLM servers are neither autoscaled nor woken from zero; remove autoscaling of "
+        "a100-chat/llama-3.1-8b"),
+    Bad("a cold start on a vllm region", edited(pools=[{**_pool(urls=["http://a:1"])[0], "cold_start_s": "30s"}]),
+        "(top level)", "remove cold_start of a100-chat"),
     Bad("eco on a vllm region", edited(eco=True), "(top level)", "kind 'vllm': eco needs the region to set"),
     Bad("a local profile on a vllm region", edited(local={"pools": [{"pool": "a100-chat"}]}), "(top level)",
         "kind 'vllm': a plain vLLM region has no local profile"),
