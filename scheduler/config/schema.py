@@ -628,6 +628,10 @@ class PolicyConfig(Strict):
     # K: a request that names no prefix key gets one hashed from the first K tokens of its
     # system prompt (chat) or prompt (scheduler.server.prefix, docs/affinity.md).
     prefix_key_tokens: int = Field(default=256, ge=16, le=131072)
+    # max_tokens of an OpenAI chat request that names none: up to the model's context, as OpenAI
+    # and vLLM do, but at most this many, so that it is not decided, priced and routed as a
+    # request that writes a whole context (docs/http-front-door.md).
+    chat_default_max_tokens: int = Field(default=4096, ge=1, le=1_048_576)
     # A candidate policy on a share of the traffic, rolled back when it does worse (docs/canary.md).
     canary: CanaryConfig | None = None
     # Receipts always show the GPUs' embodied carbon as its own line (embodied_g); true also adds
