@@ -1,18 +1,38 @@
-"""The router's Prometheus metrics and a small plaintext HTTP endpoint for them.
+"""The router's Prometheus metrics (``prometheus_client``) and the plaintext HTTP endpoint for them.
 
-Counters (monotonic, since the process started):
-  scheduler_router_requests_total{method, code}     every call, by its final gRPC status
-  scheduler_router_decisions_total{policy, mode}    mode: energy | fallback | unschedulable
-  scheduler_router_fallbacks_total{signal}          each fallback a decision took
-  scheduler_router_failovers_total                  regions that failed before the first token
-  scheduler_budget_rejections_total{tenant}         Generate calls refused by a hard budget
-Gauges (read from the router's state at scrape time):
-  scheduler_router_energy_routing_enabled, scheduler_router_active_streams,
-  scheduler_carbon_signal_age_seconds{zone}, scheduler_router_region_healthy{region},
-  scheduler_router_region_state_age_seconds{region} (since its last published state),
-  scheduler_ledger_pending_receipts, plus the carbon pollers' counters and the config
-  reloader's (scheduler_config_*: the version in use, reloads by trigger and result, and each
-  problem of the last refused reload by file and field; scheduler.server.config_reload).
+Counted as they happen (``RouterMetrics``; every name below, and only these, can be counted:
+``inc`` with any other name raises):
+  scheduler_router_requests_total{method, code}      every call, by its final gRPC status
+  scheduler_router_decisions_total{policy, mode}     mode: energy | fallback | unschedulable
+  scheduler_router_fallbacks_total{signal, region}   each fallback a decision took, per region it
+                                                      priced at a bound ("" : the whole decision)
+  scheduler_router_failovers_total{region}           regions that failed before the first token
+  scheduler_budget_rejections_total{tenant}          Generate calls refused by a hard budget
+  scheduler_deferred_total{reason}, scheduler_deferred_released_total{state},
+  scheduler_deferred_refused_total{cap}, scheduler_deferred_cancelled_total{was}   the deferral queue
+  scheduler_energy_joules_total{region, pool, model, precision}    energy of booked receipts (J)
+  scheduler_carbon_grams_total{region, pool, model, basis}         their carbon (gCO2e); basis:
+                                                      signal | upper-bound (docs/objective.md)
+  scheduler_avoided_energy_joules_total{region, pool, model}       prefill saved by prefix caches
+  scheduler_tokens_total{region, pool, model, precision, kind}     kind: prompt | completion | reused
+  scheduler_receipts_total{region, measurement_source, end_reason}
+  scheduler_tenant_energy_joules_total{tenant}, scheduler_tenant_carbon_grams_total{tenant}
+Histograms:
+  scheduler_router_decision_seconds{policy}          one Scheduler.schedule call
+  scheduler_router_overhead_seconds{mode}            proxy: arrival to dispatch; route: the whole call
+  scheduler_router_ttft_seconds{region}              time to first token, as the receipt says
+  scheduler_router_stream_duration_seconds{region, end_reason}
+  scheduler_receipt_confidence{measurement_source}   the receipts' confidence (0..1)
+Gauges read at scrape time (``Sample`` triples from the router's parts: its snapshot, the
+ledger, the carbon pollers, the config reloader, the ports, ...; ``fleet_samples``).
+
+Tenant labels go through ``TenantLabels``: the first ``max_tenants`` tenants a process sees
+keep their name, the rest are counted as ``other`` (the router's ``--metrics-max-tenants``).
+
+Several worker processes (``scheduler router --workers N``) share one directory of counter
+files (prometheus_client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``, made and removed
+by the parent, scheduler.server.workers): every worker's ``/metrics`` serves the counters and
+histograms of all of them, summed, and its own scrape-time gauges.
 
 ``MetricsEndpoint`` serves ``GET /metrics`` (Prometheus text format 0.0.4) and ``GET /healthz``
 (200 while the gRPC health status is SERVING, else 503) on a separate plaintext port, so
@@ -24,92 +44,257 @@ that probes and scrapers need no TLS client certificate. It runs on the router's
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
 from scheduler.http.server import HttpRequest, HttpResponse, HttpServer, ServerLimits, ServerStats
-from scheduler.types import Decision
+from scheduler.types import Decision, EnergyReceipt, FleetSnapshot
 
 log = logging.getLogger(__name__)
 
 Sample = tuple[str, Mapping[str, str], float]
-_HELP = {
-    "scheduler_router_requests_total": ("counter", "Router calls by method and final gRPC status code."),
-    "scheduler_router_decisions_total": ("counter", "Routing decisions by policy and ranking mode."),
-    "scheduler_router_fallbacks_total": ("counter", "Fallbacks taken by decisions, by signal."),
-    "scheduler_router_failovers_total": ("counter", "Regions that failed before the first token."),
-    "scheduler_budget_rejections_total": ("counter", "Generate calls refused by a tenant's hard budget."),
-}
 
+# (name with its _total, help, label names): the counters callers add to by name.
+COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("scheduler_router_requests_total", "Router calls by method and final gRPC status code.", ("method", "code")),
+    ("scheduler_router_decisions_total", "Routing decisions by policy and ranking mode.", ("policy", "mode")),
+    ("scheduler_router_fallbacks_total", "Fallbacks taken by decisions, by signal and the region priced at a bound.",
+     ("signal", "region")),
+    ("scheduler_router_failovers_total", "Regions that failed before the first token.", ("region",)),
+    ("scheduler_budget_rejections_total", "Generate calls refused by a tenant's hard budget.", ("tenant",)),
+    ("scheduler_deferred_total", "Requests the deferral queue held, by why.", ("reason",)),
+    ("scheduler_deferred_released_total", "Deferred requests released, by how they ended.", ("state",)),
+    ("scheduler_deferred_refused_total", "Deferrals refused by a cap of the queue.", ("cap",)),
+    ("scheduler_deferred_cancelled_total", "Deferred requests cancelled, by the state they were in.", ("was",)),
+    ("scheduler_energy_joules_total", "Energy of booked receipts (J).", ("region", "pool", "model", "precision")),
+    ("scheduler_carbon_grams_total", "Carbon of booked receipts (gCO2e), by whether a grid signal or a bound priced it.",
+     ("region", "pool", "model", "basis")),
+    ("scheduler_avoided_energy_joules_total", "Prefill energy the prefix cache saved (J).", ("region", "pool", "model")),
+    ("scheduler_tokens_total", "Tokens of booked receipts: prompt, completion, and prompt tokens reused from a cache.",
+     ("region", "pool", "model", "precision", "kind")),
+    ("scheduler_receipts_total", "Booked receipts by how their energy was measured and how the stream ended.",
+     ("region", "measurement_source", "end_reason")),
+    ("scheduler_tenant_energy_joules_total", "Energy of booked receipts by tenant (J; past the cap: other).",
+     ("tenant",)),
+    ("scheduler_tenant_carbon_grams_total", "Carbon of booked receipts by tenant (gCO2e; past the cap: other).",
+     ("tenant",)),
+)
+DECISION_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STREAM_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
-_CounterKey = tuple[str, tuple[tuple[str, str], ...]]
-
-
+# A tenant label per tenant up to this many per process; the rest are "other".
+DEFAULT_MAX_TENANT_LABELS = 50
+OTHER_TENANTS = "other"
 # Methods x codes and policies x modes are few; the cap only bounds a misuse.
 MAX_CACHED_KEYS = 1024
 
 
 @dataclass
+class TenantLabels:
+    """The cardinality guard of the tenant label: the first ``max_tenants`` tenants seen keep
+    their name, every later one is ``other`` (so a flood of tenants cannot grow the series)."""
+
+    max_tenants: int = DEFAULT_MAX_TENANT_LABELS
+    _named: set[str] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_tenants < 0:
+            raise ValueError(f"max_tenants: expected an integer >= 0, got {self.max_tenants}")
+
+    def label(self, tenant: str) -> str:
+        if tenant in self._named:
+            return tenant
+        if len(self._named) < self.max_tenants and tenant != OTHER_TENANTS:
+            self._named.add(tenant)
+            return tenant
+        return OTHER_TENANTS
+
+
 class RouterMetrics:
-    _counters: dict[_CounterKey, float] = field(default_factory=dict)
-    # The counters every request and decision adds to, by what names them: their keys are made
-    # once (a request's method and code, a decision's policy and mode), not per request.
-    _request_keys: dict[tuple[str, str], _CounterKey] = field(default_factory=dict)
-    _decision_keys: dict[tuple[str, str], _CounterKey] = field(default_factory=dict)
+    """The counters and histograms of one router process. ``multiprocess_dir``: the shared
+    directory of a ``--workers`` router (prometheus_client writes its values there when
+    ``PROMETHEUS_MULTIPROC_DIR`` names it before the worker starts); the exposition then sums
+    every worker's. None: this process's values alone."""
+
+    def __init__(self, max_tenants: int = DEFAULT_MAX_TENANT_LABELS, multiprocess_dir: str | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.multiprocess_dir = multiprocess_dir
+        self.tenants = TenantLabels(max_tenants)
+        self._counters = {name: Counter(name, text, labels, registry=self.registry) for name, text, labels in COUNTERS}
+        self.decision_seconds = Histogram("scheduler_router_decision_seconds", "Time of one scheduling decision (s).",
+                                          ("policy",), buckets=DECISION_BUCKETS_S, registry=self.registry)
+        self.overhead_seconds = Histogram(
+            "scheduler_router_overhead_seconds",
+            "The router's own time: proxy, from the call's arrival to its dispatch; route, the whole call (s).",
+            ("mode",), buckets=OVERHEAD_BUCKETS_S, registry=self.registry)
+        self.ttft_seconds = Histogram("scheduler_router_ttft_seconds", "Time to first token, as receipts say (s).",
+                                      ("region",), buckets=TTFT_BUCKETS_S, registry=self.registry)
+        self.stream_seconds = Histogram("scheduler_router_stream_duration_seconds",
+                                        "Duration of billed streams (s).", ("region", "end_reason"),
+                                        buckets=STREAM_BUCKETS_S, registry=self.registry)
+        self.confidence = Histogram("scheduler_receipt_confidence", "Confidence of booked receipts' energy (0..1).",
+                                    ("measurement_source",), buckets=CONFIDENCE_BUCKETS, registry=self.registry)
+        # livesum: a worker that exits leaves its streams out of the sum.
+        self.active_streams = Gauge("scheduler_router_active_streams", "Proxied streams open now.",
+                                    registry=self.registry, multiprocess_mode="livesum")
+        # The children every request and decision adds to, made once per (method, code) and
+        # (policy, mode), not looked up per request.
+        self._request_children: dict[tuple[str, str], Counter] = {}
+        self._decision_children: dict[tuple[str, str], Counter] = {}
 
     def inc(self, name: str, labels: Mapping[str, str] | None = None, amount: float = 1.0) -> None:
-        self._add((name, tuple(sorted((labels or {}).items()))), amount)
-
-    def _add(self, key: _CounterKey, amount: float = 1.0) -> None:
-        self._counters[key] = self._counters.get(key, 0.0) + amount
+        counter = self._counters.get(name)
+        if counter is None:
+            raise KeyError(f"metric {name!r} is not a declared counter (scheduler.server.metrics.COUNTERS)")
+        (counter.labels(**labels) if labels else counter).inc(amount)
 
     def request(self, method: str, code: str) -> None:
-        key = self._request_keys.get((method, code))
-        if key is None:
-            key = ("scheduler_router_requests_total", (("code", code), ("method", method.rsplit("/", 1)[-1])))
-            if len(self._request_keys) < MAX_CACHED_KEYS:
-                self._request_keys[(method, code)] = key
-        self._add(key)
+        child = self._request_children.get((method, code))
+        if child is None:
+            child = self._counters["scheduler_router_requests_total"].labels(method=method.rsplit("/", 1)[-1], code=code)
+            if len(self._request_children) < MAX_CACHED_KEYS:
+                self._request_children[(method, code)] = child
+        child.inc()
 
-    def decision(self, decision: Decision) -> None:
+    def decision(self, decision: Decision, seconds: float) -> None:
         mode = "unschedulable" if not decision.schedulable else "energy" if decision.energy_ranking else "fallback"
-        key = self._decision_keys.get((decision.policy, mode))
-        if key is None:
-            key = ("scheduler_router_decisions_total", (("mode", mode), ("policy", decision.policy)))
-            if len(self._decision_keys) < MAX_CACHED_KEYS:
-                self._decision_keys[(decision.policy, mode)] = key
-        self._add(key)
+        child = self._decision_children.get((decision.policy, mode))
+        if child is None:
+            child = self._counters["scheduler_router_decisions_total"].labels(policy=decision.policy, mode=mode)
+            if len(self._decision_children) < MAX_CACHED_KEYS:
+                self._decision_children[(decision.policy, mode)] = child
+        child.inc()
+        self.decision_seconds.labels(decision.policy).observe(seconds)
         for fallback in decision.fallbacks:
-            self.inc("scheduler_router_fallbacks_total", {"signal": fallback.signal})
+            regions = sorted({key.split("/", 1)[0] for key in fallback.candidates}) or [""]
+            for region in regions:
+                self.inc("scheduler_router_fallbacks_total", {"signal": fallback.signal, "region": region})
+
+    def failovers(self, regions: Iterable[str]) -> None:
+        for region in regions:
+            self.inc("scheduler_router_failovers_total", {"region": region})
+
+    def budget_rejection(self, tenant: str) -> None:
+        self.inc("scheduler_budget_rejections_total", {"tenant": self.tenants.label(tenant)})
+
+    def receipt(self, receipt: EnergyReceipt) -> None:
+        """A booked receipt: its energy, carbon and tokens, and the stream's timings."""
+        where = {"region": receipt.region, "pool": receipt.pool, "model": receipt.model}
+        precision = receipt.precision or "unknown"
+        tenant = {"tenant": self.tenants.label(receipt.tenant)}
+        if receipt.energy_j is not None and receipt.energy_j > 0:
+            self.inc("scheduler_energy_joules_total", {**where, "precision": precision}, receipt.energy_j)
+            self.inc("scheduler_tenant_energy_joules_total", tenant, receipt.energy_j)
+        if receipt.carbon_g is not None and receipt.carbon_g > 0:
+            self.inc("scheduler_carbon_grams_total", {**where, "basis": receipt.carbon_basis or "unknown"},
+                     receipt.carbon_g)
+            self.inc("scheduler_tenant_carbon_grams_total", tenant, receipt.carbon_g)
+        if receipt.avoided_j:
+            self.inc("scheduler_avoided_energy_joules_total", where, receipt.avoided_j)
+        for kind, tokens in (("prompt", receipt.prompt_tokens), ("completion", receipt.completion_tokens),
+                             ("reused", receipt.reused_tokens)):
+            if tokens:
+                self.inc("scheduler_tokens_total", {**where, "precision": precision, "kind": kind}, tokens)
+        self.inc("scheduler_receipts_total", {"region": receipt.region, "measurement_source": receipt.measurement_source,
+                                              "end_reason": receipt.end_reason})
+        if receipt.confidence is not None:
+            self.confidence.labels(receipt.measurement_source).observe(receipt.confidence)
+        if receipt.ttft_ms is not None:
+            self.ttft_seconds.labels(receipt.region).observe(receipt.ttft_ms / 1000.0)
+        if receipt.duration_ms > 0:
+            self.stream_seconds.labels(receipt.region, receipt.end_reason).observe(receipt.duration_ms / 1000.0)
 
     def value(self, name: str, labels: Mapping[str, str] | None = None) -> float:
-        return self._counters.get((name, tuple(sorted((labels or {}).items()))), 0.0)
+        """One sample's value in this process (0 when it was never counted)."""
+        wanted = dict(labels or {})
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name == name and sample.labels == wanted:
+                    return float(sample.value)
+        return 0.0
 
     def exposition(self, gauges: Iterable[Sample] = ()) -> str:
-        lines: list[str] = []
-        for name, (kind, text) in _HELP.items():
-            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-            for (sample, pairs), value in sorted(self._counters.items()):
-                if sample == name:
-                    lines.append(_line(name, dict(pairs), value))
-        seen: set[str] = set()
-        for gauge, labels, value in gauges:
-            if gauge not in seen:
-                seen.add(gauge)
-                lines.append(f"# TYPE {gauge} {'counter' if gauge.endswith('_total') else 'gauge'}")
-            lines.append(_line(gauge, labels, value))
-        return "\n".join(lines) + "\n"
+        """The text of ``/metrics``: the counters and histograms (every worker's, summed, in
+        multiprocess mode), then the gauges read now."""
+        registry = CollectorRegistry(auto_describe=False)
+        if self.multiprocess_dir is not None:
+            MultiProcessCollector(registry, path=self.multiprocess_dir)
+        else:
+            registry.register(_Families(self.registry.collect))
+        samples = list(gauges)
+        registry.register(_Families(lambda: sample_families(samples)))
+        return generate_latest(registry).decode()
 
 
-def _line(name: str, labels: Mapping[str, str], value: float) -> str:
-    if not labels:
-        return f"{name} {value:g}"
-    body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-    return f"{name}{{{body}}} {value:g}"
+@dataclass(frozen=True)
+class _Families(Collector):
+    """A collector over a function that yields metric families (read at each scrape)."""
+
+    families: Callable[[], Iterable[Metric]]
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families()
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def sample_families(samples: Sequence[Sample]) -> Iterator[Metric]:
+    """Scrape-time samples as metric families: a name ending in ``_total`` is a counter, any
+    other a gauge."""
+    families: dict[str, Metric] = {}
+    for name, labels, value in samples:
+        family = families.get(name)
+        if family is None:
+            if name.endswith("_total"):
+                family = Metric(name.removesuffix("_total"), name, "counter")
+            else:
+                family = Metric(name, name, "gauge")
+            families[name] = family
+        family.add_sample(name, dict(labels), value)
+    return iter(families.values())
+
+
+def fleet_samples(snapshot: FleetSnapshot) -> list[Sample]:
+    """What the router's snapshot says about the fleet: each pool's live state (power, queue,
+    running, KV use, replicas), what it serves, and each region's grid intensity and PUE."""
+    samples: list[Sample] = []
+    for candidate in snapshot.candidates:
+        deployment = candidate.deployment
+        samples.append(("scheduler_pool_info", {
+            "region": candidate.region.name, "pool": candidate.pool.name, "gpu": candidate.pool.gpu,
+            "model": deployment.name, "precision": deployment.precision,
+            "tensor_parallel": str(deployment.tensor_parallel)}, 1.0))
+    for region in snapshot.regions:
+        samples.append(("scheduler_region_pue", {"region": region.name}, region.pue))
+        signal = snapshot.carbon.get(region.carbon.zone)
+        if signal is not None:
+            samples.append(("scheduler_region_carbon_intensity_g_per_kwh",
+                            {"region": region.name, "zone": region.carbon.zone}, signal.value))
+        for pool in region.pools:
+            where = {"region": region.name, "pool": pool.name}
+            samples.append(("scheduler_pool_gpus", where, float(pool.count)))
+            samples.append(("scheduler_pool_power_cap_watts", where, pool.power_cap_w * pool.count))
+        state = snapshot.live.get(region.name)
+        if state is None:
+            continue
+        for pool_name, live in sorted(state.pools.items()):
+            where = {"region": region.name, "pool": pool_name}
+            samples += [("scheduler_pool_queue_depth", where, float(live.queue_depth)),
+                        ("scheduler_pool_running_requests", where, float(live.running)),
+                        ("scheduler_pool_kv_cache_usage_ratio", where, live.kv_cache_usage),
+                        ("scheduler_pool_prefix_cache_hit_ratio", where, live.prefix_cache_hit_rate),
+                        ("scheduler_pool_arrival_rate", where, live.arrival_rate)]
+            if live.gpu_power_w is not None:
+                samples.append(("scheduler_pool_power_watts", where, live.gpu_power_w))
+            if live.replicas is not None:
+                samples.append(("scheduler_pool_replicas", where, float(live.replicas)))
+    return samples
 
 
 # Scrapers (one connection each, kept alive) and the kubelet's probes (a connection per probe):
@@ -130,7 +315,8 @@ def http_samples(port: str, server: HttpServer) -> list[Sample]:
 
 @dataclass
 class MetricsEndpoint:
-    """``GET /metrics`` and ``GET /healthz`` on ``host:port`` (0: any free port)."""
+    """``GET /metrics`` and ``GET /healthz`` on ``host:port`` (0: any free port; ``reuse_port``:
+    beside the other workers of a ``--workers`` router, each answering with the sum)."""
 
     render: Callable[[], str]
     serving: Callable[[], bool]
@@ -138,6 +324,7 @@ class MetricsEndpoint:
     host: str = "127.0.0.1"
     port: int = 0
     limits: ServerLimits = METRICS_LIMITS
+    reuse_port: bool = False
     server: HttpServer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -145,14 +332,14 @@ class MetricsEndpoint:
                                  limits=self.limits, name="carbon-scheduler-metrics")
 
     async def start(self) -> None:
-        self.port = await self.server.start(self.host, self.port)
+        self.port = await self.server.start(self.host, self.port, reuse_port=self.reuse_port)
         log.info("metrics and /healthz on http://%s:%d", self.host, self.port)
 
     async def stop(self) -> None:
         await self.server.stop(grace_s=1.0)
 
     async def _metrics(self, request: HttpRequest) -> HttpResponse:
-        return HttpResponse(200, self.render().encode(), "text/plain; version=0.0.4")
+        return HttpResponse(200, self.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     async def _healthz(self, request: HttpRequest) -> HttpResponse:
         if self.serving():
