@@ -144,10 +144,12 @@ def register(sub: Any) -> None:
                              "billed as cancelled (default 30)")
     router.add_argument("--otlp-endpoint", metavar="URL",
                         help="export request traces (OpenTelemetry) to this OTLP collector over http/protobuf, "
-                             "e.g. http://collector:4318 (needs the `otlp` extra; default: tracing off; "
+                             "e.g. http://collector:4318 (needs the `otlp` extra; default: "
+                             "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, else off; "
                              "docs/tracing.md)")
-    router.add_argument("--otlp-service-name", default="carbon-scheduler-router",
-                        help="service.name of the exported traces (default carbon-scheduler-router)")
+    router.add_argument("--otlp-service-name", default=os.environ.get("OTEL_SERVICE_NAME") or "carbon-scheduler-router",
+                        help="service.name of the exported traces (default $OTEL_SERVICE_NAME, else "
+                             "carbon-scheduler-router)")
     from scheduler.server.deferral_settings import add_arguments as add_deferral_arguments
     add_deferral_arguments(router)
     router.set_defaults(handler=_router)
@@ -212,10 +214,12 @@ def _router(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
         print("--tls-cert and --tls-key go together; --tls-client-ca needs them", file=sys.stderr)
         return 2
-    if args.otlp_endpoint:
-        from scheduler.server.tracing import TracingUnavailable, otlp_traces_url
+    from scheduler.server.tracing import TracingUnavailable, otlp_traces_url, traces_endpoint_from
+
+    traces = traces_endpoint_from(args.otlp_endpoint, os.environ)
+    if traces is not None:
         try:
-            otlp_traces_url(args.otlp_endpoint)
+            otlp_traces_url(traces.url, traces.source, traces.exact)
         except TracingUnavailable as exc:
             print(exc, file=sys.stderr)
             return 2
@@ -283,10 +287,11 @@ def _router(args: argparse.Namespace) -> int:
               "or pass --insecure-no-tickets for development", file=sys.stderr)
         return 2
     tracing = RouterTracing()
-    if args.otlp_endpoint:
+    if traces is not None:
         # One exporter per worker process, each its own service instance.
-        tracing = RouterTracing.otlp(args.otlp_endpoint, args.otlp_service_name,
-                                     instance_id=f"{socket.gethostname()}:{os.getpid()}")
+        tracing = RouterTracing.otlp(traces.url, args.otlp_service_name,
+                                     instance_id=f"{socket.gethostname()}:{os.getpid()}", source=traces.source,
+                                     exact=traces.exact)
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     if trust.allow_unsigned:
         log.warning("--config-allow-unsigned: config versions without a signature are adopted, so whoever can "

@@ -226,7 +226,7 @@ class RouterMetrics:
         multiprocess mode), then the gauges read now."""
         registry = CollectorRegistry(auto_describe=False)
         if self.multiprocess_dir is not None:
-            MultiProcessCollector(registry, path=self.multiprocess_dir)
+            MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
         else:
             registry.register(_Families(self.registry.collect))
         samples = list(gauges)

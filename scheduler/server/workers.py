@@ -161,4 +161,4 @@ class Supervisor:
             return
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(pid, str(self._metrics_dir))
+        multiprocess.mark_process_dead(pid, str(self._metrics_dir))  # type: ignore[no-untyped-call]
