@@ -7,12 +7,15 @@ event happens, one the code declares)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator
 
+import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -155,3 +158,46 @@ async def test_metrics_after_real_requests(
     assert not missing
     for name, source in EVENT_ONLY.items():
         assert f'"{name}"' in (REPO / source).read_text(), f"{name} is not written by {source}"
+
+
+async def test_a_failover_is_counted_by_region_and_logged_with_the_trace_id(
+    stub_fleet: Fleet, make_router: RouterFactory,
+) -> None:
+    """``--log-format json``'s formatter, given the router's current span: the failover warning
+    of a traced call carries the caller's trace id; the failover is counted against its region."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from scheduler.client.common import build_request
+    from scheduler.logformat import JsonFormatter
+    from scheduler.server.edge import current_span
+    from scheduler.server.tracing import RouterTracing
+    from scheduler.v1 import router_pb2_grpc
+
+    lines: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Capture()
+    handler.setFormatter(JsonFormatter(current_span))
+    dispatch_log = logging.getLogger("scheduler.server.dispatch")
+    dispatch_log.addHandler(handler)
+    router = await make_router(stub_fleet.configs, tracing=RouterTracing(TracerProvider()))
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    try:
+        async with AsyncSchedulerClient(f"127.0.0.1:{router.port}") as client:
+            decision = await client.route("hello", model=MODEL, max_tokens=4, jurisdictions=["EU"])
+        first = decision.ranked[0].region
+        stub_fleet.regions[first].settings.fail_status = 503
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{router.port}") as channel:
+            call = router_pb2_grpc.GlobalRouterStub(channel).Generate(
+                build_request(prompt="hello", model=MODEL, max_tokens=4, jurisdictions=["EU"]),
+                metadata=(("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),))
+            assert [answer async for answer in call]
+    finally:
+        dispatch_log.removeHandler(handler)
+    assert router.deps.metrics.value("scheduler_router_failovers_total", {"region": first}) == 1
+    (failover,) = [json.loads(line) for line in lines if "failover" in line]
+    assert failover["level"] == "WARNING" and failover["logger"] == "scheduler.server.dispatch"
+    assert failover["trace_id"] == trace_id and len(failover["span_id"]) == 16

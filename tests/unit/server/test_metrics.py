@@ -131,3 +131,19 @@ def test_json_logs_carry_the_span_of_the_request(capsys: pytest.CaptureFixture[s
     assert "trace_id" not in json.loads(JsonFormatter().format(record))
     with pytest.raises(ValueError, match="--log-format: expected one of text, json, got 'xml'"):
         use_log_format("xml")
+
+
+def test_the_router_logs_json_lines() -> None:
+    """``scheduler router --log-format json`` (a real process; it stops at the missing ticket keys,
+    after its warning about --insecure)."""
+    from scheduler.tickets import KEYS_FILE_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != KEYS_FILE_ENV}
+    done = subprocess.run([sys.executable, "-m", "scheduler.cli", "router", "--log-format", "json", "--insecure",
+                           "--state", "memory"], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[3], check=False)
+    assert done.returncode == 2, done.stderr
+    logged = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    insecure = next(line for line in logged if line["message"].startswith("--insecure: authentication is OFF"))
+    assert insecure["level"] == "WARNING" and insecure["logger"] == "scheduler.server.cli"
+    assert insecure["time"].endswith("Z") and "trace_id" not in insecure
