@@ -14,16 +14,24 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry.trace import Span, get_current_span
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+def otel_current_span() -> Span:
+    """OpenTelemetry's current span (imported here: a command that logs text never loads it)."""
+    from opentelemetry.trace import get_current_span
+
+    return get_current_span()
+
+
 class JsonFormatter(logging.Formatter):
-    def __init__(self, span_of: Callable[[], Span] = get_current_span) -> None:
+    def __init__(self, span_of: Callable[[], Span] = otel_current_span) -> None:
         super().__init__()
         self.span_of = span_of
 
@@ -44,7 +52,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
-def use_log_format(log_format: str, span_of: Callable[[], Span] = get_current_span) -> None:
+def use_log_format(log_format: str, span_of: Callable[[], Span] = otel_current_span) -> None:
     """Give the root logger's handlers the format named (``LOG_FORMATS``); ``ValueError`` naming
     the flag and the value for any other."""
     if log_format not in LOG_FORMATS:

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def register(sub: Any) -> None:
     from scheduler.logformat import LOG_FORMATS
     from scheduler.server import config_cli
-    from scheduler.server.metrics import DEFAULT_MAX_TENANT_LABELS
+    from scheduler.server.tenant_labels import DEFAULT_MAX_TENANT_LABELS
 
     config_cli.register(sub)
     router = sub.add_parser("router", help="run the global router (gRPC)")

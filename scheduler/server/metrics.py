@@ -26,8 +26,9 @@ Histograms:
 Gauges read at scrape time (``Sample`` triples from the router's parts: its snapshot, the
 ledger, the carbon pollers, the config reloader, the ports, ...; ``fleet_samples``).
 
-Tenant labels go through ``TenantLabels``: the first ``max_tenants`` tenants a process sees
-keep their name, the rest are counted as ``other`` (the router's ``--metrics-max-tenants``).
+Tenant labels go through ``TenantLabels`` (scheduler.server.tenant_labels): the first
+``max_tenants`` tenants a process sees keep their name, the rest are counted as ``other`` (the
+router's ``--metrics-max-tenants``).
 
 Several worker processes (``scheduler router --workers N``) share one directory of counter
 files (prometheus_client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``, made and removed
@@ -53,6 +54,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from scheduler.http.server import HttpRequest, HttpResponse, HttpServer, ServerLimits, ServerStats
+from scheduler.server.tenant_labels import DEFAULT_MAX_TENANT_LABELS, TenantLabels
 from scheduler.types import Decision, EnergyReceipt, FleetSnapshot
 
 log = logging.getLogger(__name__)
@@ -90,32 +92,8 @@ TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 STREAM_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
-# A tenant label per tenant up to this many per process; the rest are "other".
-DEFAULT_MAX_TENANT_LABELS = 50
-OTHER_TENANTS = "other"
 # Methods x codes and policies x modes are few; the cap only bounds a misuse.
 MAX_CACHED_KEYS = 1024
-
-
-@dataclass
-class TenantLabels:
-    """The cardinality guard of the tenant label: the first ``max_tenants`` tenants seen keep
-    their name, every later one is ``other`` (so a flood of tenants cannot grow the series)."""
-
-    max_tenants: int = DEFAULT_MAX_TENANT_LABELS
-    _named: set[str] = field(default_factory=set, init=False)
-
-    def __post_init__(self) -> None:
-        if self.max_tenants < 0:
-            raise ValueError(f"max_tenants: expected an integer >= 0, got {self.max_tenants}")
-
-    def label(self, tenant: str) -> str:
-        if tenant in self._named:
-            return tenant
-        if len(self._named) < self.max_tenants and tenant != OTHER_TENANTS:
-            self._named.add(tenant)
-            return tenant
-        return OTHER_TENANTS
 
 
 class RouterMetrics:

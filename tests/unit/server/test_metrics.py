@@ -15,7 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler.logformat import JsonFormatter, use_log_format
-from scheduler.server.metrics import OTHER_TENANTS, RouterMetrics, TenantLabels
+from scheduler.server.metrics import RouterMetrics
+from scheduler.server.tenant_labels import OTHER_TENANTS, TenantLabels
 from scheduler.types import EnergyReceipt
 
 pytestmark = pytest.mark.timeout(60)
