@@ -153,7 +153,7 @@ class ProxyRun:
         deps.active_streams += 1
         deps.metrics.active_streams.inc()
         # The router's own time on the call: decision, admission and tickets, before the region.
-        deps.metrics.overhead_seconds.labels("proxy").observe(deps.monotonic() - self.started)
+        deps.metrics.proxy_overhead.observe(deps.monotonic() - self.started)
         if self.prefetch:
             self.stream.start()
         if self.snapshot.canary is not None and deps.canary is not None:
@@ -307,7 +307,7 @@ class RouterCore:
         deps = self.deps
         started = deps.monotonic()
         routed = self._route(principal, msg, trace)
-        deps.metrics.overhead_seconds.labels("route").observe(deps.monotonic() - started)
+        deps.metrics.route_overhead.observe(deps.monotonic() - started)
         return routed
 
     def _route(self, principal: Principal, msg: messages_pb2.GenerateRequest, trace: RequestTrace) -> Routed:

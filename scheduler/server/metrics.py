@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -123,10 +124,13 @@ class RouterMetrics:
         # livesum: a worker that exits leaves its streams out of the sum.
         self.active_streams = Gauge("scheduler_router_active_streams", "Proxied streams open now.",
                                     registry=self.registry, multiprocess_mode="livesum")
-        # The children every request and decision adds to, made once per (method, code) and
-        # (policy, mode), not looked up per request.
+        # The series every request, decision and receipt adds to, found once per label values
+        # and kept (a labels() lookup per figure would cost more than the counting).
         self._request_children: dict[tuple[str, str], Counter] = {}
-        self._decision_children: dict[tuple[str, str], Counter] = {}
+        self._decision_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._receipt_children: dict[tuple[str, ...], _ReceiptSeries] = {}
+        self.proxy_overhead = self.overhead_seconds.labels("proxy")
+        self.route_overhead = self.overhead_seconds.labels("route")
 
     def inc(self, name: str, labels: Mapping[str, str] | None = None, amount: float = 1.0) -> None:
         counter = self._counters.get(name)
@@ -144,13 +148,14 @@ class RouterMetrics:
 
     def decision(self, decision: Decision, seconds: float) -> None:
         mode = "unschedulable" if not decision.schedulable else "energy" if decision.energy_ranking else "fallback"
-        child = self._decision_children.get((decision.policy, mode))
-        if child is None:
-            child = self._counters["scheduler_router_decisions_total"].labels(policy=decision.policy, mode=mode)
+        children = self._decision_children.get((decision.policy, mode))
+        if children is None:
+            children = (self._counters["scheduler_router_decisions_total"].labels(policy=decision.policy, mode=mode),
+                        self.decision_seconds.labels(decision.policy))
             if len(self._decision_children) < MAX_CACHED_KEYS:
-                self._decision_children[(decision.policy, mode)] = child
-        child.inc()
-        self.decision_seconds.labels(decision.policy).observe(seconds)
+                self._decision_children[(decision.policy, mode)] = children
+        children[0].inc()
+        children[1].observe(seconds)
         for fallback in decision.fallbacks:
             regions = sorted({key.split("/", 1)[0] for key in fallback.candidates}) or [""]
             for region in regions:
@@ -165,30 +170,57 @@ class RouterMetrics:
 
     def receipt(self, receipt: EnergyReceipt) -> None:
         """A booked receipt: its energy, carbon and tokens, and the stream's timings."""
+        tenant = self.tenants.label(receipt.tenant)
+        key = (receipt.region, receipt.pool, receipt.model, receipt.precision, receipt.carbon_basis,
+               receipt.measurement_source, receipt.end_reason, tenant)
+        series = self._receipt_children.get(key)
+        if series is None:
+            series = self._receipt_series(receipt, tenant)
+            if len(self._receipt_children) < MAX_CACHED_KEYS:
+                self._receipt_children[key] = series
+        if receipt.energy_j is not None and receipt.energy_j > 0:
+            series.energy_j.inc(receipt.energy_j)
+            series.tenant_energy_j.inc(receipt.energy_j)
+        if receipt.carbon_g is not None and receipt.carbon_g > 0:
+            series.carbon_g.inc(receipt.carbon_g)
+            series.tenant_carbon_g.inc(receipt.carbon_g)
+        if receipt.avoided_j:
+            series.avoided_j.inc(receipt.avoided_j)
+        if receipt.prompt_tokens:
+            series.prompt_tokens.inc(receipt.prompt_tokens)
+        if receipt.completion_tokens:
+            series.completion_tokens.inc(receipt.completion_tokens)
+        if receipt.reused_tokens:
+            series.reused_tokens.inc(receipt.reused_tokens)
+        series.receipts.inc()
+        if receipt.confidence is not None:
+            series.confidence.observe(receipt.confidence)
+        if receipt.ttft_ms is not None:
+            series.ttft_s.observe(receipt.ttft_ms / 1000.0)
+        if receipt.duration_ms > 0:
+            series.stream_s.observe(receipt.duration_ms / 1000.0)
+
+    def _receipt_series(self, receipt: EnergyReceipt, tenant: str) -> _ReceiptSeries:
         where = {"region": receipt.region, "pool": receipt.pool, "model": receipt.model}
         precision = receipt.precision or "unknown"
-        tenant = {"tenant": self.tenants.label(receipt.tenant)}
-        if receipt.energy_j is not None and receipt.energy_j > 0:
-            self.inc("scheduler_energy_joules_total", {**where, "precision": precision}, receipt.energy_j)
-            self.inc("scheduler_tenant_energy_joules_total", tenant, receipt.energy_j)
-        if receipt.carbon_g is not None and receipt.carbon_g > 0:
-            self.inc("scheduler_carbon_grams_total", {**where, "basis": receipt.carbon_basis or "unknown"},
-                     receipt.carbon_g)
-            self.inc("scheduler_tenant_carbon_grams_total", tenant, receipt.carbon_g)
-        if receipt.avoided_j:
-            self.inc("scheduler_avoided_energy_joules_total", where, receipt.avoided_j)
-        for kind, tokens in (("prompt", receipt.prompt_tokens), ("completion", receipt.completion_tokens),
-                             ("reused", receipt.reused_tokens)):
-            if tokens:
-                self.inc("scheduler_tokens_total", {**where, "precision": precision, "kind": kind}, tokens)
-        self.inc("scheduler_receipts_total", {"region": receipt.region, "measurement_source": receipt.measurement_source,
-                                              "end_reason": receipt.end_reason})
-        if receipt.confidence is not None:
-            self.confidence.labels(receipt.measurement_source).observe(receipt.confidence)
-        if receipt.ttft_ms is not None:
-            self.ttft_seconds.labels(receipt.region).observe(receipt.ttft_ms / 1000.0)
-        if receipt.duration_ms > 0:
-            self.stream_seconds.labels(receipt.region, receipt.end_reason).observe(receipt.duration_ms / 1000.0)
+        counter = self._counters
+
+        def tokens(kind: str) -> Counter:
+            return counter["scheduler_tokens_total"].labels(**where, precision=precision, kind=kind)
+
+        return _ReceiptSeries(
+            energy_j=counter["scheduler_energy_joules_total"].labels(**where, precision=precision),
+            carbon_g=counter["scheduler_carbon_grams_total"].labels(**where, basis=receipt.carbon_basis or "unknown"),
+            avoided_j=counter["scheduler_avoided_energy_joules_total"].labels(**where),
+            prompt_tokens=tokens("prompt"), completion_tokens=tokens("completion"), reused_tokens=tokens("reused"),
+            receipts=counter["scheduler_receipts_total"].labels(
+                region=receipt.region, measurement_source=receipt.measurement_source, end_reason=receipt.end_reason),
+            tenant_energy_j=counter["scheduler_tenant_energy_joules_total"].labels(tenant=tenant),
+            tenant_carbon_g=counter["scheduler_tenant_carbon_grams_total"].labels(tenant=tenant),
+            confidence=self.confidence.labels(receipt.measurement_source),
+            ttft_s=self.ttft_seconds.labels(receipt.region),
+            stream_s=self.stream_seconds.labels(receipt.region, receipt.end_reason),
+        )
 
     def value(self, name: str, labels: Mapping[str, str] | None = None) -> float:
         """One sample's value in this process (0 when it was never counted)."""
@@ -210,6 +242,24 @@ class RouterMetrics:
         samples = list(gauges)
         registry.register(_Families(lambda: sample_families(samples)))
         return generate_latest(registry).decode()
+
+
+class _ReceiptSeries(NamedTuple):
+    """The series one kind of receipt adds to (same region, pool, model, precision, carbon basis,
+    measurement source, end and tenant label)."""
+
+    energy_j: Counter
+    carbon_g: Counter
+    avoided_j: Counter
+    prompt_tokens: Counter
+    completion_tokens: Counter
+    reused_tokens: Counter
+    receipts: Counter
+    tenant_energy_j: Counter
+    tenant_carbon_g: Counter
+    confidence: Histogram
+    ttft_s: Histogram
+    stream_s: Histogram
 
 
 @dataclass(frozen=True)
