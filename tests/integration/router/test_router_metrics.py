@@ -148,6 +148,8 @@ async def test_metrics_after_real_requests(
 
     # Every router metric a rule or a panel queries: served here, or written only on its event.
     text = answer.text
+    families = [family.name for family in text_string_to_metric_families(text)]
+    assert len(families) == len(set(families)), "a metric family is written twice"
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     # (declared counters and histograms are listed with no sample until counted)
     served = {name for (name, _labels) in samples} | {
