@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import re
 import sys
+from typing import Any
 
 import pytest
 import yaml
@@ -158,3 +160,20 @@ def test_every_other_name_is_the_routers_or_the_platforms() -> None:
     names = router_queried_metrics()
     assert names and all(n.startswith(("scheduler_", "carbon_")) for n in names), sorted(names)
     assert not any(n.startswith(PLATFORM_PREFIXES) for n in names)
+
+
+def test_kustomize_builds_the_rule_and_the_dashboards() -> None:
+    """The real kustomize (kubectl's): one PrometheusRule (no rules ConfigMap left) and the
+    dashboards' ConfigMap carrying the three JSON files as they are in the tree."""
+    from tests.unit.infra.test_kustomize import build
+
+    objects = build(MONITORING)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for body in objects:
+        by_kind.setdefault(str(body["kind"]), []).append(body)
+    (rule,) = by_kind["PrometheusRule"]
+    assert rule["metadata"]["namespace"] == "llm-scheduler"
+    assert rule["spec"] == rule_object()["spec"]
+    (config_map,) = by_kind["ConfigMap"]
+    assert config_map["metadata"]["labels"] == {"grafana_dashboard": "1"}
+    assert {name: json.loads(text) for name, text in config_map["data"].items()} == dashboards()
