@@ -49,6 +49,7 @@ from scheduler.server.metrics import (
     MetricsEndpoint,
     RouterMetrics,
     Sample,
+    SharedScrapeCounters,
     fleet_samples,
     http_samples,
 )
@@ -435,7 +436,14 @@ async def start_router(address: str, deps: RouterDeps) -> RunningRouter:
             await task.start()
             running._started.append(task)
         if deps.metrics_port is not None:
-            endpoint = MetricsEndpoint(lambda: deps.metrics.exposition(running.samples()), lambda: running.serving,
+            samples: Callable[[], Iterable[Sample]] = running.samples
+            if deps.metrics.multiprocess_dir is not None:
+                # --workers: the counters each worker reports at scrape time, summed over them.
+                shared = SharedScrapeCounters(Path(deps.metrics.multiprocess_dir), running.samples)
+                await shared.start()
+                running._started.append(shared)
+                samples = shared.merged
+            endpoint = MetricsEndpoint(lambda: deps.metrics.exposition(samples()), lambda: running.serving,
                                        host=deps.metrics_host, port=deps.metrics_port, limits=deps.metrics_limits,
                                        reuse_port=deps.reuse_port)
             await endpoint.start()

@@ -33,7 +33,8 @@ router's ``--metrics-max-tenants``).
 Several worker processes (``scheduler router --workers N``) share one directory of counter
 files (prometheus_client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``, made and removed
 by the parent, scheduler.server.workers): every worker's ``/metrics`` serves the counters and
-histograms of all of them, summed, and its own scrape-time gauges.
+histograms of all of them, summed; the counters its parts report at scrape time summed too
+(``SharedScrapeCounters``: written every second); and its own scrape-time gauges.
 
 ``MetricsEndpoint`` serves ``GET /metrics`` (Prometheus text format 0.0.4) and ``GET /healthz``
 (200 while the gRPC health status is SERVING, else 503) on a separate plaintext port, so
@@ -44,9 +45,13 @@ that probes and scrapers need no TLS client certificate. It runs on the router's
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -56,6 +61,7 @@ from prometheus_client.registry import Collector
 
 from scheduler.http.server import HttpRequest, HttpResponse, HttpServer, ServerLimits, ServerStats
 from scheduler.server.tenant_labels import DEFAULT_MAX_TENANT_LABELS, TenantLabels
+from scheduler.tasks import start_loop, stop_task
 from scheduler.types import Decision, EnergyReceipt, FleetSnapshot
 
 log = logging.getLogger(__name__)
@@ -323,6 +329,74 @@ def fleet_samples(snapshot: FleetSnapshot) -> list[Sample]:
             if live.replicas is not None:
                 samples.append(("scheduler_pool_replicas", where, float(live.replicas)))
     return samples
+
+
+# The file each --workers worker writes its scrape-time counters to, in the shared directory.
+SCRAPE_FILE_PREFIX = "scrape_counters_"
+
+
+@dataclass
+class SharedScrapeCounters:
+    """``--workers``: the counters a worker reads at scrape time from its own parts (samples
+    named ``*_total``: the carbon pollers', the config reloader's, the ports' refusals, stalled
+    streams ...) count that worker alone. Each worker writes them to the shared directory every
+    ``interval_s`` and as it stops; whichever worker answers a scrape adds the others' last
+    written values to its own, so each is the pod's sum, as the prometheus_client counters are
+    (a worker that died keeps its last counts in the sum: counters must not go down)."""
+
+    directory: Path
+    samples: Callable[[], Iterable[Sample]]
+    interval_s: float = 1.0
+    pid: int = field(default_factory=os.getpid)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def path(self) -> Path:
+        return self.directory / f"{SCRAPE_FILE_PREFIX}{self.pid}.json"
+
+    def write(self) -> None:
+        counters = [[name, dict(labels), value] for name, labels, value in self.samples() if name.endswith("_total")]
+        partial = self.path.with_suffix(".tmp")
+        partial.write_text(json.dumps(counters))
+        partial.replace(self.path)  # a reader sees the old file or the new one, never half of one
+
+    def merged(self) -> list[Sample]:
+        """This worker's samples, with every other worker's last written counters added."""
+        own = list(self.samples())
+        totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for name, labels, value in own:
+            if name.endswith("_total"):
+                key = (name, tuple(sorted(labels.items())))
+                totals[key] = totals.get(key, 0.0) + value
+        for path in self.directory.glob(f"{SCRAPE_FILE_PREFIX}*.json"):
+            if path == self.path:
+                continue
+            try:
+                written = json.loads(path.read_text())
+            except (OSError, ValueError):  # removed or replaced while read: skipped this scrape
+                continue
+            for name, labels, value in written:
+                key = (name, tuple(sorted(labels.items())))
+                totals[key] = totals.get(key, 0.0) + float(value)
+        merged: list[Sample] = [sample for sample in own if not sample[0].endswith("_total")]
+        merged.extend((name, dict(labels), value) for (name, labels), value in sorted(totals.items()))
+        return merged
+
+    async def start(self) -> None:
+        self.write()
+        self._task = start_loop(self._run, "metrics-scrape-counters")
+
+    async def stop(self) -> None:
+        await stop_task(self._task)
+        self.write()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.write()
+            except OSError as exc:
+                log.warning("metrics: cannot write %s: %s", self.path, exc)
 
 
 # Scrapers (one connection each, kept alive) and the kubelet's probes (a connection per probe):

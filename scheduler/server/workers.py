@@ -21,7 +21,8 @@ Metrics: the parent makes a directory for prometheus_client's multiprocess mode 
 to the workers in ``PROMETHEUS_MULTIPROC_DIR`` (an operator's own value is used instead, and its
 old files removed); each worker writes its counters and histograms there and serves
 ``/metrics`` on the one ``--metrics-port`` (SO_REUSEPORT), answering with every worker's sum
-and its own gauges. A worker that dies is marked dead (its live gauges leave the sum; its
+(the counters its parts report at scrape time too, which each writes there every second) and
+its own gauges. A worker that dies is marked dead (its live gauges leave the sum; its
 counts stay); the parent removes the directory (or empties the operator's) when it exits.
 """
 
@@ -39,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+
+from scheduler.server.metrics import SCRAPE_FILE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +66,10 @@ def metrics_directory(environ: Mapping[str, str]) -> tuple[Path, bool]:
 
 
 def clear_metrics_directory(path: Path) -> None:
-    for stale in path.glob("*.db"):
-        stale.unlink(missing_ok=True)
+    """prometheus_client's files and the workers' scrape-time counters (scheduler.server.metrics)."""
+    for pattern in ("*.db", f"{SCRAPE_FILE_PREFIX}*.json", f"{SCRAPE_FILE_PREFIX}*.tmp"):
+        for stale in path.glob(pattern):
+            stale.unlink(missing_ok=True)
 
 
 def worker_argv(argv: Sequence[str], index: int) -> list[str]:

@@ -148,3 +148,28 @@ def test_the_router_logs_json_lines() -> None:
     insecure = next(line for line in logged if line["message"].startswith("--insecure: authentication is OFF"))
     assert insecure["level"] == "WARNING" and insecure["logger"] == "scheduler.server.cli"
     assert insecure["time"].endswith("Z") and "trace_id" not in insecure
+
+
+def test_scrape_time_counters_of_workers_are_summed(tmp_path: Path) -> None:
+    """Two workers' own counters (a port's refusals, a poller's polls): whichever answers adds
+    the other's last written values; gauges stay its own; a worker gone keeps its counts."""
+    from scheduler.server.metrics import SharedScrapeCounters
+
+    first = [("scheduler_http_refused_total", {"port": "http", "reason": "limit"}, 2.0),
+             ("scheduler_http_connections", {"port": "http"}, 5.0)]
+    second = [("scheduler_http_refused_total", {"port": "http", "reason": "limit"}, 3.0),
+              ("carbon_provider_polls_total", {"provider": "csv", "zone": "DE"}, 7.0),
+              ("scheduler_http_connections", {"port": "http"}, 1.0)]
+    one = SharedScrapeCounters(tmp_path, lambda: first, pid=101)
+    two = SharedScrapeCounters(tmp_path, lambda: second, pid=102)
+    one.write()
+    two.write()
+    assert sorted(one.merged(), key=str) == sorted([
+        ("scheduler_http_connections", {"port": "http"}, 5.0),
+        ("carbon_provider_polls_total", {"provider": "csv", "zone": "DE"}, 7.0),
+        ("scheduler_http_refused_total", {"port": "http", "reason": "limit"}, 5.0)], key=str)
+    second[0] = ("scheduler_http_refused_total", {"port": "http", "reason": "limit"}, 4.0)
+    two.write()
+    merged = {(name, tuple(labels.items())): value for name, labels, value in one.merged()}
+    assert merged[("scheduler_http_refused_total", (("port", "http"), ("reason", "limit")))] == 6.0
+    assert not list(tmp_path.glob("*.tmp"))
