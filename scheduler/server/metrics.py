@@ -99,7 +99,8 @@ TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 STREAM_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
-# Methods x codes and policies x modes are few; the cap only bounds a misuse.
+# The label values the hot paths see (methods x codes, policies x modes, the kinds of receipt)
+# are few; the cap only bounds a misuse.
 MAX_CACHED_KEYS = 1024
 
 
@@ -118,7 +119,7 @@ class RouterMetrics:
                                           ("policy",), buckets=DECISION_BUCKETS_S, registry=self.registry)
         self.overhead_seconds = Histogram(
             "scheduler_router_overhead_seconds",
-            "The router's own time: proxy, from the call's arrival to its dispatch; route, the whole call (s).",
+            "The router's own time: proxy, from the start of the call's work to its dispatch; route, the whole call (s).",
             ("mode",), buckets=OVERHEAD_BUCKETS_S, registry=self.registry)
         self.ttft_seconds = Histogram("scheduler_router_ttft_seconds", "Time to first token, as receipts say (s).",
                                       ("region",), buckets=TTFT_BUCKETS_S, registry=self.registry)
