@@ -21,21 +21,35 @@ What it writes (every file starts with a "generated" header; do not edit them by
 Production serves every pool of every region: nothing here reads a region's ``local`` profile
 (how the region runs on a laptop), and the Serve args leave it out.
 
-Run it after editing ``regions/`` or ``policies/``; ``tests/unit/infra`` fails while the
-rendered files are out of date.
+What differs between clusters (namespace, images, endpoints, the model volume, Secret names) is
+in a values file, not here: ``infra/values.yaml`` holds the base's values, and
+
+    .venv/bin/python infra/render.py --values deploy/prod/values.yaml
+
+renders a kustomize overlay next to that file (``kubectl apply -k deploy/prod``) from the keys it
+sets over ``infra/values.yaml``'s. The overlay reuses ``infra/redis``, ``infra/router`` (or
+``infra/overlays/router-tls``) and ``infra/monitoring`` and patches them; it renders its own
+RayServices, router region files, Namespace and default-deny policy (docs/deploying.md, Values).
+
+Run it after editing ``regions/``, ``policies/`` or a values file; ``tests/unit/infra`` fails
+while the rendered base is out of date, and ``--check --values FILE`` checks an overlay.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import os
 import re
+import string
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import pydantic
 import yaml
 
 from scheduler.config.loader import load_policy, load_region, parse
@@ -75,14 +89,11 @@ DASHBOARD_PORT = 8265
 GCS_PORT = 6379
 RAY_CLIENT_PORT = 10001
 
-# Dispatch-ticket keys: Secret `scheduler-tickets-<region>` holds keys.yaml with this region's
+# Dispatch-ticket keys: Secret `<secrets.region_tickets>` holds keys.yaml with this region's
 # entry only (`scheduler tickets extract`); the gateway finds it through the env variable.
-TICKETS_SECRET = "scheduler-tickets-{region}"
 TICKETS_DIR = "/etc/scheduler/tickets"
 TICKETS_FILE = f"{TICKETS_DIR}/keys.yaml"
 TICKETS_ENV = "SCHEDULER_TICKET_KEYS_FILE"
-# The regions' Redis URL (user `region`, infra/redis/users.acl): not the router's.
-REGION_REDIS_SECRET = "scheduler-redis-region"
 
 # Who may reach what (docs/security.md). Namespace labels are set by cluster admins, so a
 # workload cannot grant itself access by labelling its own pods.
@@ -93,28 +104,218 @@ KUBERAY_NAMESPACE = {"scheduler/kuberay-operator": "true"}
 DIRECT_CLIENT_NAMESPACE = {"scheduler/direct-clients": "true"}
 DIRECT_CLIENT_POD = {"scheduler/direct-client": "true"}
 
+DEFAULT_VALUES = INFRA / "values.yaml"
+# A DNS-1123 subdomain (Secret, PVC names) and label (namespaces).
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_IMAGE = re.compile(r"\S+")
+
+
+class ValuesError(ValueError):
+    """A values file that cannot be rendered: every problem, each naming the file, field and value."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _check_name(pattern: re.Pattern[str], what: str, value: str, placeholder: str | None = None) -> str:
+    name = value.replace(placeholder, "x") if placeholder else value
+    if not pattern.fullmatch(name):
+        raise ValueError(f"not a valid {what} (lower-case letters, digits, '-'), got {value!r}")
+    return value
+
+
+class _Section(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class ImageValues(_Section):
+    router: str
+    region: str
+    redis: str
+    redis_exporter: str
+
+    @pydantic.field_validator("router", "region", "redis", "redis_exporter")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not _IMAGE.fullmatch(value):
+            raise ValueError(f"expected an image reference like registry/name:tag, got {value!r}")
+        return value
+
+
+class EndpointValues(_Section):
+    template: str
+    regions: dict[str, str]
+    gateway_cidrs: tuple[str, ...]
+
+    @pydantic.field_validator("template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+        if "region" not in fields or not fields <= {"region", "namespace"}:
+            raise ValueError("expected a URL with {region} (and optionally {namespace}), got " + repr(value))
+        return _url(value)
+
+    @pydantic.field_validator("regions")
+    @classmethod
+    def _regions(cls, value: dict[str, str]) -> dict[str, str]:
+        for url in value.values():
+            _url(url)
+        return value
+
+    @pydantic.field_validator("gateway_cidrs")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr)
+            except ValueError:
+                raise ValueError(f"expected CIDRs like 10.20.0.0/16, got {cidr!r}") from None
+        return value
+
+
+def _url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    return value
+
+
+class ModelVolumeValues(_Section):
+    claim: str
+    mount_path: str
+
+    @pydantic.field_validator("claim")
+    @classmethod
+    def _claim(cls, value: str) -> str:
+        return _check_name(_DNS_SUBDOMAIN, "PersistentVolumeClaim name", value)
+
+    @pydantic.field_validator("mount_path")
+    @classmethod
+    def _mount(cls, value: str) -> str:
+        if not value.startswith("/") or value == "/":
+            raise ValueError(f"expected an absolute path below /, got {value!r}")
+        return value.rstrip("/")
+
+
+class SecretValues(_Section):
+    redis_router: str
+    redis_region: str
+    redis_acl: str
+    router_keys: str
+    router_tickets: str
+    region_tickets: str
+    config_trust: str
+    config_signature: str
+    carbon_providers: str
+    router_tls: str
+
+    @pydantic.field_validator("*")
+    @classmethod
+    def _secret(cls, value: str, info: pydantic.ValidationInfo) -> str:
+        if info.field_name == "region_tickets":
+            if "{region}" not in value:
+                raise ValueError(f"expected a name with {{region}} (one Secret per region), got {value!r}")
+            return _check_name(_DNS_SUBDOMAIN, "Secret name", value, "{region}")
+        return _check_name(_DNS_SUBDOMAIN, "Secret name", value)
+
+
+class Values(_Section):
+    """A values file, merged over ``infra/values.yaml``: the pydantic edge of the renderer."""
+
+    namespace: str
+    key_namespace: str
+    images: ImageValues
+    endpoints: EndpointValues
+    model_volume: ModelVolumeValues
+    secrets: SecretValues
+    router_tls: bool
+
+    @pydantic.field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return _check_name(_DNS_LABEL, "namespace", value)
+
+    @pydantic.field_validator("key_namespace")
+    @classmethod
+    def _key_namespace(cls, value: str) -> str:
+        # In Redis key patterns and ACL rules: nothing that globs, spaces or separates keys.
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", value):
+            raise ValueError(f"expected 1-64 letters, digits, '_' or '-', got {value!r}")
+        return value
+
+
+def _merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override``'s keys over ``base``'s, mappings merged key by key."""
+    merged = dict(base)
+    for key, value in override.items():
+        below = merged.get(key)
+        merged[key] = _merged(below, value) if isinstance(below, Mapping) and isinstance(value, Mapping) else value
+    return merged
+
+
+def _read_yaml_mapping(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValuesError([f"{path}: cannot read it: {exc}"]) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ValuesError([f"{path}: expected a mapping of values, got {type(loaded).__name__}"])
+    return loaded
+
+
+def load_values(path: Path, defaults: Path = DEFAULT_VALUES) -> Values:
+    """``path``'s values over ``defaults``' (the same file: the defaults alone)."""
+    base = _read_yaml_mapping(defaults)
+    raw = base if path.resolve() == defaults.resolve() else _merged(base, _read_yaml_mapping(path))
+    try:
+        return Values.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            if error["type"] == "extra_forbidden":
+                message = f"unknown key (got {error['input']!r})"
+            elif error["type"] == "missing":
+                message = f"missing (and not in {defaults})"
+            else:
+                # Our validators name the value themselves; pydantic's own messages do not.
+                message = error["msg"].removeprefix("Value error, ")
+                if "got " not in message:
+                    message += f", got {error['input']!r}"
+            problems.append(f"{path}: {field}: {message}")
+        raise ValuesError(problems) from None
+
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """What differs between clusters; the defaults match infra/router and infra/redis."""
+    """How the RayServices and router region files are rendered: the values of a values file,
+    and knobs that are the same on every cluster so far (with their defaults here)."""
 
-    k8s_namespace: str = "llm-scheduler"
+    k8s_namespace: str
+    region_image: str
+    # How the routers reach a region's gateway; {region} and {namespace} are filled in.
+    endpoint_template: str
+    models_pvc: str
+    models_mount: str
+    # The regions' Redis URL (user `region`, infra/redis/users.acl): not the router's.
+    region_redis_secret: str
+    # One Secret per region: {region} is filled in.
+    region_tickets_secret: str
     # The state store key namespace: routers, regions and the Redis ACL must use the same one.
-    key_namespace: str = "prod"
-    region_image: str = "ghcr.io/example/carbon-scheduler-region:0.1.0"
-    # How the routers reach a region's gateway; {region} and {k8s_namespace} are filled in.
-    # Regions in other clusters: their internal load balancer, e.g. https://{region}.llm.internal/{region}
-    endpoint_template: str = "http://{region}-serve-svc.{k8s_namespace}.svc.cluster.local:8000/{region}"
+    key_namespace: str
+    # Per-region endpoints that the template does not give.
+    endpoint_overrides: Mapping[str, str] = field(default_factory=dict)
+    # Extra sources (CIDRs) admitted to the gateway port: routers or direct-mode clients in other
+    # clusters, or the internal load balancer in front of `<region>-serve-svc`.
+    gateway_cidrs: tuple[str, ...] = ()
     gpus_per_worker: int = 8
-    models_pvc: str = "model-weights"
-    models_mount: str = "/models"
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
     # "disabled" only while ticket keys are being rolled out: the gateway then serves unsigned requests.
     tickets: Literal["required", "disabled"] = "required"
-    # Extra sources (CIDRs) admitted to the gateway port: routers or direct-mode clients in other
-    # clusters, or the internal load balancer in front of `<region>-serve-svc`.
-    gateway_cidrs: tuple[str, ...] = ()
     # The region image's user: rayproject/ray's `ray` (uid 1000, group `users`, 100).
     run_as_user: int = 1000
     run_as_group: int = 100
@@ -124,8 +325,30 @@ class RenderOptions:
     # token Secret and uses it itself); Serve's HTTP port and metrics stay open to the policy's peers.
     ray_token_auth: bool = True
 
+    @classmethod
+    def from_values(cls, values: Values) -> RenderOptions:
+        return cls(
+            k8s_namespace=values.namespace,
+            key_namespace=values.key_namespace,
+            region_image=values.images.region,
+            endpoint_template=values.endpoints.template,
+            endpoint_overrides=dict(values.endpoints.regions),
+            gateway_cidrs=values.endpoints.gateway_cidrs,
+            models_pvc=values.model_volume.claim,
+            models_mount=values.model_volume.mount_path,
+            region_redis_secret=values.secrets.redis_region,
+            region_tickets_secret=values.secrets.region_tickets,
+        )
+
     def endpoint(self, region: str) -> str:
-        return self.endpoint_template.format(region=region, k8s_namespace=self.k8s_namespace)
+        if region in self.endpoint_overrides:
+            return self.endpoint_overrides[region]
+        return self.endpoint_template.format(region=region, namespace=self.k8s_namespace)
+
+
+def default_options() -> RenderOptions:
+    """The base's options: ``infra/values.yaml``."""
+    return RenderOptions.from_values(load_values(DEFAULT_VALUES))
 
 
 @dataclass(frozen=True)
@@ -227,7 +450,8 @@ def _env(options: RenderOptions) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         # The gateway publishes its live state, consumes tickets and writes direct-mode receipts
         # there, as the least-privileged Redis user `region`.
-        {"name": "SCHEDULER_STATE", "valueFrom": {"secretKeyRef": {"name": REGION_REDIS_SECRET, "key": "url"}}},
+        {"name": "SCHEDULER_STATE",
+         "valueFrom": {"secretKeyRef": {"name": options.region_redis_secret, "key": "url"}}},
         {"name": TICKETS_ENV, "value": TICKETS_FILE},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
@@ -272,13 +496,13 @@ def _container(name: str, options: RenderOptions, resources: dict[str, Any], por
     }
 
 
-def _volumes(region: RegionConfig, shm: str) -> list[dict[str, Any]]:
+def _volumes(region: RegionConfig, options: RenderOptions, shm: str) -> list[dict[str, Any]]:
     """What every Ray pod mounts: writable /tmp (Ray's session dir, caches), /dev/shm (Ray's
     object store) and the region's ticket keys."""
     return [
         {"name": "tmp", "emptyDir": {}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
-        {"name": "tickets", "secret": {"secretName": TICKETS_SECRET.format(region=region.name),
+        {"name": "tickets", "secret": {"secretName": options.region_tickets_secret.format(region=region.name),
                                        "items": [{"key": "keys.yaml", "path": "keys.yaml"}]}},
     ]
 
@@ -316,7 +540,7 @@ def worker_group(region: RegionConfig, plan: PoolPlan, options: RenderOptions,
                      {"name": "metrics", "containerPort": RAY_METRICS_PORT}],
                     [{"name": "models", "mountPath": options.models_mount, "readOnly": True}],
                 )],
-                "volumes": [*_volumes(region, "32Gi"), {"name": "models", "persistentVolumeClaim": {
+                "volumes": [*_volumes(region, options, "32Gi"), {"name": "models", "persistentVolumeClaim": {
                     "claimName": options.models_pvc, "readOnly": True}}],
             },
         },
@@ -363,7 +587,7 @@ def rayservice(region: RegionConfig, raw: dict[str, Any], options: RenderOptions
                                  "limits": {"cpu": "8", "memory": "16Gi"}},
                                 head_ports, [],
                             )],
-                            "volumes": _volumes(region, "4Gi"),
+                            "volumes": _volumes(region, options, "4Gi"),
                         },
                     },
                 },
@@ -433,33 +657,45 @@ def _dump(source: str, *documents: Any) -> str:
         documents, Dumper=_ManifestDumper, sort_keys=False, width=120)
 
 
-def render(options: RenderOptions, regions_dir: Path = REPO / "regions",
-           policies_dir: Path = REPO / "policies") -> dict[Path, str]:
-    """Every rendered file: path (under infra/) -> text."""
-    files: dict[Path, str] = {}
-    region_sources = sorted(regions_dir.glob("*.yaml"))
-    policy_sources = sorted(policies_dir.glob("*.yaml"))
-    names = []
+def _region_files(options: RenderOptions, region_sources: list[Path]) -> dict[str, tuple[str, str]]:
+    """Per region name: its RayService file (RayService and NetworkPolicy) and its router file."""
+    known = [load_region(source).name for source in region_sources]
+    unknown = sorted(set(options.endpoint_overrides) - set(known))
+    if unknown:
+        raise ValueError(f"endpoints.regions: no region named {', '.join(map(repr, unknown))} "
+                         f"(known: {', '.join(sorted(known))})")
+    files = {}
     for source in region_sources:
         region = load_region(source)
-        names.append(region.name)
-        rel = _source(source)
         # One file per region, both objects: a region in its own cluster applies just this file.
-        files[INFRA / "kuberay" / "regions" / f"{region.name}.yaml"] = _dump(
-            rel, rayservice(region, parse(source), options), network_policy(region, options))
-        files[INFRA / "router" / "config" / "regions" / f"{region.name}.yaml"] = region_file_text(source, options)
+        files[region.name] = (_dump(_source(source), rayservice(region, parse(source), options),
+                                    network_policy(region, options)),
+                              region_file_text(source, options))
+    return files
+
+
+def _kustomization(source: str, body: dict[str, Any]) -> str:
+    return _dump(source, {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", **body})
+
+
+def render(options: RenderOptions, regions_dir: Path = REPO / "regions",
+           policies_dir: Path = REPO / "policies") -> dict[Path, str]:
+    """Every rendered file of the base: path (under infra/) -> text."""
+    files: dict[Path, str] = {}
+    policy_sources = sorted(policies_dir.glob("*.yaml"))
+    regions = _region_files(options, sorted(regions_dir.glob("*.yaml")))
+    for name, (rayservice_text, router_text) in regions.items():
+        files[INFRA / "kuberay" / "regions" / f"{name}.yaml"] = rayservice_text
+        files[INFRA / "router" / "config" / "regions" / f"{name}.yaml"] = router_text
     for source in policy_sources:
         policy = load_policy(source)
         files[INFRA / "router" / "config" / "policies" / f"{policy.name}.yaml"] = (
             HEADER.format(source=_source(source)) + source.read_text())
-    files[INFRA / "kuberay" / "kustomization.yaml"] = _dump("regions/", {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [f"regions/{name}.yaml" for name in names],
-    })
-    files[INFRA / "router" / "config" / "kustomization.yaml"] = _dump("regions/ and policies/", {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+    files[INFRA / "kuberay" / "kustomization.yaml"] = _kustomization("regions/", {
+        "resources": [f"regions/{name}.yaml" for name in regions]})
+    files[INFRA / "router" / "config" / "kustomization.yaml"] = _kustomization("regions/ and policies/", {
         "configMapGenerator": [
-            {"name": "scheduler-regions", "files": [f"regions/{n}.yaml" for n in names]},
+            {"name": "scheduler-regions", "files": [f"regions/{n}.yaml" for n in regions]},
             {"name": "scheduler-policies",
              "files": [f"policies/{load_policy(s).name}.yaml" for s in policy_sources]},
         ],
@@ -467,10 +703,188 @@ def render(options: RenderOptions, regions_dir: Path = REPO / "regions",
     return files
 
 
+# The overlay's own folders of rendered files (a region removed from regions/ leaves an orphan there).
+OVERLAY_GENERATED = ("kuberay/regions", "router-config/regions", "redis")
+# What the overlay patches, as the base names it (infra/values.yaml must agree: tests/unit/infra).
+ROUTER_DEPLOYMENT = INFRA / "router" / "deployment.yaml"
+ROUTER_TLS_PATCH = INFRA / "overlays" / "router-tls" / "deployment-tls.yaml"
+REDIS_STATEFULSET = INFRA / "redis" / "statefulset.yaml"
+REDIS_ACL = INFRA / "redis" / "users.acl"
+REDIS_CONF = INFRA / "redis" / "redis.conf"
+
+
+def _image_entry(base: str, wanted: str) -> dict[str, str]:
+    """A kustomize ``images`` entry turning image ``base`` into ``wanted``."""
+
+    def split(ref: str) -> tuple[str, str | None, str | None]:
+        name, _, digest = ref.partition("@")
+        slash = name.rfind("/")
+        colon = name.rfind(":")
+        tag = None
+        if colon > slash:
+            name, tag = name[:colon], name[colon + 1:]
+        return name, tag, digest or None
+
+    base_name, _, _ = split(base)
+    name, tag, digest = split(wanted)
+    entry = {"name": base_name, "newName": name}
+    if digest:
+        entry["digest"] = digest
+    elif tag:
+        entry["newTag"] = tag
+    return entry
+
+
+def _renamed_secrets(pod: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """A strategic-merge patch of a pod spec: every Secret it names that ``names`` renames."""
+    patch: dict[str, Any] = {}
+    for key in ("initContainers", "containers"):
+        patched = []
+        for container in pod.get(key, []):
+            entry: dict[str, Any] = {}
+            env = [{"name": e["name"], "valueFrom": {"secretKeyRef": {
+                        **e["valueFrom"]["secretKeyRef"], "name": names[e["valueFrom"]["secretKeyRef"]["name"]]}}}
+                   for e in container.get("env", [])
+                   if e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") in names]
+            if env:
+                entry["env"] = env
+            env_from = container.get("envFrom", [])
+            if any(s.get("secretRef", {}).get("name") in names for s in env_from):
+                # envFrom has no merge key: the patch replaces the whole list.
+                entry["envFrom"] = [{**s, "secretRef": {**s["secretRef"], "name": names[s["secretRef"]["name"]]}}
+                                    if s.get("secretRef", {}).get("name") in names else s for s in env_from]
+            if entry:
+                patched.append({"name": container["name"], **entry})
+        if patched:
+            patch[key] = patched
+    volumes = [{"name": v["name"], "secret": {"secretName": names[v["secret"]["secretName"]]}}
+               for v in pod.get("volumes", []) if v.get("secret", {}).get("secretName") in names]
+    if volumes:
+        patch["volumes"] = volumes
+    return patch
+
+
+def _secret_patch(kind: str, name: str, pods: Sequence[Mapping[str, Any]],
+                  names: Mapping[str, str]) -> dict[str, Any] | None:
+    spec: dict[str, Any] = {}
+    for pod in pods:
+        for key, value in _renamed_secrets(pod, names).items():
+            spec[key] = [*spec.get(key, []), *value]
+    if not spec:
+        return None
+    return {"target": {"kind": kind, "name": name},
+            "patch": yaml.safe_dump({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
+                                     "spec": {"template": {"spec": spec}}}, sort_keys=False)}
+
+
+def _router_args_patch(source: Path, key_namespace: str) -> dict[str, Any]:
+    """The router container's args (``source``'s: the base or the TLS overlay) with another
+    ``--namespace``: a list has no merge key, so the patch carries all of it."""
+    (router,) = [c for c in _pod_spec(source)["containers"] if c["name"] == "router"]
+    args = [f"--namespace={key_namespace}" if arg.startswith("--namespace=") else arg for arg in router["args"]]
+    if sum(arg.startswith("--namespace=") for arg in router["args"]) != 1:
+        raise ValueError(f"{source}: expected one --namespace=... in the router's args")
+    return {"target": {"kind": "Deployment", "name": "scheduler-router"},
+            "patch": yaml.safe_dump({"apiVersion": "apps/v1", "kind": "Deployment",
+                                     "metadata": {"name": "scheduler-router"},
+                                     "spec": {"template": {"spec": {"containers": [{"name": "router", "args": args}]}}}},
+                                    sort_keys=False)}
+
+
+def _acl_text(default_namespace: str, key_namespace: str) -> str:
+    """infra/redis/users.acl with the users' key patterns in ``key_namespace``."""
+    text = REDIS_ACL.read_text()
+    if f"sched:{default_namespace}:" not in text:
+        raise ValueError(f"{REDIS_ACL}: no key pattern sched:{default_namespace}: to rewrite")
+    # The init container drops comment lines, this header with them.
+    return HEADER.format(source="infra/redis/users.acl") + text.replace(
+        f"sched:{default_namespace}:", f"sched:{key_namespace}:")
+
+
+def _pod_spec(path: Path) -> dict[str, Any]:
+    (body,) = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    return dict(body["spec"]["template"]["spec"])
+
+
+def render_overlay(values_file: Path, regions_dir: Path = REPO / "regions",
+                   defaults_file: Path = DEFAULT_VALUES) -> dict[Path, str]:
+    """The kustomize overlay of ``values_file``, in its folder: path -> text."""
+    values = load_values(values_file, defaults_file)
+    defaults = load_values(defaults_file, defaults_file)
+    shown = defaults_file.relative_to(REPO) if defaults_file.is_relative_to(REPO) else defaults_file
+    placeholders = [f"{values_file}: images.{role}: {getattr(values.images, role)!r} is the placeholder of "
+                    f"{shown}; build infra/images/{role}.Dockerfile, push it and name that image"
+                    for role in ("router", "region") if getattr(values.images, role) == getattr(defaults.images, role)]
+    if placeholders:
+        raise ValuesError(placeholders)
+    options = RenderOptions.from_values(values)
+    try:
+        regions = _region_files(options, sorted(regions_dir.glob("*.yaml")))
+    except ValueError as exc:
+        raise ValuesError([f"{values_file}: {exc}"]) from None
+    out = values_file.resolve().parent
+    source = values_file.name
+
+    def base(*parts: str) -> str:
+        return os.path.relpath(INFRA.joinpath(*parts), out)
+
+    files: dict[Path, str] = {}
+    for name, (rayservice_text, router_text) in regions.items():
+        files[out / "kuberay" / "regions" / f"{name}.yaml"] = rayservice_text
+        files[out / "router-config" / "regions" / f"{name}.yaml"] = router_text
+    files[out / "kuberay" / "kustomization.yaml"] = _kustomization(source, {
+        "resources": [f"regions/{name}.yaml" for name in regions]})
+    files[out / "namespace.yaml"] = _dump(source, {
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": values.namespace, "labels": {"app.kubernetes.io/part-of": "carbon-scheduler"}}})
+    # Kustomize reads no file outside the overlay's folder but whole kustomizations: a copy.
+    files[out / "networkpolicy.yaml"] = (HEADER.format(source="infra/networkpolicy.yaml")
+                                         + (INFRA / "networkpolicy.yaml").read_text())
+    secret_names = {getattr(defaults.secrets, key): getattr(values.secrets, key)
+                    for key in SecretValues.model_fields
+                    if getattr(defaults.secrets, key) != getattr(values.secrets, key)}
+    router_pods = [_pod_spec(ROUTER_DEPLOYMENT), *([_pod_spec(ROUTER_TLS_PATCH)] if values.router_tls else [])]
+    patches = [p for p in (_secret_patch("Deployment", "scheduler-router", router_pods, secret_names),
+                           _secret_patch("StatefulSet", "redis", [_pod_spec(REDIS_STATEFULSET)], secret_names))
+               if p is not None]
+    if values.key_namespace != defaults.key_namespace:
+        patches.append(_router_args_patch(ROUTER_TLS_PATCH if values.router_tls else ROUTER_DEPLOYMENT,
+                                          values.key_namespace))
+        files[out / "redis" / "users.acl"] = _acl_text(defaults.key_namespace, values.key_namespace)
+        files[out / "redis" / "redis.conf"] = REDIS_CONF.read_text()
+    images = [_image_entry(getattr(defaults.images, role), getattr(values.images, role))
+              for role in ("router", "redis", "redis_exporter")
+              if getattr(defaults.images, role) != getattr(values.images, role)]
+    body: dict[str, Any] = {
+        "namespace": values.namespace,
+        "resources": [
+            "namespace.yaml",
+            "networkpolicy.yaml",
+            base("redis"),
+            base("overlays", "router-tls") if values.router_tls else base("router"),
+            base("monitoring"),
+            "kuberay",
+        ],
+        # The router's region files with this cluster's endpoints, under the base's ConfigMap name.
+        "configMapGenerator": [{"name": "scheduler-regions", "behavior": "replace",
+                                "files": [f"router-config/regions/{name}.yaml" for name in regions]}],
+    }
+    if values.key_namespace != defaults.key_namespace:
+        # The Redis ACL template with the users' key patterns in this key namespace.
+        body["configMapGenerator"].append({"name": "redis-config", "behavior": "replace",
+                                           "files": ["redis/redis.conf", "redis/users.acl"]})
+    if images:
+        body["images"] = images
+    if patches:
+        body["patches"] = patches
+    files[out / "kustomization.yaml"] = _kustomization(source, body)
+    return files
+
+
 def stale_files(files: Mapping[Path, str], roots: tuple[Path, ...]) -> list[Path]:
     """Rendered files that differ from disk, and files under ``roots`` nobody renders any more."""
     stale = [path for path, text in files.items() if not path.exists() or path.read_text() != text]
-    extra = [p for root in roots if root.exists() for p in root.glob("*.yaml") if p not in files]
+    extra = [p for root in roots if root.exists() for p in root.iterdir() if p.is_file() and p not in files]
     return sorted(stale + extra)
 
 
@@ -481,12 +895,25 @@ GENERATED_DIRS = (INFRA / "kuberay" / "regions", INFRA / "router" / "config" / "
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="list out-of-date files and exit 1 if any")
+    parser.add_argument("--values", type=Path,
+                        help="render the kustomize overlay of this values file, in its folder "
+                             "(default: the base under infra/, from infra/values.yaml)")
     args = parser.parse_args(argv)
-    files = render(RenderOptions())
-    stale = stale_files(files, GENERATED_DIRS)
+    try:
+        if args.values is None:
+            files, roots = render(default_options()), GENERATED_DIRS
+        else:
+            files = render_overlay(args.values)
+            out = args.values.resolve().parent
+            roots = tuple(out / folder for folder in OVERLAY_GENERATED)
+    except ValuesError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 4  # a config error, as `scheduler` reports one (scheduler/exit_codes.py)
+    stale = stale_files(files, roots)
     if args.check:
         for path in stale:
-            print(f"out of date: {path.relative_to(REPO)}", file=sys.stderr)
+            print(f"out of date: {os.path.relpath(path)}", file=sys.stderr)
         return 1 if stale else 0
     for path in stale:
         if path in files:
@@ -494,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(files[path])
         else:
             path.unlink()
-        print(f"wrote {path.relative_to(REPO)}" if path in files else f"removed {path.relative_to(REPO)}")
+        print(f"wrote {os.path.relpath(path)}" if path in files else f"removed {os.path.relpath(path)}")
     return 0
 
 

@@ -23,9 +23,9 @@ The workload, half of the rate each (seeded, ``--seed``):
   TTL).
 
 Each release books what a router books per run, through the same keys and TTLs: the ledger's
-entry (``scheduler.ledger.ledger.entry_key``, ``ENTRY_TTL_S``) with its monthly
-hash, and the audit stream entry with its marker (``scheduler.server.audit``: ``AUDIT_MAXLEN``,
-``AUDIT_ONCE_TTL_S``); ``--no-markers`` leaves them out.
+entry (``scheduler.ledger.ledger.entry_key``) with its monthly hash, and the audit stream entry
+(``scheduler.server.audit``, ``AUDIT_MAXLEN``) with its marker; the entry and the marker are kept
+``--idempotency-window`` (the router's setting, a day by default); ``--no-markers`` leaves them out.
 
 The caps and retention are the router's defaults (``DeferralSettings``) unless given. ``--json``
 writes the samples to a file. Exit status 1 when the deferral keys' memory in the second half
@@ -61,7 +61,7 @@ from scheduler.deferral.queue import (  # noqa: E402
     OverCap,
 )
 from scheduler.ledger.ledger import ENGINE_COUNTED, ENTRY_TTL_S, entry_key  # noqa: E402
-from scheduler.server.audit import AUDIT_MAXLEN, AUDIT_ONCE_TTL_S  # noqa: E402
+from scheduler.server.audit import AUDIT_MAXLEN  # noqa: E402
 from scheduler.server.deferral_settings import DeferralSettings  # noqa: E402
 from scheduler.state import keys  # noqa: E402
 from scheduler.state.redis_store import RedisStore, delete_namespace  # noqa: E402
@@ -100,7 +100,7 @@ class Sample:
                 f"answered {self.answered:>9,}  deleted {self.deleted:>9,}  held {self.held:>7,}  "
                 f"deferral {self.deferral_bytes / 2**20:8.1f} MiB (accounted {self.accounted_bytes / 2**20:7.1f}, "
                 f"flood {self.flood_bytes / 2**20:6.1f})  "
-                f"markers {self.marker_bytes / 2**20:8.1f} MiB ({self.keys.get('ledger_booked', 0):,} ledger, "
+                f"markers {self.marker_bytes / 2**20:8.1f} MiB ({self.keys.get('ledger_entry', 0):,} ledger, "
                 f"{self.keys.get('audit_once', 0):,} audit)  redis used {self.used_memory / 2**20:8.1f} MiB  "
                 f"[{self.real_s:6.0f} s, lag {self.lag_s:4.0f} s]")
 
@@ -157,13 +157,13 @@ class Soak:
             month = time.strftime("%Y-%m", time.gmtime(self.now()))
             await self.store.ledger_add(keys.ledger(item.tenant, month),
                                         {"eu-north|llama-3.1-8b|requests": 1.0, "eu-north|llama-3.1-8b|energy_j": 12.5},
-                                        entry_key(decision_id, "eu-north", "a100-chat"), ENTRY_TTL_S / speed,
+                                        entry_key(decision_id, "eu-north", "a100-chat"), self.args.idempotency_window / speed,
                                         ENGINE_COUNTED)
             entry = {"decision_id": decision_id, "request_id": item.request_id, "tenant": item.tenant,
                      "region": "eu-north", "pool": "a100-chat", "energy_j": "12.5", "carbon_g": "0.31",
                      "released_at": repr(self.now()), "deferral": f"{item.reason}: {item.detail}"}
             await self.store.xadd_once(keys.AUDIT, entry, AUDIT_MAXLEN, keys.audit_once(decision_id),
-                                       AUDIT_ONCE_TTL_S / speed)
+                                       self.args.idempotency_window / speed)
         self.counts["answered"] += 1
         if item.tenant != "flood" and self.rng.random() < 0.99:
             heapq.heappush(self.deletions, (self.now() + self.rng.uniform(60.0, 600.0), item.tenant, item.request_id))
@@ -296,7 +296,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/1")
     parser.add_argument("--hours", type=float, default=48.0, help="simulated hours (default 48)")
-    parser.add_argument("--rate", type=int, default=100, help="deferrals per simulated second (default 100)")
+    parser.add_argument("--rate", type=float, default=100.0, help="deferrals per simulated second (default 100)")
     parser.add_argument("--speed", type=float, default=5.0,
                         help="simulated seconds per real second (default 5); too fast for the machine and the "
                              "driver lags (printed): lower it")
@@ -309,6 +309,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-running", type=int, default=256, help="releases one pass starts at most")
     parser.add_argument("--no-markers", dest="markers", action="store_false",
                         help="leave out the ledger's and audit's per-run markers")
+    parser.add_argument("--idempotency-window", type=float, default=ENTRY_TTL_S, metavar="S",
+                        help=f"how long the markers live, as the router's --idempotency-window (default "
+                             f"{ENTRY_TTL_S:,.0f} s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the samples here")
     return parser.parse_args(argv)

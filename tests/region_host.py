@@ -202,15 +202,16 @@ def gateway_class() -> type:
 
 
 async def start_gateway(region_name: str, engines: dict[str, StubEngine], store_url: str | None,
-                        namespace: str, ticket_keys: Any = None) -> Any:
-    """A started gateway for the shipped region ``region_name``, one stub engine per pool."""
+                        namespace: str, ticket_keys: Any = None, **settings: Any) -> Any:
+    """A started gateway for the shipped region ``region_name``, one stub engine per pool;
+    ``settings``: other ``GatewaySettings`` fields."""
     from scheduler.config.loader import load_fleet
     from scheduler.serve.gateway import GatewaySettings, PoolEngine
 
     region = next(r for r in load_fleet().regions if r.name == region_name)
     settings = GatewaySettings(region=region, pools={name: PoolEngine("stub-engine", 32768) for name in engines},
                                store_url=store_url, namespace=namespace, publish_interval_s=0.5,
-                               ticket_keys=ticket_keys)
+                               ticket_keys=ticket_keys, **settings)
     cls = gateway_class()
     gateway = cls.__new__(cls)
     await gateway.__init__({name: LocalHandle(engine) for name, engine in engines.items()}, settings)

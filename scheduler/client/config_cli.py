@@ -3,8 +3,8 @@
 The router re-reads regions/, policies/, its keys and budgets files, validates them and, when
 they are valid and new, applies them and publishes them as the fleet's version (every router
 on the same store follows within seconds; docs/hot-reload.md). Exit 0 when the files are valid
-(applied, or already in use), 1 when they are not (each problem printed as file: field:
-message; the router keeps its version), 2 when the router cannot be asked.
+(applied, or already in use), 4 when they are not (each problem printed as file: field:
+message; the router keeps its version), 1 when the router cannot be asked (docs/cli.md).
 """
 
 from __future__ import annotations

@@ -83,6 +83,8 @@ class LedgerEntry:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     counted_by: int = ENGINE_COUNTED
+    # Requests it counts: 1 for a request's receipt, 0 for a line that bills no request (idle).
+    requests: float = 1.0
 
     @property
     def month(self) -> str:
@@ -98,7 +100,7 @@ class LedgerEntry:
         return (
             (key, prefix + "energy_j", self.energy_j),
             (key, prefix + "carbon_g", self.carbon_g),
-            (key, prefix + "requests", 1.0),
+            (key, prefix + "requests", self.requests),
             (key, prefix + "prompt_tokens", float(self.prompt_tokens)),
             (key, prefix + "completion_tokens", float(self.completion_tokens)),
         )
@@ -142,6 +144,8 @@ class Ledger:
     retry_initial_s: float = 0.2
     retry_max_s: float = 5.0
     on_soft_limit: Callable[[BudgetStatus], None] | None = None
+    # How long an entry is kept: receipts of one target booked further apart are counted twice.
+    entry_ttl_s: float = ENTRY_TTL_S
     soft_limit_warnings: int = field(default=0, init=False)
     _queue: deque[LedgerEntry] = field(default_factory=deque, init=False, repr=False)
     # Oldest entries folded into per-field sums when the queue overflowed: (key, field) -> amount.
@@ -178,13 +182,13 @@ class Ledger:
             written = 0
             try:
                 for (key, name), amount in list(self._folded.items()):
-                    await self.store.ledger_add(key, {name: amount}, None, ENTRY_TTL_S)
+                    await self.store.ledger_add(key, {name: amount}, None, self.entry_ttl_s)
                     del self._folded[(key, name)]
                 while self._queue:
                     entry = self._queue[0]
                     writes = entry.writes()
                     if not await self.store.ledger_add(writes[0][0], {n: a for _, n, a in writes}, entry.key,
-                                                       ENTRY_TTL_S, entry.counted_by):
+                                                       self.entry_ttl_s, entry.counted_by):
                         log.info("ledger: %s already booked on counts as good; not counted again", entry.key)
                     self._queue.popleft()
                     written += 1

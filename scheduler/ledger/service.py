@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler.ledger.budget import BudgetStatus
+from scheduler.ledger.idle import IdleWindow
 from scheduler.ledger.ledger import ENGINE_COUNTED, ROUTER_COUNTED, Ledger, LedgerEntry, MonthUsage, month_of
 from scheduler.tasks import WRITE_LINGER_S, start_loop, stop_task
 from scheduler.types import EnergyReceipt, Request
@@ -60,6 +61,11 @@ class LedgerService:
                 counted_by=ROUTER_COUNTED if receipt.tokens_estimated else ENGINE_COUNTED,
             )
         )
+        self._wake.set()
+
+    def sink_idle(self, window: IdleWindow) -> None:
+        """A pool's idle energy of one billing window, a line per tenant that used the pool."""
+        self._inbox.extend(window.entries())
         self._wake.set()
 
     def admit(self, request: Request) -> BudgetStatus | None:

@@ -59,6 +59,7 @@ from scheduler import region_receipt, tickets
 from scheduler.config.schema import PoolConfig, RegionConfig
 from scheduler.energy.nvml import NvmlMeter
 from scheduler.serve.energy_report import PoolEnergyProfile, RegionPricing, energy_object
+from scheduler.serve.idle_windows import IdleWindows
 from scheduler.serve.inflight import InFlight, RequestShare
 from scheduler.serve.metrics import GatewayMetrics
 from scheduler.serve.power_caps import PowerCapper, RegionCapReport, apply_region_caps
@@ -120,6 +121,9 @@ class GatewaySettings:
     ticket_keys: RegionKeys | None = None
     # How far this region's clock may be behind or ahead of the routers' (scheduler.tickets.check).
     ticket_clock_skew_s: float = CLOCK_SKEW_S
+    # The billing window of idle energy: each pool's idle joules in it are shared among the
+    # tenants that used the pool (scheduler.ledger.idle).
+    idle_window_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ticket_clock_skew_s <= 300.0:
@@ -257,7 +261,8 @@ class RegionGateway:
                               for name in settings.pools}
         # The GPUs NVML sees are this Ray node's ("" outside Ray: tests).
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        self._flight = InFlight(clock=time.monotonic, node=node, on_idle=self._metrics.idle,
+        self._idle = IdleWindows(region.name, region.pue, settings.idle_window_s)
+        self._flight = InFlight(clock=time.monotonic, node=node, on_idle=self._on_idle,
                                 pricing=RegionPricing(self._profiles) if self._meter.available else None)
         self._power_w: float | None = None
         self._last_rate: tuple[float, float] | None = None  # (measured J, generated tokens)
@@ -289,6 +294,8 @@ class RegionGateway:
         self._counting: set[asyncio.Task[None]] = set()
         if self._store is not None:
             self._tasks.append(start_loop(self._receipt_writer, "receipt-writer"))
+            if self._keys is not None:
+                self._tasks.append(start_loop(self._idle_writer, "idle-windows"))
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/completions"): lambda r: self._generate(r, "stream_completions"),
             ("POST", "/v1/chat/completions"): lambda r: self._generate(r, "stream_chat"),
@@ -560,15 +567,34 @@ class RegionGateway:
             precision=self._precision(ticket.pool, ticket.model), end_reason=end_reason,
             tokens_estimated=tokens_estimated,
         )
+        if claims["energy"] is not None and claims["energy"].get("energy_j") is not None:
+            self._idle.used(ticket.pool, ticket.tenant, float(claims["energy"]["energy_j"]), ticket.carbon_g_per_kwh,
+                            time.time())
         if self._store is None:
             log.error("region %s: no state store: the receipt of decision %s cannot reach the ledger",
                       self._settings.region.name, ticket.decision_id)
         else:
-            if len(self._outbox) == self._outbox.maxlen:
-                log.error("region %s: receipt outbox full: dropping the oldest receipt", self._settings.region.name)
-            self._outbox.append(region_receipt.sign_receipt(self._keys, claims))
-            self._outbox_wake.set()
+            self._sign(claims)
         return claims
+
+    def _sign(self, claims: Mapping[str, Any]) -> None:
+        """Into the outbox, signed, for a router to book."""
+        assert self._keys is not None
+        if len(self._outbox) == self._outbox.maxlen:
+            log.error("region %s: receipt outbox full: dropping the oldest receipt", self._settings.region.name)
+        self._outbox.append(region_receipt.sign_receipt(self._keys, claims))
+        self._outbox_wake.set()
+
+    def _on_idle(self, pool: str, joules: float) -> None:
+        self._metrics.idle(pool, joules)
+        self._idle.idle(pool, joules, time.time())
+
+    async def _idle_writer(self) -> None:
+        """Each pool's idle energy of every billing window that ended, signed for the ledger."""
+        while True:
+            await asyncio.sleep(min(60.0, self._settings.idle_window_s / 4))
+            for window in self._idle.closed(time.time()):
+                self._sign(window.claims())
 
     async def _receipt_writer(self) -> None:
         """Append signed receipts to the store's stream in order; keep them while it is down."""
@@ -722,7 +748,14 @@ class RegionGateway:
         writer stops."""
         try:
             async with asyncio.timeout(RECEIPT_FLUSH_S):
-                while self._open_streams() or self._counting or self._outbox:
+                while self._open_streams() or self._counting:
+                    self._outbox_wake.set()
+                    await asyncio.sleep(0.05)
+                if self._keys is not None:
+                    # The windows still open, their idle joules and uses until now.
+                    for window in self._idle.drain():
+                        self._sign(window.claims())
+                while self._outbox:
                     self._outbox_wake.set()
                     await asyncio.sleep(0.05)
         except TimeoutError:

@@ -65,6 +65,8 @@ class AuditLog:
     max_pending: int = 10_000
     retry_s: float = 1.0
     linger_s: float = WRITE_LINGER_S
+    # How long an entry's once-marker is kept (the router's --idempotency-window).
+    once_ttl_s: float = AUDIT_ONCE_TTL_S
     dropped: int = field(default=0, init=False)
     written: int = field(default=0, init=False)
     _pending: deque[dict[str, str]] = field(default_factory=deque, init=False, repr=False)
@@ -97,7 +99,7 @@ class AuditLog:
             # out on our side may still have landed, and the router's and the region's receipt
             # of one proxied stream are one entry (the first to arrive).
             once = keys.audit_once(f"{entry['decision_id']}:{entry['region']}:{entry['pool']}")
-            await self.store.xadd_once(keys.AUDIT, entry, AUDIT_MAXLEN, once, AUDIT_ONCE_TTL_S)
+            await self.store.xadd_once(keys.AUDIT, entry, AUDIT_MAXLEN, once, self.once_ttl_s)
             self._pending.popleft()
             self.written += 1
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
+from scheduler.ledger.ledger import ENTRY_TTL_S
 from scheduler.server.config_signing import TRUST_FILE_ENV
 from scheduler.state.url import STATE_ENV
 from scheduler.tickets import KEYS_FILE_ENV
@@ -78,6 +79,11 @@ def register(sub: Any) -> None:
                         help="requests/s per tenant, shared by all routers on the state store (default 50)")
     router.add_argument("--refresh-interval", type=float, default=0.5, help="snapshot refresh period, s")
     router.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get at shutdown")
+    router.add_argument("--idempotency-window", type=_idempotency_window, default=ENTRY_TTL_S, metavar="S",
+                        help=f"how long the ledger's entries and the audit's markers are kept: receipts of one "
+                             f"dispatch target that reach the store further apart are booked twice; the store "
+                             f"holds ~580 bytes per request for this long (default {ENTRY_TTL_S:,.0f}; "
+                             f"docs/state-keys.md)")
     router.add_argument("--budgets", type=Path,
                         help="tenant energy/carbon budgets (YAML; see docs/deploying.md); reloaded like the keys")
     router.add_argument("--metrics-port", type=int, default=None,
@@ -328,7 +334,8 @@ def _router(args: argparse.Namespace) -> int:
     deps.dispatcher.settings = replace(deps.dispatcher.settings, max_stream_s=args.max_stream_s or None)
     if args.max_streams_per_tenant is not None:
         deps.slots = StreamSlots(args.max_streams_per_tenant)
-    with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets)
+    with_services(deps, carbon_pollers=not args.no_carbon_pollers, budgets=budgets,
+                  idempotency_window_s=args.idempotency_window)
     # Hot reload (docs/hot-reload.md): last in the start order, so every part it swaps is up.
     reloader = ConfigReloader(deps, sources, initial, ticket_keys=ticket_keys, ticket_keys_file=str(args.ticket_keys),
                               trust=trust, watch_interval_s=args.keys_reload_interval,
@@ -426,6 +433,18 @@ def _raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if hard < 4096:
         log.warning("the open-files limit is %d: this router can hold about %d streams at once", hard, hard // 2)
+
+
+def _idempotency_window(text: str) -> float:
+    """Seconds, from 10 minutes (past the retries of one write and a lock holder's restart)
+    to 40 days."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 600.0 <= seconds <= 40 * 86400.0:
+        raise argparse.ArgumentTypeError(f"must be within [600, 3456000] s, got {text}")
+    return seconds
 
 
 def _codes(text: str) -> tuple[str, ...]:

@@ -17,6 +17,10 @@ cursor moves past a batch only once ``written`` says the ledger and the audit ho
 router that dies, SIGKILLed or not, before they wrote it leaves the cursor where it was, and
 the next holder books that batch again (each receipt counts once: the ledger keeps one entry
 per (decision, region, pool), the audit one entry). Delivery is at least once.
+
+The same stream carries each pool's idle energy per billing window (claims with ``kind``
+"idle", ``scheduler.ledger.idle``), signed alike: those go to ``book_idle``, which shares them
+among the tenants that used the pool.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from scheduler.ledger.idle import KIND as IDLE_KIND
+from scheduler.ledger.idle import IdleWindow
 from scheduler.region_receipt import STREAM, RegionReceipt, verify_receipt
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tasks import start_loop, stop_task
@@ -45,6 +51,10 @@ async def _at_once() -> bool:
     return True
 
 
+def _unbooked(window: IdleWindow) -> None:
+    log.warning("region %s pool %s: an idle-energy record, and no ledger to book it", window.region, window.pool)
+
+
 @dataclass
 class RegionReceiptIngest:
     store: StateStore
@@ -53,6 +63,8 @@ class RegionReceiptIngest:
     # Whether what ``book`` was handed until now is in the store (the router's: it writes the
     # ledger's and the audit's queues); the default is for a ``book`` that writes at once.
     written: Callable[[], Awaitable[bool]] = _at_once
+    # Where a pool's idle energy of a billing window goes (the router's ledger).
+    book_idle: Callable[[IdleWindow], None] = _unbooked
     interval_s: float = 0.5
     lock_ttl_s: float = 5.0
     batch: int = 500
@@ -74,12 +86,15 @@ class RegionReceiptIngest:
         for entry_id, fields in entries:
             try:
                 keys = self.keys.of(fields.get("region", ""))
-                receipt = RegionReceipt(verify_receipt(keys, fields)).energy_receipt()
-            except (TicketKeysError, TicketRejected) as exc:
+                claims = verify_receipt(keys, fields)
+                if claims.get("kind") == IDLE_KIND:
+                    self.book_idle(IdleWindow.from_claims(claims))
+                else:
+                    self.book(RegionReceipt(claims).energy_receipt())
+            except (TicketKeysError, TicketRejected, ValueError) as exc:
                 self.rejected += 1
                 log.error("region receipt %s rejected, not booked: %s", entry_id, exc)
                 continue
-            self.book(receipt)
             self.booked += 1
         if entries:
             self._unwritten = entries[-1][0]

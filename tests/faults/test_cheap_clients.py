@@ -27,7 +27,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +79,10 @@ class Router:
         return psutil.Process(self.process.pid)
 
 
-def start_router(work: Path, stub_url: str, redis_url: str, namespace: str, tenant: NewKey, legit: NewKey) -> Router:
+def start_router(work: Path, stub_url: str, redis_url: str, namespace: str, tenant: NewKey, legit: NewKey,
+                 extra: Sequence[str] = ("--rate-limit", "100000")) -> Router:
+    """A ``scheduler router`` process over ``stub_url`` with the keys of ``tenant`` and ``legit``,
+    this test's timeouts and ``extra`` arguments; its ports once it reports them."""
     regions_dir = work / "regions"
     regions_dir.mkdir()
     shipped = {r.name: r for r in load_fleet().regions}
@@ -92,7 +95,7 @@ def start_router(work: Path, stub_url: str, redis_url: str, namespace: str, tena
         [sys.executable, "-m", "scheduler.cli", "router", "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
          "--metrics-port", "0", "--regions", str(regions_dir), "--state", redis_url, "--namespace", namespace,
          "--keys", str(work / "keys.yaml"), "--ticket-keys", str(work / "tickets.yaml"), "--no-carbon-pollers",
-         "--rate-limit", "100000", "--grace", "1", "--header-timeout", str(HEADER_S), "--body-timeout", str(BODY_S),
+         *extra, "--grace", "1", "--header-timeout", str(HEADER_S), "--body-timeout", str(BODY_S),
          "--idle-timeout", str(IDLE_S), "--write-timeout", str(WRITE_S)],
         stdout=subprocess.PIPE, text=True,
     )

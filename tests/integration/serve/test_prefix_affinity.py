@@ -30,9 +30,10 @@ def system_prompt(tag: str) -> str:
     return f"[{tag}] You plan batch jobs for the hours when the grid is cleanest and cheapest. " * 8
 
 
-async def cached_tokens_direct(stack: LocalStack, client: httpx.AsyncClient, prompt: str, pool: str) -> int:
+async def cached_tokens_direct(stack: LocalStack, client: httpx.AsyncClient, prompt: str, pool: str,
+                               tenant: str = "test") -> int:
     body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True}
-    headers = ticket_headers(stack, body, pool=pool)
+    headers = ticket_headers(stack, body, pool=pool, tenant=tenant)
     body["x_scheduler"] = {"pool": pool}
     cached = -1
     async with client.stream("POST", f"{stack.endpoint(REGION)}/v1/completions", json=body,
@@ -84,3 +85,19 @@ async def test_affinity_keeps_a_workflow_on_its_warm_replica_and_moving_it_loses
         await asyncio.sleep(0.5)
     print(f"snapshot: {len(warm)} warm prefix keys at {sorted(places)}")
     assert f"{REGION}/{next_steps[0][0]}" in places
+
+
+@pytest.mark.timeout(300)
+async def test_a_tenant_is_never_served_from_another_tenants_cached_prefix(stack: LocalStack) -> None:
+    """Issue 26.7: the gateway salts each tenant's prefix cache (vLLM's ``cache_salt``), so a
+    tenant that sends another's prompt learns nothing from its ``cached_tokens``, while each
+    tenant's own repeats are still served from the cache."""
+    prompt = system_prompt("tenant-salt") + " Which hour is cleanest?"
+    pool = POOLS[0]
+    async with httpx.AsyncClient(timeout=120) as http:
+        victim = [await cached_tokens_direct(stack, http, prompt, pool, tenant="tenant-b") for _ in range(2)]
+        prober = [await cached_tokens_direct(stack, http, prompt, pool, tenant="tenant-a") for _ in range(2)]
+    print(f"\ncached prompt tokens, tenant B twice: {victim}; tenant A, the same prompt, twice: {prober}")
+    assert victim[1] >= 128, "the victim's own repeat is not served from its cache"
+    assert prober[0] == 0, "tenant A was served from tenant B's cached prefix"
+    assert prober[1] >= 128, "tenant A's own repeat is not served from its cache"

@@ -187,7 +187,7 @@ def test_serve_args_have_one_deployment_per_pool(doc: Doc) -> None:
     region = _region(doc)
     assert region.name == doc.name
     assert args["tickets"] == "required"
-    assert args["namespace"] == render.RenderOptions().key_namespace
+    assert args["namespace"] == render.default_options().key_namespace
     assert list(args["pools"]) == [p.name for p in region.pools]
     for pool in region.pools:
         entry = args["pools"][pool.name]
@@ -258,7 +258,7 @@ def test_a_pool_whose_model_spans_nodes_is_refused() -> None:
     wide = pool.model_copy(update={"models": tuple(m.model_copy(update={"tensor_parallel": 16}) for m in pool.models),
                                    "count": 32})
     with pytest.raises(ValueError, match=r"tensor_parallel=16 GPUs on one node"):
-        render.pool_plan(region, wide, render.RenderOptions())
+        render.pool_plan(region, wide, render.default_options())
 
 
 def test_serve_import_path_is_a_ray_application_builder() -> None:

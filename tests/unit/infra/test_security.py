@@ -57,7 +57,7 @@ def _assert_locked_down(where: str, pod: Mapping[str, Any], ctr: Mapping[str, An
 @pytest.mark.parametrize("doc", RAYSERVICES, ids=lambda d: d.name)
 def test_every_ray_pod_runs_locked_down(doc: Doc) -> None:
     render = load_render()
-    user = render.RenderOptions().run_as_user
+    user = render.default_options().run_as_user
     for group, template in ray_pods(doc):
         spec = template["spec"]
         assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
@@ -93,7 +93,7 @@ def test_ray_control_plane_needs_a_token(doc: Doc) -> None:
 def test_the_region_image_runs_as_the_pods_user() -> None:
     dockerfile = (INFRA / "images" / "region.Dockerfile").read_text()
     users = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")]
-    options = load_render().RenderOptions()
+    options = load_render().default_options()
     assert users and users[-1] == f"{options.run_as_user}:{options.run_as_group}"
 
 
@@ -350,7 +350,7 @@ def test_acl_users_are_the_expected_ones_and_default_is_off() -> None:
 
 
 def test_the_region_user_reaches_only_its_state_tickets_and_receipts() -> None:
-    namespace = load_render().RenderOptions().key_namespace
+    namespace = load_render().default_options().key_namespace
     rules = _parse_acl_template()["region"]
     keys = {k for keys, _ in rules.selectors for k in keys}
     prefix = f"sched:{namespace}:"
@@ -364,7 +364,7 @@ def test_the_region_user_reaches_only_its_state_tickets_and_receipts() -> None:
 
 
 def test_application_users_have_no_admin_commands() -> None:
-    namespace = load_render().RenderOptions().key_namespace
+    namespace = load_render().default_options().key_namespace
     for name in ("router", "region", "exporter"):
         rules = _parse_acl_template()[name]
         commands = {c for _, commands in rules.selectors for c in commands}
@@ -464,7 +464,7 @@ def test_the_router_store_works_as_the_router_user(redis_url: str) -> None:
     from scheduler.state import keys
     from scheduler.state.redis_store import RedisStore
 
-    namespace = load_render().RenderOptions().key_namespace
+    namespace = load_render().default_options().key_namespace
 
     async def exercise(password: str) -> None:
         store = RedisStore.from_url(f"redis://router:{password}@{redis_url}/0", namespace)
@@ -501,7 +501,7 @@ def test_the_region_user_can_publish_consume_tickets_and_write_receipts_only(red
     from scheduler.state import keys
     from scheduler.state.redis_store import RedisStore
 
-    namespace = load_render().RenderOptions().key_namespace
+    namespace = load_render().default_options().key_namespace
     prefix = f"sched:{namespace}:"
 
     async def exercise() -> None:

@@ -110,23 +110,34 @@ class FakePool:
         yield replica.report()
 
 
-def completion_request(max_tokens: int) -> Request:
-    body = json.dumps({"model": "llama-3.1-8b", "prompt": "Which hour is cleanest?", "max_tokens": max_tokens,
-                       "stream": True, "x_scheduler": {"pool": POOL}}).encode()
+def completion_request(max_tokens: int, headers: Callable[[dict[str, Any]], dict[str, str]] | None = None,
+                       ) -> Request:
+    """A streamed completion for ``POOL``; ``headers``: those to send, made from the body (a ticket)."""
+    payload = {"model": "llama-3.1-8b", "prompt": "Which hour is cleanest?", "max_tokens": max_tokens,
+               "stream": True, "x_scheduler": {"pool": POOL}}
+    sent = [(name.encode(), value.encode()) for name, value in (headers(payload) if headers else {}).items()]
+    body = json.dumps(payload).encode()
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": body, "more_body": False}
 
-    return Request({"type": "http", "method": "POST", "path": "/v1/completions", "root_path": "", "headers": [],
+    return Request({"type": "http", "method": "POST", "path": "/v1/completions", "root_path": "", "headers": sent,
                     "query_string": b""}, receive)
 
 
-async def relayed(gateway: Any, max_tokens: int) -> list[dict[str, Any]]:
-    response = await gateway(completion_request(max_tokens))
+async def relayed(gateway: Any, max_tokens: int,
+                  headers: Callable[[dict[str, Any]], dict[str, str]] | None = None) -> list[dict[str, Any]]:
+    response = await gateway(completion_request(max_tokens, headers))
     assert response.status_code == 200
     raw = b"".join([chunk async for chunk in response.body_iterator])
     return [json.loads(block.removeprefix("data: ")) for block in raw.decode().split("\n\n")
             if block and block != "data: [DONE]"]
+
+
+async def relayed_request(gateway: Any, max_tokens: int,
+                          headers: Callable[[dict[str, Any]], dict[str, str]] | None = None) -> dict[str, Any]:
+    """The final event of one relayed stream (its usage and energy)."""
+    return (await relayed(gateway, max_tokens, headers))[-1]
 
 
 def test_receipts_are_measured_per_replica_and_the_gpus_joules_are_all_accounted_for(
