@@ -10,7 +10,10 @@ import ast
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,6 +73,34 @@ def test_alerts_are_a_prometheus_rule() -> None:
         assert rule["annotations"]["summary"], rule["alert"]
         assert re.fullmatch(r"\d+[smhd]", rule.get("for", "0s")), rule["alert"]
         assert rule["expr"].count("(") == rule["expr"].count(")"), rule["alert"]
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+def promtool_check(tmp_path: Path, groups: list[dict[str, Any]]) -> None:
+    # .ci/run installs Debian's prometheus package (promtool) when it is absent: no skip.
+    assert PROMTOOL is not None, "promtool is not installed (apt-get install prometheus)"
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    done = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
+    promtool_check(tmp_path, rule_object()["spec"]["groups"])
+
+
+def test_promtool_parses_every_panel_query(tmp_path: Path) -> None:
+    """Each panel's PromQL as a recording rule, so promtool parses it (Grafana's ``$__range``
+    becomes a fixed range first)."""
+    groups = [{"name": name, "rules": [
+        {"record": f"panel:{name.split('.')[0].replace('-', '_')}:{panel['id']}{target['refId']}",
+         "expr": target["expr"].replace("$__range", "1d")}
+        for panel in dashboard["panels"] for target in panel["targets"]]}
+        for name, dashboard in dashboards().items()]
+    promtool_check(tmp_path, groups)
 
 
 @pytest.mark.parametrize("topic", ["UNAVAILABLE", "Carbon", "Fallback", "Region", "Ledger", "Budget", "Redis",
