@@ -128,8 +128,9 @@ def operations() -> dict[str, Any]:
         Panel("Time to first token (router)", _quantiles("scheduler_router_ttft_seconds", "region"), "s"),
         Panel("Time to first token (gateway)", _quantiles("ray_scheduler_region_ttft_seconds", "region"), "s"),
         Panel("Availability (calls not UNAVAILABLE)", [
-            q('1 - sum(rate(scheduler_router_requests_total{code="UNAVAILABLE"}[5m])) / '
-              "clamp_min(sum(rate(scheduler_router_requests_total[5m])), 1e-9)", "availability")], "percentunit"),
+            q('1 - (sum(rate(scheduler_router_requests_total{code="UNAVAILABLE"}[5m])) or vector(0)) / '
+              "clamp_min(sum(rate(scheduler_router_requests_total[5m])), 1e-9)", "availability")], "percentunit",
+            description="(or vector(0): no UNAVAILABLE yet is 100 %, not an empty panel)"),
         Panel("Router calls by code", [
             q("sum by (code) (rate(scheduler_router_requests_total[5m]))", "{{code}}")], "reqps"),
         Panel("Failovers by region", [
@@ -231,7 +232,7 @@ def governance() -> dict[str, Any]:
         Panel("Carbon by region (g/h)", [
             q("sum by (region) (rate(scheduler_carbon_grams_total[1h])) * 3600", "{{region}}")], "massg"),
         Panel("Carbon priced at an upper bound (share)", [
-            q('sum(rate(scheduler_carbon_grams_total{basis="upper-bound"}[1h])) / '
+            q('(sum(rate(scheduler_carbon_grams_total{basis="upper-bound"}[1h])) or vector(0)) / '
               "clamp_min(sum(rate(scheduler_carbon_grams_total[1h])), 1e-9)", "upper bound")], "percentunit",
             description="Grams billed while the zone's signal was stale or missing: a conservative bound, "
                         "not a measurement (docs/objective.md)."),
@@ -251,7 +252,7 @@ def governance() -> dict[str, Any]:
         Panel("Work deferred to a cleaner hour", [
             q("sum by (reason) (increase(scheduler_deferred_total[1d]))", "{{reason}}")]),
         Panel("Decisions on the fallback (performance) order", [
-            q('sum(rate(scheduler_router_decisions_total{mode="fallback"}[1h])) / '
+            q('(sum(rate(scheduler_router_decisions_total{mode="fallback"}[1h])) or vector(0)) / '
               "clamp_min(sum(rate(scheduler_router_decisions_total[1h])), 1e-9)", "fallback")], "percentunit"),
     ]
     return dashboard("carbon-scheduler-governance", "Carbon-aware LLM router: tenants, carbon, budgets",
