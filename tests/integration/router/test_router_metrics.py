@@ -1,8 +1,9 @@
 """A real router's ``/metrics`` (prometheus_client) after real requests on real Redis: the two
 deferral counters, joules and gCO2e by region, pool and model and by tenant, the latency
-histograms, the fleet and budget gauges; and every router metric the alert rules and the three
+histograms, the fleet and budget gauges; every router metric the alert rules and the three
 dashboards query is one this exposition serves (or, for the few that appear only when their
-event happens, one the code declares)."""
+event happens, one the code declares); and a real Prometheus scraping the router evaluates
+every rule and panel, each panel on the router's own metrics with data."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ import json
 import logging
 import math
 import os
+import shutil
+import socket
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -29,7 +34,14 @@ from scheduler.state import keys as store_keys
 from scheduler.state.redis_store import RedisStore, delete_namespace
 from scheduler.types import PoolLiveState, RegionLiveState, Signal
 from tests.unit.infra.infra_files import REPO
-from tests.unit.infra.monitoring_files import router_queried_metrics
+from tests.unit.infra.monitoring_files import (
+    PLATFORM_PREFIXES,
+    REGION_PREFIX,
+    dashboards,
+    metric_names,
+    router_queried_metrics,
+    rules,
+)
 
 from .conftest import Fleet, Keys, RouterFactory
 
@@ -203,3 +215,73 @@ async def test_a_failover_is_counted_by_region_and_logged_with_the_trace_id(
     (failover,) = [json.loads(line) for line in lines if "failover" in line]
     assert failover["level"] == "WARNING" and failover["logger"] == "scheduler.server.dispatch"
     assert failover["trace_id"] == trace_id and len(failover["span_id"]) == 16
+
+
+# Router counters that have no series until their event happens (a failover, a fallback, a
+# refusal): a panel on them is empty on a healthy fleet, and that is right.
+EVENT_COUNTERS = {"scheduler_router_failovers_total", "scheduler_router_fallbacks_total",
+                  "scheduler_budget_rejections_total"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_a_real_prometheus_evaluates_every_panel_and_rule(
+    stub_fleet: Fleet, make_router: RouterFactory, keys: Keys, store: RedisStore, namespace: str, tmp_path: Path,
+) -> None:
+    """A real Prometheus scrapes a real router every second while it serves: every rule and
+    panel query evaluates, and every panel on the router's own metrics has data (the gateway's,
+    the platform's and the event counters' have no source here)."""
+    prometheus = shutil.which("prometheus")
+    # .ci/run installs Debian's prometheus package (promtool and prometheus) when it is absent.
+    assert prometheus is not None, "prometheus is not installed (apt-get install prometheus)"
+    await publish_fleet(store, stub_fleet.configs, time.time())
+    router = await make_router(stub_fleet.configs, keys=keys.ring, store=RedisStore.from_url(REDIS_URL, namespace),
+                               metrics_port=0, budgets={"acme": TenantBudget(soft_energy_j=1e3, hard_energy_j=1e8)})
+    assert router.metrics_endpoint is not None
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(json.dumps({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "router", "static_configs": [
+            {"targets": [f"127.0.0.1:{router.metrics_endpoint.port}"]}]}]}))
+    server = subprocess.Popen([prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                               f"--web.listen-address=127.0.0.1:{port}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        async with AsyncSchedulerClient(f"127.0.0.1:{router.port}", api_key=keys.tenant.key) as client:
+            for step in range(10):  # rate() needs two scrapes apart
+                assert await client.generate("Explain PUE in one line.", model=MODEL, max_tokens=4).text()
+                if step == 2:
+                    await client.defer("step 2 of the plan", model=MODEL, max_tokens=4, workflow_id="plan-7",
+                                       workflow_shape="chain", deadline_unix_s=time.time() + 6 * HOUR_S)
+                await publish_fleet(store, stub_fleet.configs, time.time())
+                await asyncio.sleep(1.0)
+        await asyncio.sleep(2.5)
+        queries = [(f"alert {rule['alert']}", rule["expr"], False) for rule in rules()]
+        for file, dashboard in dashboards().items():
+            for panel in dashboard["panels"]:
+                for target in panel["targets"]:
+                    names = metric_names(target["expr"])
+                    ours = not any(n.startswith((*PLATFORM_PREFIXES, REGION_PREFIX)) or n in EVENT_COUNTERS
+                                   for n in names)
+                    queries.append((f"{file}: {panel['title']} {target['refId']}",
+                                    target["expr"].replace("$__range", "5m"), ours))
+        failed, empty = [], []
+        async with httpx.AsyncClient() as http:
+            for where, expr, needs_data in queries:
+                answer = (await http.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": expr})).json()
+                if answer["status"] != "success":
+                    failed.append((where, answer.get("error")))
+                elif needs_data and not answer["data"]["result"]:
+                    empty.append(where)
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert not failed
+    assert not empty
+    assert sum(needs_data for _, _, needs_data in queries) >= 40  # most panels are the router's own
