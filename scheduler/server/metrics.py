@@ -136,6 +136,7 @@ class RouterMetrics:
         self._request_children: dict[tuple[str, str], Counter] = {}
         self._decision_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self._receipt_children: dict[tuple[str, ...], _ReceiptSeries] = {}
+        self._fallback_children: dict[tuple[str, tuple[str, ...]], tuple[Counter, ...]] = {}
         self.proxy_overhead = self.overhead_seconds.labels("proxy")
         self.route_overhead = self.overhead_seconds.labels("route")
 
@@ -164,9 +165,16 @@ class RouterMetrics:
         children[0].inc()
         children[1].observe(seconds)
         for fallback in decision.fallbacks:
-            regions = sorted({key.split("/", 1)[0] for key in fallback.candidates}) or [""]
-            for region in regions:
-                self.inc("scheduler_router_fallbacks_total", {"signal": fallback.signal, "region": region})
+            key = (fallback.signal, fallback.candidates)
+            series = self._fallback_children.get(key)
+            if series is None:
+                fallbacks = self._counters["scheduler_router_fallbacks_total"]
+                regions = sorted({candidate.split("/", 1)[0] for candidate in fallback.candidates}) or [""]
+                series = tuple(fallbacks.labels(signal=fallback.signal, region=region) for region in regions)
+                if len(self._fallback_children) < MAX_CACHED_KEYS:
+                    self._fallback_children[key] = series
+            for child in series:
+                child.inc()
 
     def failovers(self, regions: Iterable[str]) -> None:
         for region in regions:
