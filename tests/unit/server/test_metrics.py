@@ -173,3 +173,24 @@ def test_scrape_time_counters_of_workers_are_summed(tmp_path: Path) -> None:
     merged = {(name, tuple(labels.items())): value for name, labels, value in one.merged()}
     assert merged[("scheduler_http_refused_total", (("port", "http"), ("reason", "limit")))] == 6.0
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_fallbacks_are_counted_per_region_they_priced() -> None:
+    """A carbon fallback that priced candidates of two regions at a bound counts once for each;
+    one that took the whole decision (no candidates named) counts with an empty region."""
+    from types import SimpleNamespace
+
+    from scheduler.types import Fallback
+
+    metrics = RouterMetrics()
+    bounded = Fallback("carbon", "carbon-scorer", None, 7200.0, key="DE", bound=900.0,
+                       candidates=("eu-central/h100", "eu-central/a100", "us-east/h100"))
+    whole = Fallback("region_state", "queue-scorer", 400.0, 30.0)
+    for _ in range(2):
+        metrics.decision(SimpleNamespace(schedulable=True, energy_ranking=True, policy="default",  # type: ignore[arg-type]
+                                         fallbacks=(bounded, whole)), 0.001)
+    got = samples(metrics.exposition())
+    assert got[("scheduler_router_fallbacks_total", frozenset({("signal", "carbon"), ("region", "eu-central")}))] == 2
+    assert got[("scheduler_router_fallbacks_total", frozenset({("signal", "carbon"), ("region", "us-east")}))] == 2
+    assert got[("scheduler_router_fallbacks_total", frozenset({("signal", "region_state"), ("region", "")}))] == 2
+    assert got[("scheduler_router_decisions_total", frozenset({("policy", "default"), ("mode", "energy")}))] == 2
