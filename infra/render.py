@@ -45,13 +45,14 @@ import re
 import string
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
 import yaml
 
+from scheduler.config.autoscaling import ReplicaRange, replica_ranges
 from scheduler.config.loader import load_policy, load_region, parse
 from scheduler.config.schema import ModelDeployment, PoolConfig, RegionConfig
 
@@ -359,7 +360,8 @@ class PoolPlan:
     model: ModelDeployment  # the one model its deployment serves
     gpus_per_worker: int
     workers: int  # the worker group's maxReplicas: enough nodes for the pool's count
-    replicas: int  # Serve replicas, tensor_parallel GPUs each
+    replicas: int  # Serve replicas at most, tensor_parallel GPUs each
+    autoscaling: ReplicaRange  # the served model's replica range (region file or default)
 
     @property
     def accelerator_type(self) -> str:
@@ -369,10 +371,11 @@ class PoolPlan:
 def pool_plan(region: RegionConfig, pool: PoolConfig, options: RenderOptions) -> PoolPlan:
     """One deployment per pool, serving the pool's first single-GPU model (else its first model).
 
-    Replicas: the pool's declared capacity, ``count // tensor_parallel``, in replicas that fit
-    whole on a worker (vLLM's tensor parallelism stays inside a node). The router's energy and
-    capacity model assumes ``count`` GPUs, so the cluster runs them all; a smaller cluster means
-    lowering ``count`` in the region file, not here.
+    Replicas: at most the pool's declared capacity, ``count // tensor_parallel``, in replicas
+    that fit whole on a worker (vLLM's tensor parallelism stays inside a node); Serve's
+    autoscaler runs between the model's ``min_replicas`` and that (or its ``max_replicas``, if
+    lower: scheduler.config.autoscaling). A smaller cluster means lowering ``count`` or the
+    range in the region file, not here.
     """
     model = next((m for m in pool.models if m.tensor_parallel == 1), pool.models[0])
     gpus = min(options.gpus_per_worker, pool.count)
@@ -385,7 +388,8 @@ def pool_plan(region: RegionConfig, pool: PoolConfig, options: RenderOptions) ->
     workers = -(-pool.count // gpus)
     per_worker = gpus // model.tensor_parallel
     replicas = max(1, min(pool.count // model.tensor_parallel, workers * per_worker))
-    return PoolPlan(pool=pool, model=model, gpus_per_worker=gpus, workers=workers, replicas=replicas)
+    return PoolPlan(pool=pool, model=model, gpus_per_worker=gpus, workers=workers, replicas=replicas,
+                    autoscaling=replica_ranges(pool)[model.name])
 
 
 def _source(path: Path) -> str:
@@ -420,7 +424,9 @@ def pool_args(plan: PoolPlan, options: RenderOptions) -> dict[str, Any]:
         "gpu_memory_utilization": options.gpu_memory_utilization,
         "enforce_eager": False,
         "tensor_parallel": plan.model.tensor_parallel,
-        "replicas": plan.replicas,
+        # Ray Serve's autoscaler sizes the deployment within the model's range (the region file's
+        # autoscaling block, else the default: scheduler.config.autoscaling), at most ``replicas``.
+        "autoscaling": asdict(replace(plan.autoscaling, max_replicas=min(plan.autoscaling.max_replicas, plan.replicas))),
         "accelerator_type": plan.accelerator_type,
     }
 
@@ -516,11 +522,14 @@ def ray_resources_param(resources: Mapping[str, int]) -> str:
 def worker_group(region: RegionConfig, plan: PoolPlan, options: RenderOptions,
                  labels: Mapping[str, str]) -> dict[str, Any]:
     gpus = str(plan.gpus_per_worker)
+    # Start with, and keep, the workers the served model's min_replicas need (none for a pool
+    # that scales to zero): KubeRay's autoscaler adds workers as Serve's autoscaler adds
+    # replicas, up to the pool's size, and removes the ones left idle.
+    floor = -(-plan.autoscaling.min_replicas // (plan.gpus_per_worker // plan.model.tensor_parallel))
     return {
         "groupName": f"gpu-{plan.pool.name}",
-        # Start at the pool's size: the Serve replicas fill every worker anyway.
-        "replicas": plan.workers,
-        "minReplicas": 1,
+        "replicas": floor,
+        "minReplicas": floor,
         "maxReplicas": plan.workers,
         "rayStartParams": {
             "metrics-export-port": str(RAY_METRICS_PORT),

@@ -58,11 +58,16 @@ KEY_BYTES = 32
 MAX_TOKEN_BYTES = 128
 
 # The fields of an OpenAI request body a region passes to its engine; any other is refused.
+# The one list: the router's OpenAI front door passes exactly these (those its request message
+# does not carry itself) and refuses the rest (scheduler.server.openai_front). Beside OpenAI's
+# own, vLLM's extensions: top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
+# stop_token_ids, include_stop_str_in_output, skip_special_tokens, chat_template_kwargs.
 ENGINE_FIELDS = frozenset({
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", "user", "min_tokens", "ignore_eos",
+    "parallel_tool_calls", "user", "min_tokens", "ignore_eos", "echo", "reasoning_effort", "stop_token_ids",
+    "include_stop_str_in_output", "skip_special_tokens", "chat_template_kwargs",
 })
 # Checked on their own (the ticket's model and max_tokens, one completion, the stream the
 # region sets up), so not in the digest: a router and a client may write them differently.
@@ -295,6 +300,23 @@ def engine_body(body: Mapping[str, Any]) -> dict[str, Any]:
                 raise TicketRejected(403, f"messages[{i}]: key(s) {', '.join(map(repr, extra))} not allowed "
                                           f"(allowed: {', '.join(sorted(MESSAGE_KEYS))})")
     return dict(body)
+
+
+def message_body(role: str, content: str, name: str = "", tool_call_id: str = "",
+                 tool_calls: list[Any] | None = None) -> dict[str, Any]:
+    """One chat message of an engine body, as the router signs it and a direct-mode client
+    sends it: OpenAI's optional keys only when set, and no content (null) for an assistant
+    message that only calls tools."""
+    out: dict[str, Any] = {"role": role, "content": content}
+    if name:
+        out["name"] = name
+    if tool_call_id:
+        out["tool_call_id"] = tool_call_id
+    if tool_calls is not None:
+        out["tool_calls"] = tool_calls
+        if not content:
+            out["content"] = None
+    return out
 
 
 def _canonical(name: str, value: Any) -> Any:

@@ -9,7 +9,7 @@ is always measured from it, never from when we fetched it.
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -135,8 +135,13 @@ class PoolLiveState:
     # max_model_len). None: not reported (the pool is taken to serve what its config says).
     # (Not hashed: a dict is not hashable, and equal states still hash equal without it.)
     models: Mapping[str, int] | None = field(default=None, hash=False)
-    # Replicas of the pool's deployment that are up (None: not reported).
+    # Replicas of the pool's deployment that serve now (warm), and those whose engine is loading
+    # (starting), as Ray Serve counts them (None: not reported; the pool then counts as warm).
+    # A pool with no warm replica is cold: a request there waits for, and with none starting
+    # pays for, a cold start (docs/objective.md, "Cold pools"). Every model the pool's
+    # deployment serves shares its replicas.
     replicas: int | None = None
+    starting_replicas: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +209,15 @@ class CandidatePerf:
     # False when the pool's live state is stale or missing and ``batch``/``queue_wait_s``
     # are the nominal assumptions.
     live: bool
+    # "warm": the pool has a replica serving; "starting": none serves, one is starting (the
+    # request waits for it); "cold": none serves or starts (the request wakes one). A pool whose
+    # live state says nothing of its replicas counts as warm.
+    warmth: str = "warm"
+    # What this request's decision adds for the pool's cold start (docs/objective.md, "Cold
+    # pools"): the seconds until a replica serves (in its TTFT) and, where it would wake the
+    # pool, the wake-up's joules (in its energy). 0 on a warm pool.
+    cold_start_s: float = 0.0
+    wake_j: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,14 +473,23 @@ class Decision:
     # The canary arm that decided ("control" or "canary"; "" when the policy has no canary):
     # the snapshot's ``canary_arm``.
     canary_arm: str = ""
+    # The snapshot's per-candidate performance (``fleet`` order): each pool's warmth and what a
+    # cold start adds (empty: not recorded).
+    perf: tuple[CandidatePerf, ...] = ()
 
     @cached_property
     def energy(self) -> EnergyEstimate | None:
-        """The energy model's prediction for the chosen candidate."""
+        """The energy model's prediction for the chosen candidate, with the wake-up of its pool
+        where the decision wakes it (``cold_start_j``)."""
         if self.energy_inputs is None:
             return None
         coefficients, prompt, cached, output = self.energy_inputs
-        return coefficients.estimate(prompt, cached, output)
+        estimate = coefficients.estimate(prompt, cached, output)
+        wake = self.perf[int(self.survivor_index[self.order[0]])].wake_j if self.perf else 0.0
+        if wake == 0.0:
+            return estimate
+        return replace(estimate, energy_j=estimate.energy_j + wake, low_j=estimate.low_j + wake,
+                       high_j=estimate.high_j + wake, cold_start_j=wake)
 
     @property
     def schedulable(self) -> bool:

@@ -19,6 +19,7 @@ import orjson
 from scheduler.client.errors import InvalidArgumentError, SchedulerRpcError, UnavailableError
 from scheduler.sse import DONE, MalformedEvent, SseParser, choice_text, openai_error, parse_event
 from scheduler.tickets import HEADER as TICKET_HEADER
+from scheduler.tickets import message_body
 from scheduler.v1 import messages_pb2 as pb
 from scheduler.v1 import router_pb2
 
@@ -28,15 +29,18 @@ CLIENT_ERRORS = frozenset({400, 422})
 
 def region_body(request: pb.GenerateRequest, target: router_pb2.DirectTarget,
                 decision: pb.Decision | None = None) -> dict[str, Any]:
-    """The OpenAI request the region expects: the prompt (or messages) the ticket is bound to, at
-    the max_tokens of the decision's enforced output budget if it has one (the ticket binds it)."""
+    """The OpenAI request the region expects: the prompt (or messages) and engine fields the
+    ticket is bound to, at the max_tokens of the decision's enforced output budget if it has one
+    (the ticket binds it)."""
     max_tokens = request.sampling.max_tokens
     if decision is not None and decision.HasField("output_budget") and decision.output_budget.enforced:
         max_tokens = decision.output_budget.max_tokens
     body: dict[str, Any] = {"model": target.model, "max_tokens": max_tokens, "stream": True,
                             "stream_options": {"include_usage": True}, "x_scheduler": {"pool": target.pool}}
     if request.WhichOneof("input") == "chat":
-        body["messages"] = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+        body["messages"] = [message_body(m.role, m.content, m.name, m.tool_call_id,
+                                         orjson.loads(m.tool_calls_json) if m.tool_calls_json else None)
+                             for m in request.chat.messages]
     else:
         body["prompt"] = request.prompt
     sampling = request.sampling
@@ -45,6 +49,8 @@ def region_body(request: pb.GenerateRequest, target: router_pb2.DirectTarget,
             body[name] = getattr(sampling, name)
     if sampling.stop:
         body["stop"] = list(sampling.stop)
+    if request.engine_fields_json:
+        body.update(orjson.loads(request.engine_fields_json))
     return body
 
 

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from scheduler.config.autoscaling import replica_ranges
 from scheduler.config.units import Rate, parse_rate
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
@@ -51,6 +52,13 @@ def parse_duration(value: object) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def parse_duration_or_zero(value: object) -> float:
+    """``parse_duration``, and 0 (at once) as well."""
+    if value == 0 and not isinstance(value, bool):
+        return 0.0
+    return parse_duration(value)
 
 
 def _known_gpu(name: str) -> str:
@@ -95,6 +103,27 @@ class GeoLocation(Strict):
     lon: float = Field(ge=-180, le=180)
 
 
+class Autoscaling(Strict):
+    """How many replicas of one model's deployment Ray Serve's autoscaler keeps
+    (``autoscaling_config``, docs/deploying.md#autoscaling): between ``min_replicas`` (0: the
+    model scales to zero when idle) and ``max_replicas``, aiming at ``target_ongoing_requests``
+    per replica (None: derived from the engine's max_num_seqs, scheduler.config.autoscaling)."""
+
+    min_replicas: int = Field(ge=0, le=20000)
+    max_replicas: int = Field(ge=1, le=20000)
+    target_ongoing_requests: float | None = Field(default=None, gt=0)
+    upscale_delay_s: Annotated[float, BeforeValidator(parse_duration_or_zero)] = 30.0
+    downscale_delay_s: Annotated[float, BeforeValidator(parse_duration_or_zero)] = 600.0
+    metrics_interval_s: Duration = 10.0
+    look_back_period_s: Duration = 30.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")
+        return self
+
+
 class ModelDeployment(Strict):
     """A model served on a pool: which weights, at which precision, up to which context."""
 
@@ -103,6 +132,8 @@ class ModelDeployment(Strict):
     max_context: int = Field(gt=0)
     # GPUs per replica (tensor parallelism).
     tensor_parallel: int = Field(default=1, ge=1, le=16)
+    # This model's replica range (None: the default, scheduler.config.autoscaling.replica_ranges).
+    autoscaling: Autoscaling | None = None
 
 
 class PoolConfig(Strict):
@@ -111,6 +142,10 @@ class PoolConfig(Strict):
     count: int = Field(gt=0, le=20000)
     models: tuple[ModelDeployment, ...] = Field(min_length=1)
     power_cap_w: float = Field(gt=0)
+    # What waking one replica from zero costs: seconds until it serves, and joules its GPUs
+    # draw meanwhile (None: derived, scheduler.energy.cold_start; docs/objective.md).
+    cold_start_s: Duration | None = None
+    cold_start_j: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _replicas_fit(self) -> PoolConfig:
@@ -125,6 +160,7 @@ class PoolConfig(Strict):
                     f"model {deployment.name} needs tensor_parallel={deployment.tensor_parallel} "
                     f"GPUs but the pool has count={self.count}"
                 )
+        replica_ranges(self)  # raises when the models' max replicas need more GPUs than count
         return self
 
 
@@ -143,6 +179,9 @@ class LocalPool(Strict):
     # The local engine's context limit (the tiny model allows up to 2,048 positions): the
     # region publishes it, and the router's live-serving filter holds requests to it.
     max_model_len: int = Field(default=2048, ge=64, le=2048)
+    # The local engine's replica range (None: one replica, always up). min_replicas 0 lets the
+    # pool scale to zero locally too (each local replica is one CPU engine of ~3 GB).
+    autoscaling: Autoscaling | None = None
 
 
 class LocalProfile(Strict):
@@ -506,6 +545,10 @@ class PolicyConfig(Strict):
     # K: a request that names no prefix key gets one hashed from the first K tokens of its
     # system prompt (chat) or prompt (scheduler.server.prefix, docs/affinity.md).
     prefix_key_tokens: int = Field(default=256, ge=16, le=131072)
+    # max_tokens of an OpenAI chat request that names none: up to the model's context, as OpenAI
+    # and vLLM do, but at most this many, so that it is not decided, priced and routed as a
+    # request that writes a whole context (docs/http-front-door.md).
+    chat_default_max_tokens: int = Field(default=4096, ge=1, le=1_048_576)
     # A candidate policy on a share of the traffic, rolled back when it does worse (docs/canary.md).
     canary: CanaryConfig | None = None
     # Receipts always show the GPUs' embodied carbon as its own line (embodied_g); true also adds

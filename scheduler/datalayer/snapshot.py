@@ -15,6 +15,7 @@ from itertools import compress
 from operator import is_not
 
 from scheduler.config.schema import PolicyConfig, PoolConfig, RegionConfig
+from scheduler.energy.cold_start import ColdStart, cold_start
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.model import EnergyModel
 from scheduler.energy.models import MODEL_CATALOGUE
@@ -123,19 +124,22 @@ def enumerate_candidates(regions: Sequence[RegionConfig]) -> tuple[Candidate, ..
 
 # A changed pool's ``CandidatePerf`` (one per snapshot in the simulator) is made by setting its
 # slots: the ``__init__`` of a frozen, slotted dataclass calls ``object.__setattr__`` per field.
-_SET_ENERGY, _SET_LATENCY, _SET_BATCH, _SET_QUEUE_WAIT_S, _SET_LIVE = (
+_SET_ENERGY, _SET_LATENCY, _SET_BATCH, _SET_QUEUE_WAIT_S, _SET_LIVE, _SET_WARMTH, _SET_COLD_START_S, _SET_WAKE_J = (
     vars(CandidatePerf)[f.name].__set__ for f in dataclasses.fields(CandidatePerf))
 
 
 def _candidate_perf(energy: EnergyCoefficients, latency: LatencyCoefficients, batch: float, queue_wait_s: float,
-                    live: bool) -> CandidatePerf:
-    """``CandidatePerf(energy, latency, batch, queue_wait_s, live)``."""
+                    live: bool, warmth: str = "warm", cold_start_s: float = 0.0, wake_j: float = 0.0) -> CandidatePerf:
+    """``CandidatePerf(energy, latency, batch, queue_wait_s, live, warmth, cold_start_s, wake_j)``."""
     perf = object.__new__(CandidatePerf)
     _SET_ENERGY(perf, energy)
     _SET_LATENCY(perf, latency)
     _SET_BATCH(perf, batch)
     _SET_QUEUE_WAIT_S(perf, queue_wait_s)
     _SET_LIVE(perf, live)
+    _SET_WARMTH(perf, warmth)
+    _SET_COLD_START_S(perf, cold_start_s)
+    _SET_WAKE_J(perf, wake_j)
     return perf
 
 
@@ -189,6 +193,10 @@ class SnapshotBuilder:
                                        and c.pool.name == pool.name and self._followed(c))))
             for region in self.regions)
         self._replicas = tuple(replicas_of(c) for c in self.candidates)
+        # Per candidate: what waking one of its replicas costs (scheduler.energy.cold_start).
+        self._cold_starts: tuple[ColdStart, ...] = tuple(
+            cold_start(c.gpu, c.model, c.deployment.precision, c.deployment.tensor_parallel, c.pool.cold_start_s,
+                       c.pool.cold_start_j) for c in self.candidates)
         # (candidate index, batch, others' context) -> its coefficients (``_at_point``)
         self._points: dict[tuple[int, float, float], tuple[EnergyCoefficients, LatencyCoefficients]] = {}
         # the fresh pool states per region of the last build, and its perf tuple
@@ -278,7 +286,7 @@ class SnapshotBuilder:
         """The candidate's predictors with its pool in ``pool_state`` (None: unknown or stale;
         the nominal batch and context and no queue are assumed).
 
-        Per replica (the pool's totals / R replicas), with r running and q waiting sequences,
+        Per replica (the pool's totals / R replicas serving), with r running and q waiting sequences,
         requests arriving at lambda = arrival_rate / R with mean prompt P = prompt_tokens_rate
         / arrival_rate:
             batch        = r + 1 (this request joins), at most max_num_seqs
@@ -298,13 +306,21 @@ class SnapshotBuilder:
         Under a power cap below the replica's draw at this batch (``self.caps``: the pool's
         ``power_cap_w`` or, with the region's eco switch on, its efficient cap) the step costs
         are the capped ones (``scheduler.energy.power_cap.capped``): slower, fewer joules.
+
+        A pool with no warm replica (``pool_state.replicas`` 0) is "starting" while the region
+        reports one starting, else "cold": the request's TTFT then adds the pool's cold start
+        (``cold_start_s``: the whole of it, as the router cannot tell how far a start has got),
+        and a cold pool's energy adds the wake-up (``wake_j``: ``scheduler.energy.cold_start``).
         """
         assumptions = self.perf
         costs = self.rated[c.index].costs
-        replicas = self._replicas[c.index]
         if pool_state is None:
             energy, latency = self._at_point(c.index, assumptions.nominal_batch, assumptions.nominal_context)
             return _candidate_perf(energy, latency, assumptions.nominal_batch, 0.0, False)
+        warm = pool_state.replicas
+        # R: the replicas serving now where the region says (Ray Serve's autoscaler moves it),
+        # else the pool's capacity.
+        replicas = warm if warm is not None and warm > 0 else self._replicas[c.index]
         running = pool_state.running / replicas
         waiting = pool_state.queue_depth / replicas
         batch = min(running + 1.0, float(costs.max_num_seqs))
@@ -322,7 +338,14 @@ class SnapshotBuilder:
         if running >= costs.max_num_seqs or pool_state.kv_cache_usage >= assumptions.kv_full:
             tpot = latency.tpot_s + others * latency.tpot_s_per_context_token
             wait += assumptions.output_tokens / 2.0 * tpot / max(running, 1.0)
-        return _candidate_perf(energy, latency, batch, wait, True)
+        if warm is None or warm > 0:
+            return _candidate_perf(energy, latency, batch, wait, True)
+        # No replica serves: the request waits for one to start, and wakes one when none is
+        # starting (its charge: docs/objective.md, "Cold pools").
+        start = self._cold_starts[c.index]
+        if pool_state.starting_replicas:
+            return _candidate_perf(energy, latency, batch, wait, True, "starting", start.seconds, 0.0)
+        return _candidate_perf(energy, latency, batch, wait, True, "cold", start.seconds, start.joules)
 
     def _at_point(self, index: int, batch: float, others: float) -> tuple[EnergyCoefficients, LatencyCoefficients]:
         """The step model's coefficients of candidate ``index`` at an operating point (decode

@@ -115,6 +115,9 @@ class EnergyEstimate:
     decode_j: float
     idle_j: float
     provenance: str
+    # The wake-up of a cold pool the request is sent to, included in energy_j and its interval
+    # (scheduler.energy.cold_start; 0: the pool serves already).
+    cold_start_j: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

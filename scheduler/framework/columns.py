@@ -103,11 +103,12 @@ def _coefficients(p: CandidatePerf) -> tuple[tuple[float, ...], tuple[float, ...
     """One candidate's PREDICTIONS x REQUEST_FEATURES coefficients."""
     e, t = p.energy, p.latency
     return (
-        # EnergyCoefficients.joules: ... + (N - 1) (step_j + step_j_per_context_token x mid)
-        (e.start_j - e.step_j, e.prefill_j_per_token, e.prefill_j_per_pair, -e.step_j_per_context_token, e.step_j,
-         e.step_j_per_context_token),
-        # queue wait + LatencyCoefficients prefill
-        (p.queue_wait_s + t.prefill_s, t.prefill_s_per_token, t.prefill_s_per_pair, 0.0, 0.0, 0.0),
+        # EnergyCoefficients.joules: ... + (N - 1) (step_j + step_j_per_context_token x mid),
+        # + the wake-up of a cold pool
+        (e.start_j - e.step_j + p.wake_j, e.prefill_j_per_token, e.prefill_j_per_pair, -e.step_j_per_context_token,
+         e.step_j, e.step_j_per_context_token),
+        # queue wait + a cold pool's start + LatencyCoefficients prefill
+        (p.queue_wait_s + p.cold_start_s + t.prefill_s, t.prefill_s_per_token, t.prefill_s_per_pair, 0.0, 0.0, 0.0),
         # LatencyCoefficients tpot
         (t.tpot_s, 0.0, 0.0, t.tpot_s_per_context_token, 0.0, 0.0),
     )
@@ -146,9 +147,11 @@ def _updated(last: Frame, changed: list[tuple[int, int]], perf: tuple[CandidateP
         p, was = perf[i], previous[i]
         if p.energy is was.energy and p.latency is was.latency:
             # The same step-model coefficients (the snapshot builder keeps them per operating
-            # point: a pool whose rates alone moved): of the rows, only the TTFT's constant,
-            # queue wait + prefill_s, is another.
-            prediction[m + position, 0] = p.queue_wait_s + p.latency.prefill_s
+            # point: a pool whose rates alone moved, or that went cold or warm): of the rows,
+            # only the constants may be others, the energy's (the wake-up) and the TTFT's
+            # (queue wait + cold start + prefill_s).
+            prediction[position, 0] = p.energy.start_j - p.energy.step_j + p.wake_j
+            prediction[m + position, 0] = p.queue_wait_s + p.cold_start_s + p.latency.prefill_s
         else:
             energy, ttft, tpot = _coefficients(p)
             prediction[position] = energy

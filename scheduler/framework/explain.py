@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from scheduler.types import Decision
+from scheduler.types import Candidate, Decision
 
 TOTAL_UNIT = "USD"
 
@@ -39,6 +39,24 @@ def bounds_by_candidate(decision: Decision) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def warmth_of(decision: Decision, candidate: Candidate) -> dict[str, Any]:
+    """The candidate's pool as the decision saw it: warm, starting or cold, and what its cold
+    start adds to the request (seconds to its TTFT, joules of the wake-up to its energy)."""
+    perf = decision.perf[candidate.index] if decision.perf else None
+    if perf is None:
+        return {"warmth": "warm", "cold_start_s": 0.0, "wake_j": 0.0}
+    return {"warmth": perf.warmth, "cold_start_s": perf.cold_start_s, "wake_j": perf.wake_j}
+
+
+def warmth_text(decision: Decision, candidate: Candidate) -> str:
+    """'warm', 'starting +38 s' or 'cold +38 s +2,852 J' (the explain table's pool column)."""
+    found = warmth_of(decision, candidate)
+    if found["warmth"] == "warm":
+        return "warm"
+    text = f"{found['warmth']} +{found['cold_start_s']:.0f} s"
+    return text + (f" +{found['wake_j']:,.0f} J" if found["wake_j"] else "")
+
+
 def explain_dict(decision: Decision) -> dict[str, Any]:
     chosen = decision.chosen
     bounds = bounds_by_candidate(decision)
@@ -62,6 +80,7 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
             "gpu": chosen.candidate.gpu.name,
             "model": chosen.candidate.deployment.name,
             "precision": chosen.candidate.deployment.precision,
+            **warmth_of(decision, chosen.candidate),
             "energy": None if decision.energy is None else asdict(decision.energy),
         },
         "candidates": [
@@ -69,6 +88,7 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
                 "region": s.candidate.region.name,
                 "pool": s.candidate.pool.name,
                 "gpu": s.candidate.gpu.name,
+                **warmth_of(decision, s.candidate),
                 "scores": dict(s.quantities),
                 "costs": dict(s.costs),
                 "total": s.total,
@@ -104,14 +124,17 @@ def explain_table(decision: Decision) -> str:
         c = chosen.candidate
         estimate = decision.energy
         energy = f"   ~{estimate.energy_j:,.1f} J ({estimate.provenance})" if estimate else ""
-        lines.append(f"chosen   {c.region.name} / {c.pool.name} ({c.gpu.name}, {c.deployment.precision}){energy}")
+        if estimate is not None and estimate.cold_start_j:
+            energy += f", of which {estimate.cold_start_j:,.0f} J wakes the pool"
+        lines.append(f"chosen   {c.region.name} / {c.pool.name} ({c.gpu.name}, {c.deployment.precision}), "
+                     f"{warmth_text(decision, c)}{energy}")
         mode = "energy/carbon objective" if decision.energy_ranking else "fallback (performance) objective"
         lines.append(f"policy   {decision.policy}: {mode}, lowest cost first")
         lines.append(f"         {objective_text(decision)}")
         headers = [f"{name.removesuffix('-scorer')} {unit}" for name, unit in zip(decision.scorer_names, decision.units,
                                                                                    strict=True)]
         widths = [max(11, len(h)) for h in headers]
-        header = f"{'rank':<5} {'region':<14} {'pool':<12} {'gpu':<11}" + "".join(
+        header = f"{'rank':<5} {'region':<14} {'pool':<12} {'gpu':<11} {'warmth':<22}" + "".join(
             f" {h:>{w}}" for h, w in zip(headers, widths, strict=True))
         lines.append(header + f" {'cost ' + TOTAL_UNIT:>11}")
         bounded = {(key, b["scorer"]) for key, found in bounds_by_candidate(decision).items() for b in found}
@@ -121,7 +144,8 @@ def explain_table(decision: Decision) -> str:
             cells = "".join(
                 f" {_number(s.quantities[name]) + ('*' if (c.key, name) in bounded else ''):>{w}}"
                 for name, w in zip(decision.scorer_names, widths, strict=True))
-            lines.append(f"{rank:<5} {c.region.name:<14} {c.pool.name:<12} {c.gpu.name:<11}{cells} {_number(s.total):>11}")
+            lines.append(f"{rank:<5} {c.region.name:<14} {c.pool.name:<12} {c.gpu.name:<11} "
+                         f"{warmth_text(decision, c):<22}{cells} {_number(s.total):>11}")
     if decision.rejected:
         lines.append("rejected")
         for r in decision.rejected:

@@ -331,7 +331,7 @@ class Scheduler:
                 "units": (), "rates": (), "rates_written": (), "quantities": (),
                 "eager_rejections": tuple(eager_rejections), "lazy_rejections": tuple(lazy),
                 "fallbacks": store_fallbacks(snapshot), "energy_ranking": False, "energy_inputs": None,
-                "plugin_timings_ns": timings, "canary_arm": snapshot.canary_arm,
+                "plugin_timings_ns": timings, "canary_arm": snapshot.canary_arm, "perf": snapshot.perf,
             })
 
         positions: Positions = slice(None) if alive is None else alive.nonzero()[0]
@@ -377,6 +377,7 @@ class Scheduler:
                               _cached_at(request, view, positions, int(order[0])), request.max_tokens),
             "plugin_timings_ns": timings,
             "canary_arm": snapshot.canary_arm,
+            "perf": snapshot.perf,
         })
         if log.isEnabledFor(logging.DEBUG):
             log.debug(

@@ -4,8 +4,9 @@ per bucket from the receipts (``scheduler.gate.stats``).
 
 Both speak the OpenAI streaming API; the receipt comes differently:
 
-- a router (``scheduler router --http-port``): after ``data: [DONE]``, an
-  ``event: energy_receipt`` event with the receipt (docs/http-front-door.md), which names the
+- a router (``scheduler router --http-port``): the receipt in the final usage chunk's
+  ``usage.energy_receipt`` (the request asks ``include_usage``; without it, an ``event:
+  energy_receipt`` event after ``data: [DONE]``: docs/http-front-door.md), which names the
   region and pool, the config version and the measurement source;
 - a region's gateway (``--pool`` names the pool; it must run with tickets disabled, as a
   local or staging region does, since only a router can sign tickets): the ``energy`` object
@@ -102,6 +103,8 @@ async def read_stream(lines: AsyncIterator[str], region_pool: str) -> Sample:
             receipt = chunk.get("energy_receipt")
         if isinstance(chunk.get("usage"), dict) and not chunk.get("choices"):
             usage = chunk["usage"]
+            if isinstance(usage.get("energy_receipt"), dict):
+                receipt = usage["energy_receipt"]
             if isinstance(chunk.get("energy"), dict):
                 energy = chunk["energy"]
     if receipt is not None:

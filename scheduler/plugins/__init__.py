@@ -9,6 +9,7 @@ from scheduler.config.loader import Fleet, PolicyChecker, load_fleet
 from scheduler.framework.registry import Registry
 from scheduler.plugins.filters import (
     certifications,
+    cold_pool,
     context_fits,
     model_available,
     pool_served,
@@ -31,6 +32,8 @@ def register_all(registry: Registry) -> Registry:
     registry.filter(context_fits.TYPE, context_fits.ContextFitsFilter)
     registry.filter(region_health.TYPE, region_health.RegionHealthFilter)
     registry.filter(pool_served.TYPE, pool_served.PoolServedFilter)
+    # Before the SLO filter: a cold pool's rejection names its cold start.
+    registry.filter(cold_pool.TYPE, cold_pool.ColdPoolFilter)
     registry.filter(slo_reachable.TYPE, slo_reachable.SloReachableFilter)
     registry.filter(telemetry_gate.TYPE, telemetry_gate.TelemetryGateFilter)
     registry.matcher(long_context.TYPE, long_context.LongContextMatcher)

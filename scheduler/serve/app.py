@@ -2,7 +2,9 @@
 
 The application is a ``RegionGateway`` ingress (route prefix ``/<region>``) bound to one
 Ray Serve LLM deployment per pool (``build_llm_deployment`` with ``RegionLLMServer``), each
-with its own model, engine arguments, replicas and accelerator type. Locally (the region's
+with its own model, engine arguments, replica range and accelerator type. Ray Serve's own
+autoscaler sizes each deployment within its range (``autoscaling_config``; min_replicas 0:
+the pool scales to zero when idle and wakes on the next request). Locally (the region's
 ``local`` profile) each listed pool runs one small CPU engine serving the tiny model with
 the pool's ``max_model_len``, standing for the pool in energy prediction and routing; on an
 NVIDIA machine the same application runs the CUDA build of vLLM
@@ -18,10 +20,11 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from scheduler.config.autoscaling import ReplicaRange
 from scheduler.config.schema import RegionConfig
 from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
 from scheduler.serve.tiny_model import TINY_MODEL, cache_dir, ensure_tiny_model
@@ -51,7 +54,9 @@ class EngineOptions:
     stream_batching_interval_ms: int = 0
     # GPUs per replica (vLLM tensor parallelism).
     tensor_parallel: int = 1
-    replicas: int = 1
+    # The replicas Ray Serve's autoscaler may run (locally: one, always up, unless the region's
+    # local profile gives the pool an autoscaling block).
+    autoscaling: ReplicaRange = field(default_factory=lambda: ReplicaRange(min_replicas=1, max_replicas=1))
     # GPU clusters: the Ray accelerator type the replicas need (e.g. "H200", "A100-80G").
     accelerator_type: str | None = None
 
@@ -113,7 +118,8 @@ def llm_config(options: EngineOptions) -> Any:
         placement_group_config={"bundles": bundles},
         engine_kwargs=engine_kwargs,
         # Requests sharing a prefix key go to the replica holding it (scheduler.serve.prefix_router).
-        deployment_config={"num_replicas": options.replicas, "ray_actor_options": {"num_cpus": 0},
+        deployment_config={"autoscaling_config": options.autoscaling.ray_config(options.max_num_seqs),
+                           "ray_actor_options": {"num_cpus": 0},
                            "request_router_config": {"request_router_class": PREFIX_ROUTER_CLASS}},
         runtime_env={"env_vars": engine_env(options)},
         experimental_configs={"stream_batching_interval_ms": options.stream_batching_interval_ms},
@@ -122,14 +128,17 @@ def llm_config(options: EngineOptions) -> Any:
 
 
 def local_pools(region: RegionConfig, base: EngineOptions | None = None) -> dict[str, EngineOptions]:
-    """The pools the region runs locally (its ``local`` profile), each with its context limit."""
+    """The pools the region runs locally (its ``local`` profile), each with its context limit and
+    replica range (the profile's ``autoscaling`` block, else one replica always up)."""
     if region.local is None:
         raise ValueError(
             f"region {region.name} has no 'local' profile: add e.g. `local: {{model: tiny-llama, pools: "
             f"[{{pool: {region.pools[0].name}, max_model_len: 2048}}]}}` to run it locally"
         )
     base = base or EngineOptions()
-    return {p.pool: replace(base, max_model_len=p.max_model_len) for p in region.local.pools}
+    return {p.pool: replace(base, max_model_len=p.max_model_len,
+                            autoscaling=base.autoscaling if p.autoscaling is None else ReplicaRange.of(p.autoscaling))
+            for p in region.local.pools}
 
 
 def build_region_app(
@@ -163,7 +172,7 @@ def build_region_app(
     }
     settings = GatewaySettings(
         region=region,
-        pools={name: PoolEngine(o.served_model, o.max_model_len, o.replicas) for name, o in pools.items()},
+        pools={name: PoolEngine(o.served_model, o.max_model_len) for name, o in pools.items()},
         store_url=store_url,
         namespace=namespace,
         publish_interval_s=publish_interval_s,
@@ -182,7 +191,7 @@ def region_app_builder(args: Mapping[str, Any]) -> Any:
     ``serveConfigV2``): one argument, the ``args`` mapping that ``infra/render.py`` writes:
     ``region`` (the region file's content), ``namespace`` (state-store key namespace),
     ``tickets`` (``required``, the default, or ``disabled``) and ``pools`` (pool name ->
-    ``EngineOptions`` fields, one LLM deployment each). The state store URL comes from
+    ``EngineOptions`` fields, one LLM deployment each; ``autoscaling``: ``ReplicaRange`` fields). The state store URL comes from
     ``$SCHEDULER_STATE``, the ticket keys from ``$SCHEDULER_TICKET_KEYS_FILE``. Bad
     arguments raise ``ValueError`` naming the field, before anything is deployed."""
     from scheduler.config.loader import ConfigError, default_region, validate
@@ -213,6 +222,11 @@ def region_app_builder(args: Mapping[str, Any]) -> Any:
             raise ValueError(f"serveConfigV2 args.pools.{name}: unknown keys {sorted(set(options) - known_fields)}")
         if options.get("model_dir") is not None:
             options["model_dir"] = Path(options["model_dir"])
+        if options.get("autoscaling") is not None:
+            try:
+                options["autoscaling"] = ReplicaRange(**options["autoscaling"])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"serveConfigV2 args.pools.{name}.autoscaling: {exc}") from None
         pools[name] = EngineOptions(**options)
     return build_region_app(
         region,

@@ -25,7 +25,11 @@ of one vLLM deployment per pool (``RegionLLMServer``, reached through a ``Deploy
   engine prefilled, also when the client left before the first token, and the tokens generated
   so far (``docs/billing.md``);
 - publishes the region's live state (per pool: load, models served and their context
-  limits, replicas) every ~1 s when it is given a shared store;
+  limits, warm and starting replicas as Ray Serve's controller counts them) every ~1 s when it
+  is given a shared store. A pool's engine is asked for its figures only while the pool has had
+  requests since its last answer: an idle pool's replicas get no call from the gateway, so
+  Ray Serve's autoscaler sees them idle and scales them down (to zero where allowed); a pool at
+  zero is published with no warm replica (``scheduler.serve.warmth``);
 - records the prefix keys (``x_scheduler.prefix_key``) its pools served with prefix-cache hits
   (the engine's ``cached_tokens``) and publishes them with a TTL (``PrefixWarmPublisher``);
 - at start, sets each served pool's GPU power cap through NVML, or dry-runs it without a GPU
@@ -67,6 +71,7 @@ from scheduler.serve.prefix_publisher import PrefixWarmPublisher
 from scheduler.serve.publisher import RegionStatePublisher
 from scheduler.serve.replica_report import ReplicaReport
 from scheduler.serve.sse import StreamAssembler, Usage, sse_event
+from scheduler.serve.warmth import PoolReplicas, pool_replicas
 from scheduler.state import codec
 from scheduler.state.prefix_warm import PrefixHits
 from scheduler.state.store import StateUnavailable
@@ -94,7 +99,6 @@ class PoolEngine:
 
     served_model: str
     max_model_len: int
-    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,15 @@ class EngineAnswers:
             return None
         log.info("engine of pool %s slow to answer: its answer of %.1f s ago stands", pool, now - last[0])
         return last[1]
+
+    def last(self, pool: str) -> Mapping[str, Any] | None:
+        """The pool's last answer (None: it never answered, or its engine failed since)."""
+        last = self._last.get(pool)
+        return None if last is None else last[1]
+
+    def forget(self, pool: str) -> None:
+        """The pool's replicas went away (scaled to zero): the next one must answer afresh."""
+        self._last.pop(pool, None)
 
 
 def served_models(pool: PoolConfig, engine: PoolEngine) -> dict[str, int]:
@@ -242,6 +255,10 @@ class RegionGateway:
                              f"do not match the region's pools {sorted(configs)}")
         self._llms = llms
         self._settings = settings
+        # pool -> its deployment's name in Serve (for the replica counts of ``serve.status()``)
+        self._deployments = {name: str(getattr(handle, "deployment_name", name)) for name, handle in llms.items()}
+        # pool -> the gateway's count of requests started there when the engine last answered
+        self._asked_at_started: dict[str, int] = {}
         self._profiles = {name: PoolEnergyProfile.of(configs[name]) for name in settings.pools}
         self._models = {name: served_models(configs[name], engine) for name, engine in settings.pools.items()}
         self._metrics = GatewayMetrics(region.name)
@@ -648,37 +665,95 @@ class RegionGateway:
     # --- live state -------------------------------------------------------------------
 
     async def live_state(self) -> RegionLiveState:
-        """What the region publishes: per pool whose engine answers, its load, the models it
-        serves with their context limits, and GPU power. A pool whose engine is slow to answer
-        is published on its last answer for ``engine_grace_s``; one whose engine failed its
-        call, was silent longer, or never answered is left out, and the router then treats it
-        as not served (``EngineAnswers``). The region is healthy while a pool is published."""
+        """What the region publishes: per pool, its load, the models it serves with their
+        context limits, GPU power, and its warm and starting replicas (``scheduler.serve.warmth``).
+
+        A pool's engine is asked (``live_stats``) only when it has warm replicas and has had
+        requests since it last answered, or has not answered since its replicas came up: an idle
+        pool is published on its last answer (no load: nothing ran since), so that no call of
+        ours keeps its replicas busy in the eyes of Serve's autoscaler. A pool with no warm
+        replica is published cold (its requests wait in ``queue_depth``). A pool whose engine
+        is slow to answer is published on its last answer for ``engine_grace_s``; one whose
+        engine failed its call, was silent longer, or never answered is left out, and the router
+        then treats it as not served (``EngineAnswers``). Without Serve's counts (no Serve:
+        tests) every pool is asked every time. The region is healthy while a pool is published."""
         settings = self._settings
-        names = list(settings.pools)
+        replicas = await self._replica_counts()
+        asked = [name for name in settings.pools if self._needs_asking(name, replicas)]
         answers = await asyncio.gather(
             *(asyncio.wait_for(self._llms[name].live_stats.remote(), timeout=settings.engine_timeout_s)
-              for name in names),
+              for name in asked),
             return_exceptions=True,
         )
+        answered = dict(zip(asked, answers, strict=True))
         pools: dict[str, PoolLiveState] = {}
         generated_total = 0.0
         now = time.monotonic()
-        for name, answer in zip(names, answers, strict=True):
-            stats = self._engine_answers.standing(name, answer, now)
-            if stats is None:
-                log.warning("region %s: engine of pool %s not answering (%r): not publishing it",
-                            settings.region.name, name, answer)
+        for name in settings.pools:
+            counts = None if replicas is None else replicas[name]
+            if counts is not None and counts.warm == 0:
+                self._engine_answers.forget(name)
+                pools[name] = self._cold_state(name, counts)
                 continue
+            answer = answered.get(name)
+            if answer is None:  # not asked: idle since its last answer
+                stats = self._engine_answers.last(name)
+                assert stats is not None  # _needs_asking asks a pool that has none
+            else:
+                stats = self._engine_answers.standing(name, answer, now)
+                if stats is None:
+                    log.warning("region %s: engine of pool %s not answering (%r): not publishing it",
+                                settings.region.name, name, answer)
+                    continue
+                if not isinstance(answer, BaseException):
+                    self._asked_at_started[name] = self._flight.started_total(name)
             generated_total += float(stats.get("generation_tokens_total", 0.0))
-            pools[name] = self._pool_state(name, stats, fresh=not isinstance(answer, BaseException))
+            pools[name] = self._pool_state(name, stats, fresh=not isinstance(answer, BaseException), replicas=counts)
         if pools and self._meter.available:
             j_per_token = self._j_per_token(generated_total)
             pools = {name: replace(state, measured_j_per_token=j_per_token) for name, state in pools.items()}
         return RegionLiveState(region=settings.region.name, healthy=bool(pools), observed_at=time.time(), pools=pools)
 
-    def _pool_state(self, name: str, stats: Mapping[str, float], fresh: bool) -> PoolLiveState:
-        """The pool's published state from its engine's answer (``fresh``: this call's, else
-        the last one standing) and the gateway's own counts."""
+    def _needs_asking(self, pool: str, replicas: Mapping[str, PoolReplicas] | None) -> bool:
+        """Whether the pool's engine is asked for its figures now (``live_state``)."""
+        if replicas is None:
+            return True
+        if replicas[pool].warm == 0:
+            return False  # a call would wake it
+        return (self._engine_answers.last(pool) is None or self._flight.count(pool) > 0
+                or self._flight.started_total(pool) != self._asked_at_started.get(pool))
+
+    async def _replica_counts(self) -> dict[str, PoolReplicas] | None:
+        """Pool -> its deployment's warm and starting replicas, from Serve's controller; None
+        outside a Serve replica, or when the controller does not answer in time."""
+        if not ray.is_initialized():
+            return None
+        try:
+            app = serve.get_replica_context().app_name
+            status = await asyncio.wait_for(asyncio.to_thread(serve.status), self._settings.engine_timeout_s)
+        except Exception as exc:  # the counts are a refinement: without them every pool is asked
+            log.warning("region %s: Serve's replica counts unavailable (%r)", self._settings.region.name, exc)
+            return None
+        return pool_replicas(status, app, self._deployments)
+
+    def _cold_state(self, name: str, replicas: PoolReplicas) -> PoolLiveState:
+        """A pool with no warm replica: the models it serves (at the context limit its engine
+        last gave), its requests waiting for a replica, and its replicas starting."""
+        last = self._engine_answers.last(name) or {}
+        models = self._models[name]
+        engine_len = last.get("max_model_len")
+        if isinstance(engine_len, int | float) and engine_len > 0:
+            models = {model: min(limit, int(engine_len)) for model, limit in models.items()}
+        return PoolLiveState(
+            queue_depth=self._flight.count(name), running=0, gpu_power_w=self._power_w, models=models, replicas=0,
+            starting_replicas=replicas.starting,
+        )
+
+    def _pool_state(self, name: str, stats: Mapping[str, float], fresh: bool,
+                    replicas: PoolReplicas | None) -> PoolLiveState:
+        """The pool's published state from its engine's answer (``fresh``: this call's, or the
+        last one of an idle pool; else the last one standing), the gateway's own counts and
+        Serve's replica counts (None: not known)."""
         in_flight = self._flight.count(name)
         # The running count each replica of the pool reported in its streams; before any did,
         # the engine's answer (one replica's).
@@ -701,7 +776,8 @@ class RegionGateway:
             arrival_rate=arrival_rate,
             prompt_tokens_rate=prompt_rate,
             models=models,
-            replicas=self._settings.pools[name].replicas,
+            replicas=None if replicas is None else replicas.warm,
+            starting_replicas=None if replicas is None else replicas.starting,
         )
 
     def _arrival_rates(self, pool: str, prompt_total: float | None) -> tuple[float, float]:

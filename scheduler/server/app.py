@@ -457,7 +457,7 @@ async def start_router(address: str, deps: RouterDeps) -> RunningRouter:
             running.metrics_endpoint = endpoint
             running._started.append(endpoint)
         if deps.http_port is not None:
-            http = build_http_server(deps, deps.http_limits)
+            http = build_http_server(deps, deps.http_limits, lambda: running.serving)
             tls = deps.tls
             context = None if tls is None else server_ssl_context(tls.cert, tls.key, tls.client_ca)
             running.http_port = await http.start(deps.http_host, deps.http_port, context, reuse_port=deps.reuse_port)

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from scheduler.energy.output_budget import OutputBudget
 from scheduler.errors import FieldViolation, InvalidRequest
 from scheduler.framework.explain import objective_of
 from scheduler.server.dispatch import CHAT_COMPLETIONS, COMPLETIONS, RegionCall
 from scheduler.server.prefix import derive_prefix_key, scoped, shared_text
-from scheduler.tickets import MAX_TOKEN_BYTES
+from scheduler.tickets import ENGINE_FIELDS, MAX_TOKEN_BYTES, message_body
 from scheduler.types import (
     CarbonUsed,
     Decision,
@@ -53,6 +54,12 @@ MAX_STOP_CHARS = 256
 BYTES_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+# The OpenAI body fields a GenerateRequest carries in fields of its own; ``engine_fields_json``
+# may hold the rest of ``tickets.ENGINE_FIELDS`` (the one list of what an engine is given).
+MESSAGE_FIELDS = frozenset({"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                            "top_p", "stop", "seed", "n", "stream", "stream_options"})
+ENGINE_JSON_FIELDS = ENGINE_FIELDS - MESSAGE_FIELDS
+MAX_ENGINE_FIELDS_BYTES = 2**20
 _JURISDICTION = re.compile(r"^[A-Z]{2,8}$")
 _EMPTY: frozenset[str] = frozenset()
 _WORKLOAD: dict[int, WorkloadClass] = {
@@ -117,6 +124,41 @@ def _cap_strings(bad: list[FieldViolation], field: str, values: Any, max_entries
     return True
 
 
+def _message_body(message: pb.ChatMessage, index: int, bad: list[FieldViolation]) -> dict[str, Any]:
+    """A chat message with OpenAI's other fields (name, tool_call_id, tool_calls)."""
+    calls = None
+    if message.tool_calls_json:
+        try:
+            calls = orjson.loads(message.tool_calls_json)
+        except orjson.JSONDecodeError:
+            calls = None
+        if type(calls) is not list:
+            bad.append(FieldViolation(f"chat.messages[{index}].tool_calls_json",
+                                      f"expected a JSON list, got {show(message.tool_calls_json)}"))
+            calls = []
+    return message_body(message.role, message.content, message.name, message.tool_call_id, calls)
+
+
+def _engine_fields(raw: str, bad: list[FieldViolation]) -> dict[str, Any]:
+    """``engine_fields_json`` as the object the region's body is extended with."""
+    if len(raw) > MAX_ENGINE_FIELDS_BYTES:
+        bad.append(FieldViolation("engine_fields_json", f"at most {MAX_ENGINE_FIELDS_BYTES:,} bytes, got {len(raw):,}"))
+        return {}
+    try:
+        fields = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        bad.append(FieldViolation("engine_fields_json", f"not JSON: {exc}"[:200]))
+        return {}
+    if type(fields) is not dict:
+        bad.append(FieldViolation("engine_fields_json", "expected a JSON object"))
+        return {}
+    for name in sorted(set(fields) - ENGINE_JSON_FIELDS):
+        where = "a field of its own" if name in MESSAGE_FIELDS else "not passed to an engine"
+        bad.append(FieldViolation(f"engine_fields_json.{name[:MAX_NAME_CHARS]}",
+                                  f"{where} (allowed: {', '.join(sorted(ENGINE_JSON_FIELDS))})"))
+    return fields
+
+
 def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> Incoming:
     """Validate and convert; ``InvalidRequest`` lists every bad field. ``tenant`` is the caller's."""
     bad: list[FieldViolation] = []
@@ -154,9 +196,11 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
             more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
             bad.append(FieldViolation(f"chat.messages[{wrong[0]}].role",
                                       f"expected one of {sorted(CHAT_ROLES)}, got {show(messages[wrong[0]].role)}{more}"))
-        body = {"messages": [{"role": m.role, "content": m.content} for m in messages]}
+        body = {"messages": [_message_body(m, i, bad) if m.name or m.tool_call_id or m.tool_calls_json
+                             else {"role": m.role, "content": m.content} for i, m in enumerate(messages)]}
         path = CHAT_COMPLETIONS
-        prompt_bytes = sum(len(m.role.encode()) + len(m.content.encode()) for m in messages)
+        prompt_bytes = sum(len(m.role.encode()) + len(m.content.encode()) + len(m.tool_calls_json.encode())
+                           for m in messages)
         text_tokens = sum(_estimate_tokens(m.content) + CHAT_TOKENS_PER_MESSAGE for m in messages)
     else:
         bad.append(FieldViolation("input", "one of prompt or chat is required"))
@@ -181,6 +225,12 @@ def incoming(msg: pb.GenerateRequest, tenant: str, snapshot: FleetSnapshot) -> I
         body["stop"] = list(sampling.stop)
     if sampling.HasField("seed"):
         body["seed"] = sampling.seed
+    if msg.engine_fields_json:
+        engine_fields = _engine_fields(msg.engine_fields_json, bad)
+        body.update(engine_fields)
+        # Tool definitions are rendered into the prompt by the chat template.
+        if "tools" in engine_fields:
+            text_tokens += _tokens_of_bytes(len(orjson.dumps(engine_fields["tools"])))
 
     slo = msg.slo
     ttft_slo_ms = slo.ttft_ms if slo.HasField("ttft_ms") else None

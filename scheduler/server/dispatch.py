@@ -20,6 +20,11 @@ partial receipt bills those when the region's usage (sent only in the final even
 Text that arrives in one network read is relayed as one chunk; after the first text, text
 arriving within ``DispatchSettings.coalesce_s`` (2 ms) joins it: fewer, larger messages to the
 client, and the first token is never held back.
+
+Besides text, a choice may carry what an OpenAI client reads too: a chat delta's tool calls or
+reasoning, a choice's logprobs. They travel with the text (``TextDelta.delta_fields`` and
+``logprobs``; events joined into one delta have theirs merged by ``merge_fields``) and count as
+content, as text does.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ CHAT_COMPLETIONS = "/v1/chat/completions"
 CLIENT_ERRORS = frozenset({400, 422})
 # Coalescing waits only while reads come within this many windows of each other (a burst).
 COALESCE_BURST = 4
+# A chat delta's keys that carry its text (any other is relayed as ``TextDelta.delta_fields``).
+_TEXT_DELTA_KEYS = frozenset({"content", "role"})
 # Longest region error message kept (in failover records, receipts and statuses).
 REGION_MESSAGE_CHARS = 300
 
@@ -65,6 +72,28 @@ class RegionCall:
 class TextDelta:
     text: str
     finish_reason: str = ""
+    # A chat delta's fields beside its text (tool_calls, reasoning_content ...), as the region
+    # sent them; None: none.
+    delta_fields: Mapping[str, Any] | None = None
+    # The choice's logprobs, as the region sent them; None: none.
+    logprobs: Mapping[str, Any] | None = None
+
+
+def merge_fields(earlier: Mapping[str, Any] | None, later: Mapping[str, Any]) -> dict[str, Any]:
+    """Two consecutive events' fields as one: strings and lists joined (reasoning text, tool-call
+    deltas, logprobs' token lists), objects merged the same way, anything else the later one."""
+    out = dict(earlier or {})
+    for name, value in later.items():
+        before = out.get(name)
+        if isinstance(before, str) and isinstance(value, str):
+            out[name] = before + value
+        elif isinstance(before, list) and isinstance(value, list):
+            out[name] = [*before, *value]
+        elif isinstance(before, dict) and isinstance(value, dict):
+            out[name] = merge_fields(before, value)
+        else:
+            out[name] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -112,6 +141,9 @@ class RegionStream:
     # The region's last finish reason ("stop", "length", ...; empty: none yet).
     finish_reason: str = ""
     _deltas: AsyncGenerator[TextDelta, None] | None = field(default=None, init=False, repr=False)
+    # What the events read since the last delta carried beside their text (TextDelta's fields).
+    _delta_fields: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    _logprobs: dict[str, Any] | None = field(default=None, init=False, repr=False)
     _first: asyncio.Future[TextDelta | None] | None = field(default=None, init=False, repr=False)
 
     def start(self) -> None:
@@ -260,12 +292,15 @@ class RegionStream:
                     more_finish, done = self._take(parser, more, texts)
                     finish = more_finish or finish
             text = "".join(texts)
-            if text or (finish and done):
-                if self.first_text_at is None and text:
+            fields, logprobs = self._delta_fields, self._logprobs
+            content = bool(text) or fields is not None or logprobs is not None
+            if content or (finish and done):
+                if self.first_text_at is None and content:
                     self.first_text_at = self.clock()
                 if finish:
                     self.finish_reason = finish
-                yield TextDelta(text, finish)
+                self._delta_fields = self._logprobs = None
+                yield TextDelta(text, finish, fields, logprobs)
                 finish = ""
         if not done:
             raise _RegionFailed("stream ended without [DONE]")
@@ -280,9 +315,10 @@ class RegionStream:
         for payload in parser.feed_bytes(data):
             if payload == DONE_BYTES:
                 return finish, True
-            text, reason = self._event(payload)
+            text, reason, other = self._event(payload)
             if text:
                 texts.append(text)
+            if text or other:
                 self.content_events += 1
             finish = reason or finish
         return finish, False
@@ -295,22 +331,24 @@ class RegionStream:
             f"the stream passed its deadline ({what}) after {self.content_events} content events"
             + (f"; last failure {detail}" if detail else ""))
 
-    def _event(self, payload: bytes) -> tuple[str, str]:
-        # The usual event, a completion chunk's text (no usage, no error), read in one step;
-        # anything else takes the general path, which judges it the same way.
+    def _event(self, payload: bytes) -> tuple[str, str, bool]:
+        """(text, finish reason, whether the choice carried more than text) of one event."""
+        # The usual event, a completion chunk's text (no usage, no error, no logprobs), read in
+        # one step; anything else takes the general path, which judges it the same way.
         try:
             event = orjson.loads(payload)
         except orjson.JSONDecodeError:
             event = None
         if type(event) is dict and event.get("usage") is None and "error" not in event:
             choices = event.get("choices")
-            if type(choices) is list and choices and type(choice := choices[0]) is dict and "delta" not in choice:
+            if (type(choices) is list and choices and type(choice := choices[0]) is dict and "delta" not in choice
+                    and choice.get("logprobs") is None):
                 text, reason = choice.get("text"), choice.get("finish_reason")
                 if type(text) is str and (reason is None or type(reason) is str):
-                    return text, reason or ""
+                    return text, reason or "", False
         return self._general_event(payload)
 
-    def _general_event(self, payload: bytes) -> tuple[str, str]:
+    def _general_event(self, payload: bytes) -> tuple[str, str, bool]:
         try:
             event = parse_event(payload)
         except MalformedEvent as exc:
@@ -321,7 +359,29 @@ class RegionStream:
             energy = event.get("energy", usage.get("energy"))
             if type(energy) is dict:
                 self.energy = energy
-        return choice_text(event)
+        text, reason = choice_text(event)
+        choices = event.get("choices")
+        if type(choices) is list and choices and type(choice := choices[0]) is dict:
+            delta, logprobs = choice.get("delta"), choice.get("logprobs")
+            # The usual chat chunk carries its text alone: nothing more to look at.
+            if (type(delta) is dict and not delta.keys() <= _TEXT_DELTA_KEYS) or logprobs is not None:
+                return text, reason, self._keep_other_fields(delta, logprobs)
+        return text, reason, False
+
+    def _keep_other_fields(self, delta: Any, logprobs: Any) -> bool:
+        """Keep what a choice carries beside its text (its delta's other fields, its logprobs)
+        for the next delta; whether there was any."""
+        kept = False
+        if type(delta) is dict:
+            other = {name: value for name, value in delta.items()
+                     if name not in ("content", "role") and value is not None and value != []}
+            if other:
+                self._delta_fields = merge_fields(self._delta_fields, other)
+                kept = True
+        if type(logprobs) is dict:
+            self._logprobs = merge_fields(self._logprobs, logprobs)
+            kept = True
+        return kept
 
 
 class _RegionFailed(Exception):

@@ -8,6 +8,11 @@
   HTTP request on a kept-alive connection costs the router a fraction of a gRPC call.
 - ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``: OpenAI's API,
   streamed or not (scheduler.server.openai_front has the formats and the scheduling hints).
+- ``GET /health``: 200 while the router serves (503 while it starts or drains); no key
+  needed, nothing read but memory.
+- ``POST /v1/files``, ``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET
+  /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``: OpenAI's Batch API on the deferral
+  queue (scheduler.server.batches).
 - ``POST /v1/deferred/completions`` (a completions body plus ``"deadline"``, epoch seconds):
   the Defer RPC, answered ``202`` with the ``DeferResponse`` as JSON; ``GET /v1/deferred/{id}``:
   GetDeferred, the ``DeferredStatus`` as JSON; ``DELETE /v1/deferred/{id}``: CancelDeferred
@@ -25,7 +30,6 @@ import asyncio
 import base64
 import contextlib
 import logging
-import math
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -51,9 +55,12 @@ from scheduler.http.server import (
 )
 from scheduler.server import convert, openai_front
 from scheduler.server.auth import Principal
+from scheduler.server.batches import Batches
 from scheduler.server.core import TRANSIENT_PLUGINS, ProxyRun, RouterCore
 from scheduler.server.deferred import Deferrals
+from scheduler.server.dispatch import merge_fields
 from scheduler.server.edge import GUARDED_DESERIALIZERS, admit, authenticate
+from scheduler.server.openai_front import deferred_request
 from scheduler.server.status import rpc_status_for
 from scheduler.server.wire import RejectedRequest
 from scheduler.v1 import messages_pb2, router_pb2
@@ -68,6 +75,12 @@ GENERATE_PATH = "/scheduler.v1.GlobalRouter/Generate"
 DEFERRED_COMPLETIONS_PATH = "/v1/deferred/completions"
 # GET DEFERRED_PREFIX + request id: a deferred request's status.
 DEFERRED_PREFIX = "/v1/deferred/"
+# Load balancers' and orchestrators' probe: the one path that takes no key.
+HEALTH_PATH = "/health"
+# OpenAI's Batch API (scheduler.server.batches).
+FILES_PATH, BATCHES_PATH = "/v1/files", "/v1/batches"
+# A route's parameter segment.
+PARAMETER = "{id}"
 # What the DeferRequest's fields are called in a deferred completions body.
 _DEFERRED_BODY_FIELDS = {"deadline_unix_s": "deadline", "request.request_id": "x_scheduler.request_id",
                          "request.workload_class": "x_scheduler.workload_class"}
@@ -79,7 +92,8 @@ MAX_BODY_BYTES = 5 * 2**20
 # runs: its endpoint's, as the handler counts it.
 _METRIC_METHODS = {ROUTE_PATH: "Route", GENERATE_PATH: GENERATE_PATH, "/v1/completions": "openai.completions",
                    "/v1/chat/completions": "openai.chat.completions", "/v1/models": "openai.models",
-                   DEFERRED_COMPLETIONS_PATH: "openai.deferred.completions"}
+                   DEFERRED_COMPLETIONS_PATH: "openai.deferred.completions", FILES_PATH: "openai.files.create",
+                   BATCHES_PATH: "openai.batches.create"}
 
 _CONNECT_STATUS = {code_pb2.OK: 200, code_pb2.CANCELLED: 499, code_pb2.UNKNOWN: 500, code_pb2.INVALID_ARGUMENT: 400,
                    code_pb2.DEADLINE_EXCEEDED: 504, code_pb2.NOT_FOUND: 404, code_pb2.ALREADY_EXISTS: 409,
@@ -201,34 +215,6 @@ def _json_body(request: HttpRequest) -> Any:
         raise errors.InvalidRequest([errors.FieldViolation("body", f"not JSON: {exc}"[:200])]) from None
 
 
-def deferred_request(body: Any, headers: Mapping[str, str]) -> router_pb2.DeferRequest:
-    """A deferred completions body (a completions body plus ``deadline``, epoch seconds, 0 or
-    absent: the policy's deferrable SLO from now) as a ``DeferRequest``; the workload class is
-    ``deferrable`` unless the request names one."""
-    if not isinstance(body, dict):
-        raise errors.InvalidRequest([errors.FieldViolation("body", "expected a JSON object")])
-    bad = []
-    deadline = body.get("deadline", 0)
-    if not isinstance(deadline, int | float) or isinstance(deadline, bool) or not math.isfinite(deadline):
-        bad.append(errors.FieldViolation("deadline", f"expected epoch seconds, got {deadline!r}"[:200]))
-        deadline = 0
-    if body.get("stream", False) is not False:
-        bad.append(errors.FieldViolation("stream", f"a deferred request is fetched ({DEFERRED_PREFIX}{{id}}), "
-                                                   "not streamed"))
-    completion = {name: value for name, value in body.items() if name != "deadline"}
-    hints = completion.get("x_scheduler")
-    try:
-        msg, _ = openai_front.generate_request(completion, headers, chat=False)
-    except errors.InvalidRequest as exc:
-        raise errors.InvalidRequest([*bad, *exc.violations]) from None
-    if bad:
-        raise errors.InvalidRequest(bad)
-    named = (isinstance(hints, dict) and "workload_class" in hints) or "x-scheduler-workload-class" in headers
-    if not named:
-        msg.workload_class = messages_pb2.WORKLOAD_CLASS_DEFERRABLE
-    return router_pb2.DeferRequest(request=msg, deadline_unix_s=float(deadline))
-
-
 def _body_names(exc: errors.InvalidRequest) -> errors.InvalidRequest:
     """A Defer violation named as the deferred completions body names the field."""
     return errors.InvalidRequest([
@@ -237,38 +223,43 @@ def _body_names(exc: errors.InvalidRequest) -> errors.InvalidRequest:
 
 
 class Routes(Mapping[tuple[str, str], Handler]):
-    """The server's routes: exact paths, and paths whose last segment is a parameter (keyed by
-    their prefix, e.g. ``/v1/deferred/``, shown as ``/v1/deferred/{id}``): a path under the
-    prefix with one more, non-empty segment."""
+    """The server's routes: exact paths, and paths with one segment a parameter (keyed by their
+    template, e.g. ``/v1/deferred/{id}`` or ``/v1/batches/{id}/cancel``): a path with the
+    template's text around one non-empty segment."""
 
     def __init__(self, exact: Mapping[tuple[str, str], Handler],
                  parameterized: Mapping[tuple[str, str], Handler]) -> None:
         self.exact = dict(exact)
-        self.parameterized = dict(parameterized)
+        self.parameterized = {(method, *template.split(PARAMETER, 1)): handler
+                              for (method, template), handler in parameterized.items()}
 
     def __getitem__(self, key: tuple[str, str]) -> Handler:
         handler = self.exact.get(key)
         if handler is not None:
             return handler
         method, path = key
-        for (route_method, prefix), candidate in self.parameterized.items():
-            rest = path[len(prefix):]
-            if route_method == method and path.startswith(prefix) and rest and "/" not in rest:
-                return candidate
+        for (route_method, prefix, suffix), candidate in self.parameterized.items():
+            if route_method == method and path.startswith(prefix) and path.endswith(suffix):
+                value = path[len(prefix):len(path) - len(suffix)]
+                if value and "/" not in value:
+                    return candidate
         raise KeyError(key)
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         yield from self.exact
-        yield from ((method, prefix + "{id}") for method, prefix in self.parameterized)
+        yield from ((method, prefix + PARAMETER + suffix) for method, prefix, suffix in self.parameterized)
 
     def __len__(self) -> int:
         return len(self.exact) + len(self.parameterized)
 
 
 class HttpApi:
-    def __init__(self, deps: RouterDeps) -> None:
+    def __init__(self, deps: RouterDeps, serving: Callable[[], bool] = lambda: True) -> None:
         self.deps = deps
         self.core = RouterCore(deps)
+        self.serving = serving
+        self.batches = Batches(deps.store, deps.deferrals, deps.clock,
+                               lambda msg: openai_front.fill_chat_max_tokens(msg, deps.refresher.current()))
 
     def routes(self) -> Routes:
         return Routes({
@@ -277,8 +268,15 @@ class HttpApi:
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/v1/chat/completions"): self.chat_completions,
             ("GET", "/v1/models"): self.models,
+            ("GET", HEALTH_PATH): self.health,
             ("POST", DEFERRED_COMPLETIONS_PATH): self.deferred_completions,
-        }, {("GET", DEFERRED_PREFIX): self.deferred_status, ("DELETE", DEFERRED_PREFIX): self.deferred_cancel})
+            ("POST", FILES_PATH): self.upload_file,
+            ("POST", BATCHES_PATH): self.create_batch,
+        }, {("GET", DEFERRED_PREFIX + PARAMETER): self.deferred_status,
+            ("DELETE", DEFERRED_PREFIX + PARAMETER): self.deferred_cancel,
+            ("GET", FILES_PATH + "/" + PARAMETER + "/content"): self.file_content,
+            ("GET", BATCHES_PATH + "/" + PARAMETER): self.batch_status,
+            ("POST", BATCHES_PATH + "/" + PARAMETER + "/cancel"): self.batch_cancel})
 
     def authorize(self, method: str, path: str, headers: Mapping[str, str]) -> Principal | HttpResponse | None:
         """The server's check when a request's headers are complete (every endpoint here takes a
@@ -286,7 +284,7 @@ class HttpApi:
         ``100 Continue`` and before any of its body is read (the server then closes the
         connection); None without keys (--insecure: nothing to check)."""
         keys = self.deps.keys
-        if keys is None:
+        if keys is None or (method == "GET" and path == HEALTH_PATH):
             return None
         try:
             return authenticate(keys, path, headers.get("authorization"))
@@ -494,6 +492,47 @@ class HttpApi:
         finally:
             self.deps.metrics.request(method, code)
 
+    # --- OpenAI's Batch API (scheduler.server.batches) ---------------------------------------
+
+    async def upload_file(self, request: HttpRequest) -> HttpResponse:
+        return await self._batch_call(request, "openai.files.create", lambda principal: self.batches.upload(
+            principal, request.headers.get("content-type", ""), request.body))
+
+    async def file_content(self, request: HttpRequest) -> HttpResponse:
+        file_id = _parameter(request.path, FILES_PATH + "/", "/content")
+        return await self._batch_call(request, "openai.files.content",
+                                      lambda principal: self.batches.content(principal, file_id))
+
+    async def create_batch(self, request: HttpRequest) -> HttpResponse:
+        return await self._batch_call(request, "openai.batches.create", lambda principal: self.batches.create(
+            principal, _json_body(request), request.headers))
+
+    async def batch_status(self, request: HttpRequest) -> HttpResponse:
+        batch_id = _parameter(request.path, BATCHES_PATH + "/", "")
+        return await self._batch_call(request, "openai.batches.get",
+                                      lambda principal: self.batches.get(principal, batch_id))
+
+    async def batch_cancel(self, request: HttpRequest) -> HttpResponse:
+        batch_id = _parameter(request.path, BATCHES_PATH + "/", "/cancel")
+        return await self._batch_call(request, "openai.batches.cancel",
+                                      lambda principal: self.batches.cancel(principal, batch_id))
+
+    async def _batch_call(self, request: HttpRequest, method: str,
+                          call: Callable[[Principal], Awaitable[dict[str, Any] | bytes]]) -> HttpResponse:
+        """One Batch API call: admitted, answered as JSON (a file's content as it is), errors as
+        OpenAI error objects, counted."""
+        code = "OK"
+        try:
+            answer = await call(await self._admit(request, method))
+            if isinstance(answer, bytes):
+                return HttpResponse(200, answer, "application/jsonl")
+            return HttpResponse(200, orjson.dumps(answer), JSON)
+        except Exception as exc:
+            response, code = openai_error(exc)
+            return response
+        finally:
+            self.deps.metrics.request(method, code)
+
     # --- the OpenAI API ------------------------------------------------------------------
 
     async def models(self, request: HttpRequest) -> HttpResponse:
@@ -501,7 +540,8 @@ class HttpApi:
         try:
             await self._admit(request, "openai.models")
             snapshot = self.deps.refresher.current()
-            data = [{"id": name, "object": "model", "created": 0, "owned_by": "carbon-scheduler"}
+            data = [{"id": name, "object": "model", "created": 0, "owned_by": "carbon-scheduler",
+                     "max_model_len": openai_front.max_model_len(snapshot, name)}
                     for name in sorted(snapshot.candidates_by_model)]
             return HttpResponse(200, orjson.dumps({"object": "list", "data": data}))
         except Exception as exc:
@@ -509,6 +549,13 @@ class HttpApi:
             return response
         finally:
             self.deps.metrics.request("openai.models", code)
+
+    async def health(self, request: HttpRequest) -> HttpResponse:
+        """200 while the router takes requests; 503 while it starts or drains (as the metrics
+        port's /healthz). Whether regions are well is the decision's business, not the probe's."""
+        if self.serving():
+            return HttpResponse(200, b'{"status":"ok"}', JSON)
+        return HttpResponse(503, b'{"status":"not serving"}', JSON)
 
     async def completions(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
         return await self._generate(request, chat=False)
@@ -522,6 +569,7 @@ class HttpApi:
         try:
             principal = await self._admit(request, method)
             msg, call = openai_front.generate_request(_json_body(request), request.headers, chat)
+            openai_front.fill_chat_max_tokens(msg, self.deps.refresher.current())
             run = self.core.proxy(principal, msg, call.remaining_s, trace, prefetch=False)
         except Exception as exc:
             response, code = openai_error(exc)
@@ -542,16 +590,22 @@ class HttpApi:
             slots.acquire(principal)
             try:
                 texts, finish = [], ""
+                fields: dict[str, Any] | None = None
+                logprobs: dict[str, Any] | None = None
                 async with run:
                     async for delta in run:
                         texts.append(delta.text)
                         finish = delta.finish_reason or finish
+                        if delta.delta_fields is not None:
+                            fields = merge_fields(fields, delta.delta_fields)
+                        if delta.logprobs is not None:
+                            logprobs = merge_fields(logprobs, delta.logprobs)
             finally:
                 slots.release(principal)
             if run.failure is not None:
                 raise run.failure
             body = openai_front.completion_object(call, run.decision_id, "".join(texts), finish, run.stream.usage,
-                                                  run.receipt)
+                                                  run.receipt, fields, logprobs)
             headers = openai_front.receipt_headers(run.receipt) if run.receipt is not None else ()
             return HttpResponse(200, orjson.dumps(body), JSON, headers)
         except Exception as exc:
@@ -564,7 +618,8 @@ class HttpApi:
 
     async def _sse(self, principal: Principal, run: ProxyRun, call: openai_front.OpenAiCall,
                    method: str) -> AsyncIterator[bytes]:
-        """Streamed: OpenAI chunks, [DONE], then the receipt. A failure before the first text
+        """Streamed: OpenAI chunks, the usage chunk with the receipt (``include_usage``), [DONE];
+        the receipt after [DONE] when no usage chunk carried it. A failure before the first text
         is answered with its own status (``AnswerInstead``); after it, as an error event."""
         writer = openai_front.ChunkWriter(call, run.decision_id)
         try:
@@ -589,6 +644,7 @@ class HttpApi:
                         raise AnswerInstead(response) from None
                     yield writer.error(str(exc), "server_error", _openai_mapping(exc).code)
                     return
+            receipt_sent = False
             if run.failure is not None:
                 _, outcome.code = openai_error(run.failure)
                 outcome.message = str(run.failure)
@@ -596,9 +652,15 @@ class HttpApi:
             else:
                 if call.include_usage:
                     yield writer.usage(run.stream.usage, run.receipt)
+                    receipt_sent = True
                 yield writer.done()
-            if run.receipt is not None:
+            if run.receipt is not None and not receipt_sent:
                 yield writer.receipt(run.receipt)
+
+
+def _parameter(path: str, prefix: str, suffix: str) -> str:
+    """A route's parameter segment, unquoted."""
+    return urllib.parse.unquote(path[len(prefix):len(path) - len(suffix)])
 
 
 def _json(message: Any) -> bytes:
@@ -627,7 +689,9 @@ def server_ssl_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSL
     return context
 
 
-def build_http_server(deps: RouterDeps, limits: ServerLimits | None = None) -> HttpServer:
-    api = HttpApi(deps)
+def build_http_server(deps: RouterDeps, limits: ServerLimits | None = None,
+                      serving: Callable[[], bool] = lambda: True) -> HttpServer:
+    """The front door; ``serving``: whether the router takes requests now (``GET /health``)."""
+    api = HttpApi(deps, serving)
     return HttpServer(api.routes(), limits=limits or ServerLimits(max_body_bytes=MAX_BODY_BYTES),
                       name="carbon-scheduler-router", authorize=api.authorize)

@@ -5,7 +5,10 @@ It follows OpenAI's documented streaming format: ``POST /v1/completions`` or
 ``/v1/chat/completions`` with ``"stream": true`` answers ``text/event-stream`` chunks
 (``text_completion`` / ``chat.completion.chunk``), then a usage chunk with ``"choices": []``
 (plus our ``energy`` extension when ``report_energy``), then ``data: [DONE]``. Bad requests
-get a 400 with OpenAI's error body naming the ``param``.
+get a 400 with OpenAI's error body naming the ``param``. A chat request with ``tools`` (and a
+``tool_choice`` other than ``"none"``) is answered with one call of the tool it names, else the
+first, as an engine's tool parser streams it (``STUB_TOOL_ARGUMENTS`` in two parts, finish
+reason ``tool_calls``); ``"logprobs": true`` adds each word's logprob (``STUB_LOGPROB``).
 
 ``python -m scheduler.server.stub_region --port 0`` prints ``PORT <n>`` once listening.
 """
@@ -25,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROMPT_BYTES_PER_TOKEN = 4
+STUB_TOOL_ARGUMENTS = ('{"city": ', '"Paris"}')
+STUB_LOGPROB = -0.25
 
 
 @dataclass
@@ -84,10 +89,11 @@ def build_app(settings: StubRegionSettings, log: StubRegionLog | None = None) ->
         messages = body.get("messages", [])
         text = "".join(str(m.get("content", "")) for m in messages) if chat else str(body.get("prompt", ""))
         prompt_tokens = max(1, len(text.encode()) // PROMPT_BYTES_PER_TOKEN)
-        return StreamingResponse(
-            _stream(settings, str(body.get("model", "")), chat, max_tokens, prompt_tokens),
-            media_type="text/event-stream",
-        )
+        head = _head(str(body.get("model", "")), chat)
+        tool = _called_tool(body) if chat else None
+        stream = _tool_call_stream(settings, head, tool, prompt_tokens) if tool is not None else \
+            _stream(settings, head, chat, max_tokens, prompt_tokens, body.get("logprobs") is True)
+        return StreamingResponse(stream, media_type="text/event-stream")
 
     async def health(request: Request) -> Response:
         return Response("ok")
@@ -103,12 +109,37 @@ def _event(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _stream(settings: StubRegionSettings, model: str, chat: bool, max_tokens: int,
-                  prompt_tokens: int) -> AsyncIterator[bytes]:
-    ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
-    created = int(time.time())
-    head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created, "model": model}
+def _head(model: str, chat: bool) -> dict[str, Any]:
+    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}",
+            "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model}
+
+
+def _called_tool(body: dict[str, Any]) -> str | None:
+    """The name of the tool a chat request's answer calls (None: it answers in text)."""
+    tools, choice = body.get("tools"), body.get("tool_choice", "auto")
+    if not isinstance(tools, list) or not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        return str(choice.get("function", {}).get("name", ""))
+    return str(tools[0].get("function", {}).get("name", ""))
+
+
+async def _tool_call_stream(settings: StubRegionSettings, head: dict[str, Any], tool: str,
+                            prompt_tokens: int) -> AsyncIterator[bytes]:
+    yield _event({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": [
+        {"index": 0, "id": "call_stub", "type": "function", "function": {"name": tool, "arguments": ""}}]},
+        "finish_reason": None}]})
+    for part in STUB_TOOL_ARGUMENTS:
+        yield _event({**head, "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": part}}]}, "finish_reason": None}]})
+    yield _event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    yield _event(_usage_chunk(settings, head, prompt_tokens, len(STUB_TOOL_ARGUMENTS) + 1))
+    yield b"data: [DONE]\n\n"
+
+
+async def _stream(settings: StubRegionSettings, head: dict[str, Any], chat: bool, max_tokens: int,
+                  prompt_tokens: int, logprobs: bool) -> AsyncIterator[bytes]:
     if settings.first_token_delay_s:
         await asyncio.sleep(settings.first_token_delay_s)
     if chat:
@@ -124,12 +155,21 @@ async def _stream(settings: StubRegionSettings, model: str, chat: bool, max_toke
             {"index": 0, "delta": {"content": word}, "finish_reason": finish} if chat
             else {"index": 0, "text": word, "logprobs": None, "finish_reason": finish}
         )
+        if logprobs and chat:
+            choice["logprobs"] = {"content": [{"token": word, "logprob": STUB_LOGPROB, "bytes": list(word.encode()),
+                                               "top_logprobs": []}]}
         yield _event({**head, "choices": [choice]})
+    yield _event(_usage_chunk(settings, head, prompt_tokens, max_tokens))
+    yield b"data: [DONE]\n\n"
+
+
+def _usage_chunk(settings: StubRegionSettings, head: dict[str, Any], prompt_tokens: int,
+                 completion_tokens: int) -> dict[str, Any]:
     final: dict[str, Any] = {**head, "choices": [], "usage": {
-        "prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-        "total_tokens": prompt_tokens + max_tokens, "prompt_tokens_details": {"cached_tokens": 0}}}
+        "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": 0}}}
     if settings.report_energy:
-        energy = settings.energy_j_per_token * (prompt_tokens * 0.1 + max_tokens)
+        energy = settings.energy_j_per_token * (prompt_tokens * 0.1 + completion_tokens)
         final["energy"] = {
             "energy_j": energy, "energy_j_low": energy * 0.9, "energy_j_high": energy * 1.1,
             "measurement_source": "node-share", "confidence": 0.8, "attribution_method": "stub-v1",
@@ -137,8 +177,7 @@ async def _stream(settings: StubRegionSettings, model: str, chat: bool, max_toke
                        "postprocess_j": 0.0, "idle_allocation_j": 0.0},
             "batch_size": 1.0, "avoided_j": 0.0,
         }
-    yield _event(final)
-    yield b"data: [DONE]\n\n"
+    return final
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

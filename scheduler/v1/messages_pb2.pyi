@@ -39,12 +39,18 @@ DECISION_DETAIL_FULL: DecisionDetail
 DECISION_DETAIL_SUMMARY: DecisionDetail
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "name", "tool_call_id", "tool_calls_json")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_JSON_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    name: str
+    tool_call_id: str
+    tool_calls_json: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., name: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_calls_json: _Optional[str] = ...) -> None: ...
 
 class ChatMessages(_message.Message):
     __slots__ = ("messages",)
@@ -95,7 +101,7 @@ class GeoPoint(_message.Message):
     def __init__(self, lat: _Optional[float] = ..., lon: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("tenant", "request_id", "model", "prompt", "chat", "sampling", "workload_class", "slo", "compliance", "client_location", "prefix_key", "prompt_tokens", "cached_tokens", "decision_detail", "workflow_id", "workflow_shape", "shared_prefix_tokens")
+    __slots__ = ("tenant", "request_id", "model", "prompt", "chat", "sampling", "workload_class", "slo", "compliance", "client_location", "prefix_key", "prompt_tokens", "cached_tokens", "decision_detail", "workflow_id", "workflow_shape", "shared_prefix_tokens", "engine_fields_json")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +119,7 @@ class GenerateRequest(_message.Message):
     WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_SHAPE_FIELD_NUMBER: _ClassVar[int]
     SHARED_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELDS_JSON_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     request_id: str
     model: str
@@ -130,7 +137,8 @@ class GenerateRequest(_message.Message):
     workflow_id: str
     workflow_shape: WorkflowShape
     shared_prefix_tokens: int
-    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., workload_class: _Optional[_Union[WorkloadClass, str]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., compliance: _Optional[_Union[Compliance, _Mapping]] = ..., client_location: _Optional[_Union[GeoPoint, _Mapping]] = ..., prefix_key: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., decision_detail: _Optional[_Union[DecisionDetail, str]] = ..., workflow_id: _Optional[str] = ..., workflow_shape: _Optional[_Union[WorkflowShape, str]] = ..., shared_prefix_tokens: _Optional[int] = ...) -> None: ...
+    engine_fields_json: str
+    def __init__(self, tenant: _Optional[str] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., workload_class: _Optional[_Union[WorkloadClass, str]] = ..., slo: _Optional[_Union[Slo, _Mapping]] = ..., compliance: _Optional[_Union[Compliance, _Mapping]] = ..., client_location: _Optional[_Union[GeoPoint, _Mapping]] = ..., prefix_key: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., decision_detail: _Optional[_Union[DecisionDetail, str]] = ..., workflow_id: _Optional[str] = ..., workflow_shape: _Optional[_Union[WorkflowShape, str]] = ..., shared_prefix_tokens: _Optional[int] = ..., engine_fields_json: _Optional[str] = ...) -> None: ...
 
 class EnergyEstimate(_message.Message):
     __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "prefill_j", "decode_j", "idle_j", "provenance")

@@ -71,7 +71,9 @@ FIELD_VALUES: dict[str, Any] = {
     "top_logprobs": 5, "logit_bias": {"42": 100}, "response_format": {"type": "json_object"},
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
     "tool_choice": "required", "parallel_tool_calls": False, "user": "someone-else", "min_tokens": 3,
-    "ignore_eos": True,
+    "ignore_eos": True, "echo": True, "reasoning_effort": "high", "stop_token_ids": [2],
+    "include_stop_str_in_output": True, "skip_special_tokens": False,
+    "chat_template_kwargs": {"enable_thinking": True},
 }
 
 

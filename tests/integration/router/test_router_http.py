@@ -100,10 +100,10 @@ async def test_the_sync_openai_client_and_its_errors(stub_fleet: Fleet, make_rou
         with pytest.raises(openai.BadRequestError) as unknown:
             client.completions.create(model="no-such-model", prompt="Hello", max_tokens=2)
         assert isinstance(unknown.value.body, dict) and unknown.value.body["param"] == "model"
-        with pytest.raises(openai.BadRequestError) as tools:
+        with pytest.raises(openai.BadRequestError) as functions:
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                           tools=[{"type": "function", "function": {"name": "f"}}])
-        assert "tools" in tools.value.message and "not supported" in tools.value.message
+                                           functions=[{"name": "f"}])
+        assert "functions" in functions.value.message and "not supported" in functions.value.message
         with pytest.raises(openai.BadRequestError) as nowhere:
             client.completions.create(model=MODEL, prompt="Hello", max_tokens=2,
                                       extra_body={"x_scheduler": {"jurisdictions": ["JP"]}})

@@ -1,5 +1,5 @@
-"""What ``gate measure`` takes from one answered stream: a router's ``energy_receipt`` event, a
-region's ``energy`` object, or why there is no sample."""
+"""What ``gate measure`` takes from one answered stream: a router's receipt (in its usage chunk or
+its ``energy_receipt`` event), a region's ``energy`` object, or why there is no sample."""
 
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ def test_a_routers_receipt_event() -> None:
                   "event: energy_receipt", f"data: {json.dumps({'energy_receipt': receipt})}", "")
     assert sample.place == "us-east/h100-chat" and sample.config_version == "cfg-7"  # type: ignore[attr-defined]
     assert sample.j_per_token == pytest.approx(12.0 / 40) and sample.measurement_source == "model"  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(30)
+def test_a_routers_receipt_in_its_usage_chunk() -> None:
+    receipt = {**ENERGY, "region": "us-east", "pool": "h100-chat", "completion_tokens": 40, "prompt_tokens": 20,
+               "config_version": "cfg-8"}
+    usage = {**USAGE, "energy_receipt": receipt}
+    sample = read(CONTENT, "", f'data: {json.dumps({"choices": [], "usage": usage})}', "", "data: [DONE]", "")
+    assert sample.place == "us-east/h100-chat" and sample.config_version == "cfg-8"  # type: ignore[attr-defined]
 
 
 @pytest.mark.timeout(30)

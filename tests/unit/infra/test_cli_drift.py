@@ -174,7 +174,7 @@ def _region(doc: Doc) -> RegionConfig:
 
 
 POOL_KEYS = {"device", "model_dir", "served_model", "max_model_len", "max_num_seqs", "gpu_memory_utilization",
-             "enforce_eager", "tensor_parallel", "replicas", "accelerator_type"}
+             "enforce_eager", "tensor_parallel", "autoscaling", "accelerator_type"}
 
 
 @pytest.mark.parametrize("doc", RAYSERVICES, ids=lambda d: d.name)
@@ -198,8 +198,11 @@ def test_serve_args_have_one_deployment_per_pool(doc: Doc) -> None:
         assert entry["max_model_len"] == model.max_context
         assert entry["tensor_parallel"] == model.tensor_parallel
         assert entry["accelerator_type"] == render.RAY_ACCELERATOR_TYPE[pool.gpu]
-        # No more GPUs than the pool declares, and at least one replica.
-        assert entry["replicas"] >= 1 and entry["replicas"] * entry["tensor_parallel"] <= max(pool.count, model.tensor_parallel)
+        # No more GPUs than the pool declares, and at least one replica at the most.
+        scaling = entry["autoscaling"]
+        assert 0 <= scaling["min_replicas"] <= scaling["max_replicas"]
+        assert scaling["max_replicas"] >= 1
+        assert scaling["max_replicas"] * entry["tensor_parallel"] <= max(pool.count, model.tensor_parallel)
     # The router reaches the region where its gateway listens: the app's route prefix on Serve's port.
     assert region.endpoint.endswith(app["route_prefix"])
     assert f":{_serve_config(doc)['http_options']['port']}/" in region.endpoint
@@ -226,7 +229,7 @@ def test_one_gpu_worker_group_per_pool_advertising_its_accelerator(doc: Doc) -> 
         assert gpus >= entry["tensor_parallel"], "a replica's tensor-parallel GPUs sit on one worker"
         assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
         # Every replica fits on the group at its largest, and the group is no larger than the pool.
-        assert group["maxReplicas"] * (gpus // entry["tensor_parallel"]) >= entry["replicas"]
+        assert group["maxReplicas"] * (gpus // entry["tensor_parallel"]) >= entry["autoscaling"]["max_replicas"]
         assert (group["maxReplicas"] - 1) * gpus < pool.count
         # What the KubeRay autoscaler believes a worker of this group offers, before one exists:
         # the GPUs and the accelerator type the pool's deployment asks for.

@@ -148,7 +148,7 @@ def test_receipts_are_measured_per_replica_and_the_gpus_joules_are_all_accounted
     region = next(r for r in load_checked_fleet().regions if r.name == "eu-north")
     replicas = [FakeReplica("LLMServer:h200-long#a", gpus[0], 0), FakeReplica("LLMServer:h200-long#b", gpus[1], 1)]
     pool = FakePool(replicas, route=[0, 0, 1])
-    settings = GatewaySettings(region=region, pools={POOL: PoolEngine("tiny-llama", 2048, replicas=2)},
+    settings = GatewaySettings(region=region, pools={POOL: PoolEngine("tiny-llama", 2048)},
                                tickets="disabled", meter_interval_s=METER_INTERVAL_S)
     cls = RegionGateway.func_or_class  # type: ignore[attr-defined]
 

@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from scheduler.server.dispatch import DispatchSettings, RegionStream, _RegionFailed
+from scheduler.server.dispatch import DispatchSettings, RegionStream, _RegionFailed, merge_fields
+from scheduler.sse import SseParser
 
 CHUNK = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
          "choices": [{"index": 0, "text": "lorem ", "logprobs": None, "finish_reason": None, "stop_reason": None}],
@@ -29,6 +30,8 @@ PAYLOADS: list[Any] = [
     {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": None}]},
     {"choices": [{"index": 0, "delta": {"content": "hi"}, "text": "no", "finish_reason": "stop"}]},
     {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 16}},
+    {**CHUNK, "choices": [{**CHUNK["choices"][0], "logprobs": {"tokens": ["lorem "], "token_logprobs": [-0.5]}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]},
 ]
 
 
@@ -43,6 +46,35 @@ def test_the_one_step_path_reads_what_the_general_path_reads(event: Any) -> None
     fast, general = stream(), stream()
     assert fast._event(payload) == general._general_event(payload)
     assert (fast.usage, fast.energy) == (general.usage, general.energy)
+    assert (fast._delta_fields, fast._logprobs) == (general._delta_fields, general._logprobs)
+
+
+def test_what_a_choice_carries_beside_text_is_kept_merged_and_counted() -> None:
+    region = stream()
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": [
+            {"index": 0, "id": "call_1", "function": {"name": "weather", "arguments": ""}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"city"'}}],
+                                            "reasoning_content": None}}]},
+        {"choices": [{"index": 0, "delta": {"content": "ok", "tool_calls": []},
+                      "logprobs": {"content": [{"token": "ok", "logprob": -0.1}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    texts: list[str] = []
+    data = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)
+    finish, done = region._take(SseParser(), data, texts)
+    assert (texts, finish, done) == (["ok"], "tool_calls", False)
+    assert region.content_events == 3  # the two tool-call deltas and the text
+    assert region._delta_fields == {"tool_calls": [
+        {"index": 0, "id": "call_1", "function": {"name": "weather", "arguments": ""}},
+        {"index": 0, "function": {"arguments": '{"city"'}}]}
+    assert region._logprobs == {"content": [{"token": "ok", "logprob": -0.1}]}
+
+
+def test_merge_joins_text_and_lists_and_keeps_the_later_scalar() -> None:
+    merged = merge_fields({"reasoning_content": "be", "logprobs": {"tokens": ["a"], "n": 1}},
+                          {"reasoning_content": "cause", "logprobs": {"tokens": ["b"], "n": 2}, "x": 1})
+    assert merged == {"reasoning_content": "because", "logprobs": {"tokens": ["a", "b"], "n": 2}, "x": 1}
 
 
 @pytest.mark.parametrize("payload", [b"not json", b"[1, 2]", b'"text"',

@@ -1,0 +1,43 @@
+"""Warm and starting replicas per pool from Ray Serve's own status objects
+(scheduler.serve.warmth): what the region publishes so that the router knows a pool at zero."""
+
+from __future__ import annotations
+
+import pytest
+from ray.serve._private.common import DeploymentStatus, DeploymentStatusTrigger, ReplicaState
+from ray.serve.schema import ApplicationStatus, ApplicationStatusOverview, DeploymentStatusOverview, ServeStatus
+
+from scheduler.serve.warmth import PoolReplicas, pool_replicas
+
+
+def deployment(**states: int) -> DeploymentStatusOverview:
+    return DeploymentStatusOverview(
+        status=DeploymentStatus.HEALTHY, status_trigger=DeploymentStatusTrigger.AUTOSCALING, message="",
+        replica_states={ReplicaState(name): count for name, count in states.items()})
+
+
+STATUS = ServeStatus(applications={"eu-north": ApplicationStatusOverview(
+    status=ApplicationStatus.RUNNING, message="", last_deployed_time_s=0.0, deployments={
+        "LLMServer:eu-north:h200-long:tiny": deployment(RUNNING=2, STARTING=1),
+        "LLMServer:eu-north:a100-batch:tiny": deployment(STOPPING=1),
+        "LLMServer:eu-north:h100-chat:tiny": deployment(PENDING_MIGRATION=1, RECOVERING=1, UPDATING=1),
+        "RegionGateway:eu-north": deployment(RUNNING=1),
+    })})
+DEPLOYMENTS = {"h200-long": "LLMServer:eu-north:h200-long:tiny", "a100-batch": "LLMServer:eu-north:a100-batch:tiny",
+               "h100-chat": "LLMServer:eu-north:h100-chat:tiny", "l4": "LLMServer:eu-north:l4:tiny"}
+
+
+@pytest.mark.timeout(30)
+def test_pool_replicas_counts_serving_and_starting_replicas() -> None:
+    assert pool_replicas(STATUS, "eu-north", DEPLOYMENTS) == {
+        "h200-long": PoolReplicas(warm=2, starting=1),
+        "a100-batch": PoolReplicas(warm=0, starting=0),  # going down: at zero for the router
+        "h100-chat": PoolReplicas(warm=1, starting=2),
+        "l4": PoolReplicas(warm=0, starting=0),  # not deployed (yet)
+    }
+
+
+@pytest.mark.timeout(30)
+def test_an_application_serve_does_not_list_has_no_replica() -> None:
+    assert pool_replicas(STATUS, "us-west", {"h100-chat": "LLMServer:us-west:h100-chat:tiny"}) == {
+        "h100-chat": PoolReplicas(0, 0)}
