@@ -676,6 +676,10 @@ def _region_files(options: RenderOptions, region_sources: list[Path]) -> dict[st
     files = {}
     for source in region_sources:
         region = load_region(source)
+        if region.kind == "vllm":
+            # Its servers are the operator's own; a RayService here would start a second copy.
+            raise ValueError(f"{_source(source)}: kind vllm: this renders Ray Serve regions only; deploy a plain vLLM "
+                             "region's servers and its `scheduler region scrape` side-car yourself (docs/byo-vllm.md)")
         # One file per region, both objects: a region in its own cluster applies just this file.
         files[region.name] = (_dump(_source(source), rayservice(region, parse(source), options),
                                     network_policy(region, options)),

@@ -150,7 +150,9 @@ def failover(target: router_pb2.DirectTarget, exc: Exception, received_text: boo
 
 def no_targets() -> SchedulerRpcError:
     return SchedulerRpcError(grpc.StatusCode.FAILED_PRECONDITION,
-                            "the router signs no dispatch tickets (it runs without ticket keys): use mode='proxy'")
+                            "no direct-mode targets: the router signs no dispatch tickets (it runs without ticket "
+                            "keys), or every candidate is a plain vLLM region (reached through the router only): "
+                            "use mode='proxy'")
 
 
 def exhausted(failovers: list[pb.Failover]) -> UnavailableError:

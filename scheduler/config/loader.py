@@ -12,7 +12,7 @@ Every problem found is reported, not just the first, so an operator fixes a file
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -103,9 +103,14 @@ def parse(path: Path) -> dict[str, Any]:
 
 def default_region(raw: dict[str, Any]) -> dict[str, Any]:
     """A region's carbon source defaults to CSV replay of its grid zone; a pool's power cap
-    to its GPU's TDP. Only absent keys are filled; a present but bad value stays for
+    to its GPU's TDP; a plain vLLM region's endpoint (what the routers probe, and list) to its
+    pools' first server. Only absent keys are filled; a present but bad value stays for
     validation to report."""
     region = dict(raw)
+    if region.get("kind") == "vllm" and "endpoint" not in region:
+        first = _first_vllm_url(region.get("pools"))
+        if first is not None:
+            region["endpoint"] = first
     carbon = region.get("carbon", {})
     if isinstance(carbon, dict):
         carbon = dict(carbon)
@@ -127,6 +132,20 @@ def default_region(raw: dict[str, Any]) -> dict[str, Any]:
     return region
 
 
+def _first_vllm_url(pools: object) -> str | None:
+    """The first server URL of the region's pools (one validation would refuse is passed over:
+    its pool's error names it, the endpoint's would only repeat it)."""
+    if not isinstance(pools, list):
+        return None
+    for pool in pools:
+        servers = pool.get("vllm") if isinstance(pool, dict) else None
+        urls = servers.get("urls") if isinstance(servers, dict) else None
+        for url in urls if isinstance(urls, list) else ():
+            if isinstance(url, str) and url.startswith(("http://", "https://")):
+                return url
+    return None
+
+
 # --- validate ----------------------------------------------------------------------------
 
 
@@ -135,7 +154,7 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part.startswith(("function-", "json-or-python")):
+        elif part.startswith(("function-", "json-or-python")) or part == "[key]":  # a mapping's key: named before
             continue
         else:
             path += f".{part}" if path else str(part)
@@ -158,10 +177,21 @@ def validate(model: type[ModelT], raw: Mapping[str, Any], source: str) -> ModelT
     try:
         return model.model_validate_json(json.dumps(raw, default=str), strict=True)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False)
         raise ConfigError(
             ConfigIssue(source, field_path(tuple(err["loc"])), _describe(err))
-            for err in exc.errors(include_url=False)
+            for err in errors if not _echo_of_item_error(err, errors)
         ) from None
+
+
+def _echo_of_item_error(error: Mapping[str, Any], errors: Sequence[Mapping[str, Any]]) -> bool:
+    """Pydantic follows an item's error in a tuple with a minimum length by "should have at
+    least 1 item after validation, not 0" for that tuple and each one around it: the item's
+    error says what to fix; these only repeat it."""
+    if error["type"] != "too_short" or "after validation" not in str(error["msg"]):
+        return False
+    loc = tuple(error["loc"])
+    return any(len(other["loc"]) > len(loc) and tuple(other["loc"][: len(loc)]) == loc for other in errors)
 
 
 # --- build -------------------------------------------------------------------------------

@@ -136,6 +136,32 @@ class ModelDeployment(Strict):
     autoscaling: Autoscaling | None = None
 
 
+BaseUrl = Annotated[str, Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
+
+
+class VllmServers(Strict):
+    """The plain vLLM OpenAI servers (``vllm serve``) behind a pool of a region of kind ``vllm``
+    (docs/byo-vllm.md): the router dispatches to them directly, and ``scheduler region scrape``
+    reads their ``/metrics`` into the region's live state."""
+
+    # Base URLs, without /v1 (``http://10.0.0.5:8000``); a pool's requests are spread over them.
+    urls: tuple[BaseUrl, ...] = Field(min_length=1)
+    # The name each of the pool's models is served under (vLLM's --served-model-name), where it
+    # is not the model's catalogue name.
+    served_model_names: dict[ModelName, str] = Field(default_factory=dict)
+    # The environment variable that holds the servers' API key (vLLM's --api-key), set on every
+    # router and on the side-car (the key itself never goes in a config file); None: the servers
+    # check no key.
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]{0,127}$")] | None = None
+
+    @model_validator(mode="after")
+    def _unique_urls(self) -> VllmServers:
+        repeated = sorted({url for url in self.urls if self.urls.count(url) > 1})
+        if repeated:
+            raise ValueError(f"urls: a server is listed twice: {repeated}")
+        return self
+
+
 class PoolConfig(Strict):
     name: Slug
     gpu: GpuName
@@ -146,6 +172,12 @@ class PoolConfig(Strict):
     # draw meanwhile (None: derived, scheduler.energy.cold_start; docs/objective.md).
     cold_start_s: Duration | None = None
     cold_start_j: float | None = Field(default=None, ge=0)
+    # Only in a region of kind ``vllm``: the servers this pool is.
+    vllm: VllmServers | None = None
+
+    def served_model_name(self, model: str) -> str:
+        """The name the pool's engine knows ``model`` by (the catalogue name unless renamed)."""
+        return model if self.vllm is None else self.vllm.served_model_names.get(model, model)
 
     @model_validator(mode="after")
     def _replicas_fit(self) -> PoolConfig:
@@ -161,6 +193,11 @@ class PoolConfig(Strict):
                     f"GPUs but the pool has count={self.count}"
                 )
         replica_ranges(self)  # raises when the models' max replicas need more GPUs than count
+        if self.vllm is not None:
+            names = [deployment.name for deployment in self.models]
+            unknown = [name for name in self.vllm.served_model_names if name not in names]
+            if unknown:
+                raise ValueError(f"vllm.served_model_names: {unknown} are not models of this pool (models: {names})")
         return self
 
 
@@ -195,6 +232,12 @@ class LocalProfile(Strict):
 
 class RegionConfig(Strict):
     name: Slug
+    # ray-serve: the project's Ray Serve region application (RegionGateway: tickets enforced,
+    # live state and measured energy published by the region). vllm: plain vLLM OpenAI servers
+    # (each pool's ``vllm.urls``): the router dispatches straight to them, tickets cannot be
+    # enforced, energy is the model's, live state comes from ``scheduler region scrape``
+    # (docs/byo-vllm.md).
+    kind: Literal["ray-serve", "vllm"] = "ray-serve"
     jurisdiction: Jurisdiction
     certifications: tuple[str, ...] = ()
     grid_zone: str = Field(min_length=1)
@@ -224,6 +267,46 @@ class RegionConfig(Strict):
             if len(set(local)) != len(local):
                 raise ValueError(f"local.pools: a pool is listed twice: {local}")
         return self
+
+    @model_validator(mode="after")
+    def _kind_fits(self) -> RegionConfig:
+        with_servers = [pool.name for pool in self.pools if pool.vllm is not None]
+        if self.kind == "ray-serve":
+            if with_servers:
+                raise ValueError(f"pools {with_servers} list vllm servers, which only a region of kind 'vllm' has "
+                                 "(set kind: vllm, or remove their vllm section)")
+            return self
+        missing = [pool.name for pool in self.pools if pool.vllm is None]
+        if missing:
+            raise ValueError(f"kind 'vllm': pools {missing} have no vllm.urls (each pool of a plain vLLM region names "
+                             "its servers)")
+        if self.local is not None:
+            raise ValueError("kind 'vllm': a plain vLLM region has no local profile (`scheduler up` runs only "
+                             "ray-serve regions); remove local")
+        if self.eco:
+            raise ValueError("kind 'vllm': eco needs the region to set its GPUs' power caps, which a plain vLLM "
+                             "server does not; set the caps on the hosts and remove eco")
+        # Ray Serve's autoscaler sizes a ray-serve region's deployments; plain servers run as
+        # the operator started them, always warm.
+        scaled = [f"{pool.name}/{model.name}" for pool in self.pools for model in pool.models
+                  if model.autoscaling is not None]
+        cold = [pool.name for pool in self.pools if pool.cold_start_s is not None or pool.cold_start_j is not None]
+        if scaled or cold:
+            raise ValueError(f"kind 'vllm': plain vLLM servers are neither autoscaled nor woken from zero; remove "
+                             f"{', '.join([*(f'autoscaling of {m}' for m in scaled), *(f'cold_start of {p}' for p in cold)])}")
+        return self
+
+    @property
+    def tickets_enforced(self) -> bool:
+        """Whether the region refuses a request without a valid dispatch ticket (only the Ray
+        Serve gateway checks them; a plain vLLM server runs whatever reaches it)."""
+        return self.kind == "ray-serve"
+
+    @property
+    def energy_measured(self) -> bool:
+        """Whether the region can report measured energy (its gateway's NVML meter, where a GPU
+        is); a plain vLLM region's energy is always the model's."""
+        return self.kind == "ray-serve"
 
 
 WORKLOAD_CLASS_NAMES = ("interactive", "batch", "deferrable")

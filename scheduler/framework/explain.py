@@ -82,6 +82,9 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
             "precision": chosen.candidate.deployment.precision,
             **warmth_of(decision, chosen.candidate),
             "energy": None if decision.energy is None else asdict(decision.energy),
+            "kind": chosen.candidate.region.kind,
+            "tickets_enforced": chosen.candidate.region.tickets_enforced,
+            "energy_measured": chosen.candidate.region.energy_measured,
         },
         "candidates": [
             {
@@ -93,6 +96,7 @@ def explain_dict(decision: Decision) -> dict[str, Any]:
                 "costs": dict(s.costs),
                 "total": s.total,
                 "bounds": bounds.get(s.candidate.key, []),
+                "tickets_enforced": s.candidate.region.tickets_enforced,
             }
             for s in decision.ranked
         ],
@@ -146,6 +150,10 @@ def explain_table(decision: Decision) -> str:
                 for name, w in zip(decision.scorer_names, widths, strict=True))
             lines.append(f"{rank:<5} {c.region.name:<14} {c.pool.name:<12} {c.gpu.name:<11} "
                          f"{warmth_text(decision, c):<22}{cells} {_number(s.total):>11}")
+        plain = sorted({s.candidate.region.name for s in decision.ranked if not s.candidate.region.tickets_enforced})
+        if plain:
+            lines.append(f"plain vLLM  {', '.join(plain)} (kind vllm): tickets_enforced false (a dispatch ticket is not "
+                         "checked there), energy modelled, not measured")
     if decision.rejected:
         lines.append("rejected")
         for r in decision.rejected:

@@ -82,6 +82,26 @@ class LedgerService:
         current = dataclasses.replace(used, energy_j=energy, carbon_g=carbon)
         return self.ledger.evaluate(current, request.workload_class, stale)
 
+    def budget_samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """Gauges of each budgeted tenant's month (as last read from the store, shared by the
+        routers) and its limits: ``scheduler_tenant_budget_used{tenant, kind}`` and
+        ``scheduler_tenant_budget_limit{tenant, kind, level}``; kind: energy_j | carbon_g."""
+        samples: list[tuple[str, dict[str, str], float]] = []
+        for tenant, budget in sorted(self.ledger.budgets.items()):
+            cached = self._usage.get(tenant)
+            if cached is not None:
+                used = cached[0]
+                samples += [("scheduler_tenant_budget_used", {"tenant": tenant, "kind": "energy_j"}, used.energy_j),
+                            ("scheduler_tenant_budget_used", {"tenant": tenant, "kind": "carbon_g"}, used.carbon_g)]
+            for kind, level, limit in (("energy_j", "soft", budget.soft_energy_j),
+                                       ("energy_j", "hard", budget.hard_energy_j),
+                                       ("carbon_g", "soft", budget.soft_carbon_g),
+                                       ("carbon_g", "hard", budget.hard_carbon_g)):
+                if limit is not None:
+                    samples.append(("scheduler_tenant_budget_limit",
+                                    {"tenant": tenant, "kind": kind, "level": level}, limit))
+        return samples
+
     async def start(self) -> None:
         await self._refresh()
         self._task = start_loop(self._run, "ledger")

@@ -130,6 +130,9 @@ def llm_config(options: EngineOptions) -> Any:
 def local_pools(region: RegionConfig, base: EngineOptions | None = None) -> dict[str, EngineOptions]:
     """The pools the region runs locally (its ``local`` profile), each with its context limit and
     replica range (the profile's ``autoscaling`` block, else one replica always up)."""
+    if region.kind == "vllm":
+        raise ValueError(f"region {region.name} is plain vLLM servers (kind vllm): they run outside Ray; route to "
+                         "them with `scheduler region scrape` beside them (docs/byo-vllm.md)")
     if region.local is None:
         raise ValueError(
             f"region {region.name} has no 'local' profile: add e.g. `local: {{model: tiny-llama, pools: "

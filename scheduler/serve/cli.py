@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -14,8 +15,10 @@ from typing import Any
 from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
+from scheduler.config.schema import RegionConfig
 from scheduler.serve import DEFAULT_LOCAL_REGIONS
 from scheduler.server.auth import KeyRing, NewKey, create_key
+from scheduler.state.store import StateStore
 
 # The local stack's key: an admin of tenant "local" (the demo's requests name other tenants),
 # with a rate no replay reaches; made fresh for every run and kept in memory only.
@@ -50,6 +53,100 @@ def register(sub: Any) -> None:
     up.add_argument("--demo", action="store_true", help="replay a trace slice, print a report, shut down, exit")
     up.add_argument("--demo-requests", type=int, default=150, help="requests to replay with --demo")
     up.set_defaults(handler=_up)
+    register_region(sub)
+
+
+def register_region(sub: Any) -> None:
+    region = sub.add_parser("region", help="a region's side-cars (plain vLLM regions: docs/byo-vllm.md)")
+    actions = region.add_subparsers(dest="region_command", required=True, metavar="ACTION")
+    scrape = actions.add_parser("scrape", help="publish a plain vLLM region's live state (kind: vllm), read from "
+                                               "its servers' /metrics, about once a second")
+    add_config_dirs(scrape)
+    scrape.add_argument("--region", required=True, help="the region (its file in --regions says kind: vllm)")
+    scrape.add_argument("--state", default=None,
+                        help="state store URL, the routers' (default: from --state-file, else $SCHEDULER_STATE)")
+    scrape.add_argument("--state-file", type=Path, metavar="PATH",
+                        help="a file holding the state store URL (keeps a password out of the process list)")
+    scrape.add_argument("--namespace", default="default", help="key namespace in the state store, the routers' "
+                                                              "(default: %(default)s)")
+    scrape.add_argument("--interval", type=float, default=1.0, help="seconds between passes (default: %(default)s)")
+    scrape.add_argument("--timeout", type=float, default=1.0,
+                        help="seconds a server has to answer a pass (default: %(default)s)")
+    scrape.add_argument("--once", action="store_true", help="one pass: publish it, print it as JSON, exit "
+                                                           "(1 when no pool answered)")
+    scrape.set_defaults(handler=_scrape)
+
+
+def _scrape(args: argparse.Namespace) -> int:
+    from scheduler.plugins import load_checked_fleet
+    from scheduler.state.factory import open_store
+    from scheduler.state.url import StateUrlError, resolve_state_url
+
+    try:
+        fleet = load_checked_fleet(args.regions, args.policies)
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(issue, file=sys.stderr)
+        return exit_codes.CONFIG
+    region = next((r for r in fleet.regions if r.name == args.region), None)
+    if region is None:
+        print(f"--region: no region {args.region!r} in {args.regions} (regions: "
+              f"{', '.join(r.name for r in fleet.regions)})", file=sys.stderr)
+        return exit_codes.CONFIG
+    if region.kind != "vllm":
+        print(f"--region {region.name}: its kind is {region.kind!r}: its gateway publishes its own live state; "
+              "only a region of kind 'vllm' is scraped (docs/byo-vllm.md)", file=sys.stderr)
+        return exit_codes.CONFIG
+    if not (args.interval > 0 and args.timeout > 0):
+        print(f"--interval and --timeout: expected seconds > 0, got {args.interval} and {args.timeout}",
+              file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        state = resolve_state_url(args.state, args.state_file, "")
+    except StateUrlError as exc:
+        print(exc, file=sys.stderr)
+        return exit_codes.USAGE
+    if not state.url or state.url == "memory":
+        print("--state: the routers' shared store, redis://HOST:PORT/DB (an in-memory store reaches no router)",
+              file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        store = open_store(state.url, args.namespace)
+    except ValueError as exc:
+        print(f"{state.source}: {exc}", file=sys.stderr)
+        return exit_codes.USAGE
+    return asyncio.run(_scrape_region(region, store, args.interval, args.timeout, args.once))
+
+
+async def _scrape_region(region: RegionConfig, store: StateStore, interval_s: float, timeout_s: float, once: bool) -> int:
+    import httpx
+
+    from scheduler.serve.publisher import RegionStatePublisher
+    from scheduler.serve.vllm_scrape import VllmRegionSource
+    from scheduler.state import codec
+
+    async with httpx.AsyncClient() as client:
+        publisher = RegionStatePublisher(region.name, VllmRegionSource(region, client, timeout_s), store,
+                                         interval_s=interval_s)
+        try:
+            if once:
+                published = await publisher.publish_once()
+                if published is None:
+                    print(f"region {region.name}: the state store refused the write", file=sys.stderr)
+                    return exit_codes.FAILURE
+                print(codec.encode_region_state(published).decode())
+                return exit_codes.OK if published.healthy else exit_codes.FAILURE
+            servers = sum(len(pool.vllm.urls) for pool in region.pools if pool.vllm is not None)
+            _say(f"region {region.name}: publishing the live state of {servers} vLLM servers every {interval_s:g} s; "
+                 "Ctrl-C to stop")
+            task = asyncio.ensure_future(publisher.run())
+            await _until_signalled()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return exit_codes.OK
+        finally:
+            await store.close()
 
 
 def register_bench(bench: Any) -> None:

@@ -44,7 +44,15 @@ from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
 from scheduler.server.http_api import MAX_BODY_BYTES, build_http_server, server_ssl_context
 from scheduler.server.issuer import TicketIssuer
-from scheduler.server.metrics import METRICS_LIMITS, MetricsEndpoint, RouterMetrics, Sample, http_samples
+from scheduler.server.metrics import (
+    METRICS_LIMITS,
+    MetricsEndpoint,
+    RouterMetrics,
+    Sample,
+    SharedScrapeCounters,
+    fleet_samples,
+    http_samples,
+)
 from scheduler.server.rate_limit import SharedRateLimiter
 from scheduler.server.region_receipts import RegionReceiptIngest
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
@@ -215,6 +223,7 @@ class RouterDeps:
     def book(self, receipt: EnergyReceipt) -> None:
         """Audit and every receipt sink (the ledger): the end of every answered request."""
         self.audit.record(receipt)
+        self.metrics.receipt(receipt)
         for sink in self.receipt_sinks:
             sink(receipt)
 
@@ -299,7 +308,8 @@ def with_services(
                                   critical_workload_classes=builder.policy.critical_workload_classes,
                                   entry_ttl_s=window_s))
     deps.background.append(ledger)
-    deps.gauges.append(lambda: [("scheduler_ledger_pending_receipts", {}, float(ledger.pending))])
+    deps.gauges.append(lambda: [("scheduler_ledger_pending_receipts", {}, float(ledger.pending)),
+                                *ledger.budget_samples()])
     deps.receipt_sinks.append(ledger.sink)
     deps.admission.append(ledger.admit)
     if deps.tickets is not None:
@@ -356,8 +366,8 @@ def router_gauges(deps: RouterDeps) -> list[Sample]:
     snapshot = deps.refresher.current()
     samples: list[Sample] = [
         ("scheduler_router_energy_routing_enabled", {}, float(snapshot.energy_routing_enabled)),
-        ("scheduler_router_active_streams", {}, float(deps.active_streams)),
     ]
+    samples.extend(fleet_samples(snapshot))
     for zone, signal in sorted(snapshot.carbon.items()):
         samples.append(("scheduler_carbon_signal_age_seconds", {"zone": zone}, snapshot.now - signal.observed_at))
     samples.extend(carbon_signal_gauges(snapshot))  # usable now (signal_check), else why not
@@ -433,8 +443,16 @@ async def start_router(address: str, deps: RouterDeps) -> RunningRouter:
             await task.start()
             running._started.append(task)
         if deps.metrics_port is not None:
-            endpoint = MetricsEndpoint(lambda: deps.metrics.exposition(running.samples()), lambda: running.serving,
-                                       host=deps.metrics_host, port=deps.metrics_port, limits=deps.metrics_limits)
+            samples: Callable[[], Iterable[Sample]] = running.samples
+            if deps.metrics.multiprocess_dir is not None:
+                # --workers: the counters each worker reports at scrape time, summed over them.
+                shared = SharedScrapeCounters(Path(deps.metrics.multiprocess_dir), running.samples)
+                await shared.start()
+                running._started.append(shared)
+                samples = shared.merged
+            endpoint = MetricsEndpoint(lambda: deps.metrics.exposition(samples()), lambda: running.serving,
+                                       host=deps.metrics_host, port=deps.metrics_port, limits=deps.metrics_limits,
+                                       reuse_port=deps.reuse_port)
             await endpoint.start()
             running.metrics_endpoint = endpoint
             running._started.append(endpoint)

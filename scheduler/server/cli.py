@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
+    from scheduler.logformat import LOG_FORMATS
     from scheduler.server import config_cli
+    from scheduler.server.tenant_labels import DEFAULT_MAX_TENANT_LABELS
 
     config_cli.register(sub)
     router = sub.add_parser("router", help="run the global router (gRPC)")
@@ -88,6 +90,13 @@ def register(sub: Any) -> None:
                         help="serve Prometheus /metrics and /healthz over plain HTTP on this port (0: any free port)")
     router.add_argument("--metrics-host", default="127.0.0.1",
                         help="address of the /metrics endpoint (default: loopback only; 0.0.0.0 for scrapers)")
+    router.add_argument("--metrics-max-tenants", type=int, default=DEFAULT_MAX_TENANT_LABELS,
+                        help="tenants that get their own label on the per-tenant metrics, per router process; "
+                             "every later tenant is counted as tenant=\"other\" (default "
+                             f"{DEFAULT_MAX_TENANT_LABELS}; docs/deploying.md)")
+    router.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help="text (default) or json: one JSON object a line, with the trace and span ids of "
+                             "the request being served when it is traced (docs/deploying.md)")
     router.add_argument("--http-port", type=int, default=None,
                         help="also serve the HTTP front door on this port: the OpenAI API (/v1/completions, "
                              "/v1/chat/completions, /v1/models) and Route for the SDK's direct mode (Connect "
@@ -141,10 +150,12 @@ def register(sub: Any) -> None:
                              "billed as cancelled (default 30)")
     router.add_argument("--otlp-endpoint", metavar="URL",
                         help="export request traces (OpenTelemetry) to this OTLP collector over http/protobuf, "
-                             "e.g. http://collector:4318 (needs the `otlp` extra; default: tracing off; "
+                             "e.g. http://collector:4318 (needs the `otlp` extra; default: "
+                             "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, else off; "
                              "docs/tracing.md)")
-    router.add_argument("--otlp-service-name", default="carbon-scheduler-router",
-                        help="service.name of the exported traces (default carbon-scheduler-router)")
+    router.add_argument("--otlp-service-name", default=os.environ.get("OTEL_SERVICE_NAME") or "carbon-scheduler-router",
+                        help="service.name of the exported traces (default $OTEL_SERVICE_NAME, else "
+                             "carbon-scheduler-router)")
     from scheduler.server.deferral_settings import add_arguments as add_deferral_arguments
     add_deferral_arguments(router)
     router.set_defaults(handler=_router)
@@ -187,24 +198,34 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.config.loader import ConfigError
     from scheduler.datalayer.snapshot import SnapshotBuilder
     from scheduler.ledger.budget import BudgetError, load_budgets
+    from scheduler.logformat import use_log_format
     from scheduler.plugins import load_checked_fleet
     from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
     from scheduler.server.config_reload import ConfigReloader, ConfigSources, load_local
     from scheduler.server.config_signing import ConfigTrust, SigningError
+    from scheduler.server.edge import current_span
+    from scheduler.server.metrics import RouterMetrics
     from scheduler.server.stream_slots import StreamSlots
     from scheduler.server.tracing import RouterTracing
+    from scheduler.server.workers import MULTIPROC_ENV
     from scheduler.state.factory import open_store
     from scheduler.state.url import StateUrlError, resolve_state_url
     from scheduler.tickets import TicketKeyRing, TicketKeysError
 
+    use_log_format(args.log_format, current_span)
+    if args.metrics_max_tenants < 0:
+        print(f"--metrics-max-tenants: expected an integer >= 0, got {args.metrics_max_tenants}", file=sys.stderr)
+        return 2
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
         print("--tls-cert and --tls-key go together; --tls-client-ca needs them", file=sys.stderr)
         return 2
-    if args.otlp_endpoint:
-        from scheduler.server.tracing import TracingUnavailable, otlp_traces_url
+    from scheduler.server.tracing import TracingUnavailable, otlp_traces_url, traces_endpoint_from
+
+    traces = traces_endpoint_from(args.otlp_endpoint, os.environ)
+    if traces is not None:
         try:
-            otlp_traces_url(args.otlp_endpoint)
+            otlp_traces_url(traces.url, traces.source, traces.exact)
         except TracingUnavailable as exc:
             print(exc, file=sys.stderr)
             return 2
@@ -230,12 +251,20 @@ def _router(args: argparse.Namespace) -> int:
             load_budgets(args.budgets)
         ticket_keys = TicketKeyRing.load(args.ticket_keys) if args.ticket_keys else None
         if ticket_keys is not None:
-            missing = sorted({r.name for r in fleet.regions} - set(ticket_keys.regions))
+            # A plain vLLM region checks no ticket: it needs no key (docs/byo-vllm.md).
+            missing = sorted({r.name for r in fleet.regions if r.tickets_enforced} - set(ticket_keys.regions))
             if missing:
                 raise TicketKeysError(f"{args.ticket_keys}: no keys for regions {missing}")
         # What the router runs on: every file read once, checked as a reload checks it.
         initial = load_local(sources, ticket_keys, str(args.ticket_keys))
         policy, keys, budgets = initial.policy, initial.keys, initial.budgets
+        unset = sorted({f"${pool.vllm.api_key_env} ({region.name}/{pool.name})" for region in fleet.regions
+                        for pool in region.pools if pool.vllm is not None and pool.vllm.api_key_env is not None
+                        and not os.environ.get(pool.vllm.api_key_env)})
+        if unset:
+            print(f"{args.regions}: the API keys of plain vLLM servers are not set in this router's environment: "
+                  f"{', '.join(unset)} (docs/byo-vllm.md)", file=sys.stderr)
+            return exit_codes.CONFIG
     except TicketKeysError as exc:
         print(exc, file=sys.stderr)
         return exit_codes.CONFIG
@@ -272,10 +301,11 @@ def _router(args: argparse.Namespace) -> int:
               "or pass --insecure-no-tickets for development", file=sys.stderr)
         return 2
     tracing = RouterTracing()
-    if args.otlp_endpoint:
+    if traces is not None:
         # One exporter per worker process, each its own service instance.
-        tracing = RouterTracing.otlp(args.otlp_endpoint, args.otlp_service_name,
-                                     instance_id=f"{socket.gethostname()}:{os.getpid()}")
+        tracing = RouterTracing.otlp(traces.url, args.otlp_service_name,
+                                     instance_id=f"{socket.gethostname()}:{os.getpid()}", source=traces.source,
+                                     exact=traces.exact)
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     if trust.allow_unsigned:
         log.warning("--config-allow-unsigned: config versions without a signature are adopted, so whoever can "
@@ -296,16 +326,18 @@ def _router(args: argparse.Namespace) -> int:
                       rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
                       metrics_port=args.metrics_port, ticket_keys=ticket_keys, policies=initial.policies,
                       deferral=deferral)
+    # A worker of --workers counts into the directory its parent made (scheduler.server.workers).
+    multiprocess_dir = os.environ.get(MULTIPROC_ENV) if args.worker_index is not None else None
+    deps.metrics = RouterMetrics(args.metrics_max_tenants, multiprocess_dir)
     deps.direct_targets = args.direct_targets
     deps.tracing = tracing
     deps.metrics_host = args.metrics_host
     deps.http_port, deps.http_host = args.http_port, args.http_host
     deps.grpc_limits, deps.http_limits, deps.metrics_limits = grpc_limits, http_limits, metrics_limits
     if args.worker_index is not None:
-        # One of --workers: the ports are shared (SO_REUSEPORT); each has its own /metrics.
+        # One of --workers: the ports are shared (SO_REUSEPORT), /metrics too: any worker answers
+        # with every worker's counters.
         deps.reuse_port = True
-        if deps.metrics_port is not None:
-            deps.metrics_port += args.worker_index
     from dataclasses import replace
     deps.dispatcher.settings = replace(deps.dispatcher.settings, max_stream_s=args.max_stream_s or None)
     if args.max_streams_per_tenant is not None:

@@ -372,7 +372,7 @@ def validate_bundle(bundle: ConfigBundle, policy_name: str, parts: frozenset[str
             issues.extend(exc.issues)
         if ticket_keys is not None and regions:
             for region in regions:
-                if region.name not in ticket_keys.regions:
+                if region.tickets_enforced and region.name not in ticket_keys.regions:
                     issues.append(ConfigIssue(shown["regions"], "name", f"region {region.name!r} has no dispatch-ticket "
                                               f"keys in {ticket_keys_file} (the ticket keys are not reloaded: add them "
                                               "with `scheduler tickets keygen --rotate` and restart)"))

@@ -326,10 +326,11 @@ def _objective_frame(policy: str, names: tuple[str, ...], units: tuple[str, ...]
 
 
 @functools.lru_cache(maxsize=4096)
-def _candidate_frame(region: str, pool: str, model: str, gpu: str, endpoint: str, precision: str) -> bytes:
+def _candidate_frame(region: str, pool: str, model: str, gpu: str, endpoint: str, precision: str,
+                     tickets_enforced: bool) -> bytes:
     """A ranked candidate's fixed fields, serialised once per candidate."""
     return pb.RankedCandidate(region=region, pool=pool, model=model, gpu=gpu, endpoint=endpoint,
-                              precision=precision).SerializeToString()
+                              precision=precision, tickets_enforced=tickets_enforced).SerializeToString()
 
 
 def decision_to_proto(decision: Decision, decision_id: str, incoming_: Incoming,
@@ -363,7 +364,8 @@ def fill_decision(message: pb.Decision, decision: Decision, decision_id: str, in
             pool = c.pool
             item = ranked.add()
             item.MergeFromString(_candidate_frame(c.region.name, pool.name, c.deployment.name, pool.gpu,
-                                                  c.region.endpoint, c.deployment.precision))
+                                                  c.region.endpoint, c.deployment.precision,
+                                                  c.region.tickets_enforced))
             item.total = totals[i]
             # Item assignment: several times cheaper than passing dicts to the constructor.
             quantities, costs = item.quantities, item.costs
@@ -415,7 +417,7 @@ def regions_to_proto(snapshot: FleetSnapshot) -> list[pb.RegionInfo]:
         live = snapshot.live.get(region.name)
         info = pb.RegionInfo(
             name=region.name, jurisdiction=region.jurisdiction, certifications=list(region.certifications),
-            grid_zone=region.grid_zone, pue=region.pue, endpoint=region.endpoint,
+            grid_zone=region.grid_zone, pue=region.pue, endpoint=region.endpoint, kind=region.kind,
             location=pb.GeoPoint(lat=region.location.lat, lon=region.location.lon),
             pools=[pb.PoolInfo(name=p.name, gpu=p.gpu, count=p.count, models=[m.name for m in p.models])
                    for p in region.pools],

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -150,6 +152,9 @@ class ProxyRun:
     async def __aenter__(self) -> ProxyRun:
         deps = self.deps
         deps.active_streams += 1
+        deps.metrics.active_streams.inc()
+        # The router's own time on the call: decision, admission and tickets, before the region.
+        deps.metrics.proxy_overhead.observe(deps.monotonic() - self.started)
         if self.prefetch:
             self.stream.start()
         if self.snapshot.canary is not None and deps.canary is not None:
@@ -192,12 +197,13 @@ class ProxyRun:
                           and deps.monotonic() >= self.client_deadline - DEADLINE_CLOCK_SLACK_S)
                 self._book("deadline" if passed else "cancelled")
         deps.active_streams -= 1
+        deps.metrics.active_streams.dec()
         deltas, self._deltas = self._deltas, None
         if deltas is not None:
             await deltas.aclose()  # type: ignore[attr-defined]
         await self.stream.aclose()
         if self.stream.failovers:
-            deps.metrics.inc("scheduler_router_failovers_total", amount=len(self.stream.failovers))
+            deps.metrics.failovers(attempt.region for attempt in self.stream.failovers)
         if self.trace.recording:
             self.trace.span.set_attribute("scheduler.failovers", len(self.stream.failovers))
         if self.snapshot.canary is not None and deps.canary is not None:
@@ -271,8 +277,9 @@ class RouterCore:
             # The policy's canary arm decides when it is on and the request's key is in its share
             # (its snapshot carries the arm's policy); else the control does (scheduler.canary).
             snapshot = snapshot_for(incoming.request, snapshot)
+            began = time.perf_counter()
             decision = deps.scheduler.schedule(incoming.request, snapshot)
-            deps.metrics.decision(decision)
+            deps.metrics.decision(decision, time.perf_counter() - began)
             if trace.recording:
                 span.set_attributes(decision_attributes(decision))
                 if snapshot.config_version:
@@ -298,6 +305,13 @@ class RouterCore:
               ) -> Routed:
         """The decision and, when the router signs tickets, the top ranked candidates with one
         each: the client may dispatch itself, after the same admission as a proxied stream."""
+        deps = self.deps
+        started = deps.monotonic()
+        routed = self._route(principal, msg, trace)
+        deps.metrics.route_overhead.observe(deps.monotonic() - started)
+        return routed
+
+    def _route(self, principal: Principal, msg: messages_pb2.GenerateRequest, trace: RequestTrace) -> Routed:
         snapshot, incoming, decision = self.decide(principal, msg, trace)
         decision_id = new_id()
         deps = self.deps
@@ -311,10 +325,13 @@ class RouterCore:
         sign = issuer.signer(decision_id=decision_id, request=incoming.request, body=incoming.call.body,
                              endpoint=incoming.call.path, snapshot=snapshot, mode="direct")
         expires_at = issuer.clock() + issuer.ttl_s
+        # A plain vLLM region checks no ticket and writes no receipt: a client streaming from it
+        # directly would go unbilled, so it is reached in proxy mode only (docs/byo-vllm.md).
+        reachable = (candidate for candidate in decision.ranked_candidates if candidate.region.tickets_enforced)
         targets = tuple(
             Target(candidate.region.name, candidate.pool.name, candidate.deployment.name,
                    candidate.region.endpoint.rstrip("/") + incoming.call.path, sign(candidate), expires_at)
-            for candidate in decision.ranked_candidates[: deps.direct_targets]
+            for candidate in islice(reachable, deps.direct_targets)
         )
         return Routed(decision_id, snapshot, incoming, decision, targets)
 

@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+import zlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +132,8 @@ class RegionStream:
     ticket_for: Callable[[Candidate], str] | None = None
     # The request's trace: a span per attempt, its context to the region in ``traceparent``.
     trace: RequestTrace = NO_TRACE
+    # The dispatcher's turns over a plain vLLM pool's servers (shared by its streams).
+    turns: Iterator[int] = field(default_factory=itertools.count)
     candidate: Candidate | None = None
     usage: Mapping[str, Any] | None = None
     energy: Mapping[str, Any] | None = None
@@ -214,19 +219,47 @@ class RegionStream:
         raise errors.Unavailable(f"every candidate failed before the first token: {tried}",
                                  attempts=tuple(self.failovers), retryable=True, retry_after_s=1.0)
 
+    def _server(self, candidate: Candidate) -> str:
+        """The base URL a plain vLLM pool's attempt goes to: the same server for a prefix key
+        (its prefix cache holds the prefix), else the next in turn."""
+        urls = candidate.pool.vllm.urls if candidate.pool.vllm is not None else (candidate.region.endpoint,)
+        if len(urls) == 1:
+            return urls[0]
+        prefix_key = self.x_scheduler.get("prefix_key")
+        turn = zlib.crc32(prefix_key.encode()) if prefix_key else next(self.turns)
+        return urls[turn % len(urls)]
+
     async def _attempt(self, candidate: Candidate) -> AsyncIterator[TextDelta]:
-        url = candidate.region.endpoint.rstrip("/") + self.call.path
-        body = {
-            **self.call.body,
-            "model": candidate.deployment.name,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "x_scheduler": {**self.x_scheduler, "pool": candidate.pool.name},
-        }
-        settings = self.settings
         headers = {"content-type": "application/json"}
-        if self.ticket_for is not None:
-            headers[TICKET_HEADER] = self.ticket_for(candidate)
+        if candidate.region.tickets_enforced:
+            url = candidate.region.endpoint.rstrip("/") + self.call.path
+            body = {
+                **self.call.body,
+                "model": candidate.deployment.name,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "x_scheduler": {**self.x_scheduler, "pool": candidate.pool.name},
+            }
+            if self.ticket_for is not None:
+                headers[TICKET_HEADER] = self.ticket_for(candidate)
+        else:
+            # A plain vLLM server (docs/byo-vllm.md): the OpenAI request alone, under the name the
+            # server knows the model by; it checks no ticket and reads no scheduling hints.
+            url = self._server(candidate).rstrip("/") + self.call.path
+            api_key_env = candidate.pool.vllm.api_key_env if candidate.pool.vllm is not None else None
+            if api_key_env is not None:
+                api_key = os.environ.get(api_key_env)
+                if not api_key:
+                    raise _RegionFailed(f"${api_key_env}, the API key of {candidate.key}'s vLLM servers, is not set "
+                                        "on this router")
+                headers["authorization"] = f"Bearer {api_key}"
+            body = {
+                **self.call.body,
+                "model": candidate.pool.served_model_name(candidate.deployment.name),
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        settings = self.settings
         trace = self.trace
         span = attempt_span(trace, candidate, url, self.call.path, len(self.failovers))
         trace.inject(span, headers)
@@ -397,6 +430,7 @@ class RegionDispatcher:
 
     settings: DispatchSettings = field(default_factory=DispatchSettings)
     clock: Callable[[], float] = time.monotonic
+    turns: Iterator[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
         self.client = HttpClient(max_connections=self.settings.max_connections,
@@ -414,7 +448,7 @@ class RegionDispatcher:
             cap = self.clock() + limit
             deadline_s = cap if deadline_s is None else min(deadline_s, cap)
         return RegionStream(decision, call, self.client, self.settings, deadline_s, x_scheduler, self.clock,
-                            ticket_for, trace)
+                            ticket_for, trace, self.turns)
 
     async def start(self) -> None:
         return None

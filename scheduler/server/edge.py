@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from opentelemetry.trace import Span, get_current_span
 
 from scheduler import errors
 from scheduler.server.auth import KeyRing, Principal
@@ -84,6 +85,13 @@ def current_principal() -> Principal:
 
 def current_trace() -> RequestTrace:
     return _trace.get()
+
+
+def current_span() -> Span:
+    """The span of the call being served when it is traced, else OpenTelemetry's current one
+    (the trace and span ids of ``--log-format json``)."""
+    span = _trace.get().span
+    return span if span.get_span_context().is_valid else get_current_span()
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
@@ -149,7 +157,7 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def _status(self, exc: Exception) -> grpc.Status:
         """The one mapping of an outcome to a status (and the metric a budget refusal adds)."""
         if isinstance(exc, errors.BudgetExhausted):
-            self.metrics.inc("scheduler_budget_rejections_total", {"tenant": exc.tenant})
+            self.metrics.budget_rejection(exc.tenant)
         return status_for(exc)
 
     def _refusal(self, method: str, exc: errors.SchedulerError) -> grpc.RpcMethodHandler[Any, Any]:

@@ -424,7 +424,7 @@ def receipt_object(receipt: EnergyReceipt) -> dict[str, Any]:
         "region": receipt.region, "pool": receipt.pool, "pue": receipt.pue,
         "measurement_source": receipt.measurement_source, "attribution_method": receipt.attribution_method,
         "duration_ms": receipt.duration_ms, "partial": receipt.partial, "end_reason": receipt.end_reason,
-        "carbon_basis": receipt.carbon_basis,
+        "carbon_basis": receipt.carbon_basis, "tickets_enforced": receipt.tickets_enforced,
     }
     if receipt.config_version:
         out["config_version"] = receipt.config_version

@@ -2,7 +2,8 @@
 
 Energy comes from the region's ``energy`` object (measured: ``nvml`` or ``node-share``) when
 it sends one; otherwise from the energy model's estimate for the pool that answered, with
-the token counts the region reported (``measurement_source: model``). A field nothing
+the token counts the region reported (``measurement_source: model``), always so on a plain
+vLLM region (kind ``vllm``, ``tickets_enforced: false``; docs/byo-vllm.md). A field nothing
 measured stays ``None`` (absent in the proto).
 
 Partial receipts: a stream that relayed text and then ended early (the client cancelled, a
@@ -115,9 +116,11 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
     cached = usage.cached_tokens if usage.cached_tokens is not None else 0
     completion = usage.completion_tokens if usage.completion_tokens is not None else inputs.relayed_events
     candidate, snapshot = inputs.candidate, inputs.snapshot
+    # A plain vLLM region measures nothing: an energy object in its stream is not to be trusted.
     energy = (
         energy_fields(inputs.energy)
-        if inputs.energy is not None and number(inputs.energy.get("energy_j")) is not None
+        if inputs.candidate.region.energy_measured and inputs.energy is not None
+        and number(inputs.energy.get("energy_j")) is not None
         else _modelled_energy(inputs, prompt, cached, completion)
     )
     carbon_used = None
@@ -166,6 +169,7 @@ def build_receipt(inputs: ReceiptInputs) -> EnergyReceipt:
         deferral=inputs.deferral,
         embodied_g=embodied_g,
         embodied_basis=embodied_basis,
+        tickets_enforced=candidate.region.tickets_enforced,
         **energy,
     )
 

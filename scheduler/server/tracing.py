@@ -3,10 +3,13 @@ and its receipt as children.
 
 Off by default: ``RouterTracing()`` has no tracer, every request gets ``NO_TRACE`` (OpenTelemetry's
 invalid, non-recording span) and each instrumentation point costs an attribute read or a no-op
-call (``docs/tracing.md``). ``scheduler router --otlp-endpoint URL``
-exports over OTLP http/protobuf (the ``otlp`` extra); tests give ``RouterTracing`` a provider of
-their own (the SDK's in-memory exporter). The provider belongs to one router (``RouterDeps.tracing``),
-never to the process: nothing here touches OpenTelemetry's global provider, propagator or context.
+call (``docs/tracing.md``). ``scheduler router --otlp-endpoint URL``, or the standard
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` variables alone
+(``traces_endpoint_from``), export over OTLP http/protobuf. Only the OpenTelemetry API is a
+dependency: the SDK and the exporter are the ``otlp`` extra, imported when tracing is turned on;
+tests give ``RouterTracing`` a provider of their own (the SDK's in-memory exporter). The
+provider belongs to one router (``RouterDeps.tracing``), never to the process: nothing here
+touches OpenTelemetry's global provider, propagator or context.
 
 The tree of a proxied request::
 
@@ -25,6 +28,7 @@ makes the request span its child.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -32,16 +36,21 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
     from scheduler.server.convert import Incoming
     from scheduler.types import Candidate, Decision, EnergyReceipt
 
 OTLP_EXTRA = "otlp"
+# The standard variables (OpenTelemetry's exporter specification): the traces endpoint, used as
+# it is, else the base endpoint of every signal, to which /v1/traces is added.
+TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+SDK_DISABLED_ENV = "OTEL_SDK_DISABLED"
 DEFAULT_SERVICE_NAME = "carbon-scheduler-router"
 # What the regions serve (gen_ai.provider.name of a dispatch attempt): vLLM's OpenAI-compatible API.
 REGION_PROVIDER = "vllm"
@@ -119,12 +128,15 @@ class RouterTracing:
         return self.tracer is not None
 
     @classmethod
-    def otlp(cls, endpoint: str, service_name: str = DEFAULT_SERVICE_NAME, instance_id: str = "") -> RouterTracing:
+    def otlp(cls, endpoint: str, service_name: str = DEFAULT_SERVICE_NAME, instance_id: str = "",
+             source: str = "--otlp-endpoint", exact: bool = False) -> RouterTracing:
         """Export to an OTLP collector over http/protobuf (``otlp_traces_url``), in batches, from
         the SDK's exporter thread. Sampling, headers and timeouts follow the standard
         ``OTEL_TRACES_SAMPLER*`` and ``OTEL_EXPORTER_OTLP_*`` variables."""
-        url = otlp_traces_url(endpoint)
+        url = otlp_traces_url(endpoint, source, exact)
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         attributes = {"service.name": service_name, "service.version": _version()}
@@ -165,22 +177,50 @@ class RouterTracing:
             await asyncio.to_thread(self.provider.shutdown)
 
 
-def otlp_traces_url(endpoint: str) -> str:
+@dataclass(frozen=True, slots=True)
+class TracesEndpoint:
+    """Where traces go and what said so (a flag or a variable, for the errors)."""
+
+    url: str
+    source: str
+    # True: the URL is the traces endpoint itself (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), used as is.
+    exact: bool = False
+
+
+def traces_endpoint_from(flag: str | None, environ: Mapping[str, str]) -> TracesEndpoint | None:
+    """Where the router exports traces; None: tracing off. ``--otlp-endpoint`` first, else the
+    standard ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (as is), else ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    (a base URL); ``OTEL_SDK_DISABLED=true`` turns the variables' tracing off."""
+    if flag:
+        return TracesEndpoint(flag, "--otlp-endpoint")
+    if environ.get(SDK_DISABLED_ENV, "").strip().lower() == "true":
+        return None
+    if environ.get(TRACES_ENDPOINT_ENV):
+        return TracesEndpoint(environ[TRACES_ENDPOINT_ENV], TRACES_ENDPOINT_ENV, exact=True)
+    if environ.get(ENDPOINT_ENV):
+        return TracesEndpoint(environ[ENDPOINT_ENV], ENDPOINT_ENV)
+    return None
+
+
+def otlp_traces_url(endpoint: str, source: str = "--otlp-endpoint", exact: bool = False) -> str:
     """The OTLP http/protobuf traces URL of a collector's base URL (``http://collector:4318``;
-    ``/v1/traces`` is added unless given). ``TracingUnavailable`` when it is not an http(s) URL or
-    the exporter (the ``otlp`` extra) is not installed: the router refuses to start so."""
+    ``/v1/traces`` is added unless given or ``exact``). ``TracingUnavailable`` naming ``source``
+    when it is not an http(s) URL or the SDK and exporter (the ``otlp`` extra) are not
+    installed: the router refuses to start so."""
     parts = urlsplit(endpoint)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise TracingUnavailable(f"--otlp-endpoint: expected an http(s) URL like http://collector:4318, "
+        raise TracingUnavailable(f"{source}: expected an http(s) URL like http://collector:4318, "
                                  f"got {endpoint!r}")
     try:
-        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
+            importlib.import_module(module)
     except ImportError as exc:
         raise TracingUnavailable(
-            f"--otlp-endpoint needs the OTLP exporter, which is not installed: pip install "
-            f"'carbon-scheduler[{OTLP_EXTRA}]' (opentelemetry-exporter-otlp-proto-http; {exc})") from None
+            f"{source} turns tracing on, which needs the OpenTelemetry SDK and OTLP exporter: pip install "
+            f"'carbon-scheduler[{OTLP_EXTRA}]' (opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http; "
+            f"{exc})") from None
     url = endpoint.rstrip("/")
-    return url if url.endswith("/v1/traces") else url + "/v1/traces"
+    return url if exact or url.endswith("/v1/traces") else url + "/v1/traces"
 
 
 def _version() -> str:

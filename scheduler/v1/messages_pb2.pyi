@@ -159,7 +159,7 @@ class EnergyEstimate(_message.Message):
     def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., idle_j: _Optional[float] = ..., provenance: _Optional[str] = ...) -> None: ...
 
 class RankedCandidate(_message.Message):
-    __slots__ = ("region", "pool", "model", "gpu", "endpoint", "quantities", "costs", "total", "energy", "precision")
+    __slots__ = ("region", "pool", "model", "gpu", "endpoint", "quantities", "costs", "total", "energy", "precision", "tickets_enforced")
     class QuantitiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,7 @@ class RankedCandidate(_message.Message):
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     ENERGY_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
+    TICKETS_ENFORCED_FIELD_NUMBER: _ClassVar[int]
     region: str
     pool: str
     model: str
@@ -194,7 +195,8 @@ class RankedCandidate(_message.Message):
     total: float
     energy: EnergyEstimate
     precision: str
-    def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., endpoint: _Optional[str] = ..., quantities: _Optional[_Mapping[str, float]] = ..., costs: _Optional[_Mapping[str, float]] = ..., total: _Optional[float] = ..., energy: _Optional[_Union[EnergyEstimate, _Mapping]] = ..., precision: _Optional[str] = ...) -> None: ...
+    tickets_enforced: bool
+    def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., endpoint: _Optional[str] = ..., quantities: _Optional[_Mapping[str, float]] = ..., costs: _Optional[_Mapping[str, float]] = ..., total: _Optional[float] = ..., energy: _Optional[_Union[EnergyEstimate, _Mapping]] = ..., precision: _Optional[str] = ..., tickets_enforced: _Optional[bool] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("region", "pool", "plugin", "reason")
@@ -364,7 +366,7 @@ class Failover(_message.Message):
     def __init__(self, region: _Optional[str] = ..., pool: _Optional[str] = ..., error: _Optional[str] = ..., http_status: _Optional[int] = ...) -> None: ...
 
 class EnergyReceipt(_message.Message):
-    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms", "partial", "end_reason", "carbon_basis", "carbon_intensity_g_per_kwh", "config_version", "canary_arm", "precision", "output_budget", "released_at_unix_s", "deferral", "embodied_g", "embodied_basis")
+    __slots__ = ("energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence", "attribution_method", "waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j", "batch_size", "padding_ratio", "prompt_tokens", "completion_tokens", "reused_tokens", "avoided_j", "carbon_g", "carbon_signal", "pue", "region", "pool", "decision_id", "fallbacks", "failovers", "model", "request_id", "ttft_ms", "duration_ms", "partial", "end_reason", "carbon_basis", "carbon_intensity_g_per_kwh", "config_version", "canary_arm", "precision", "output_budget", "released_at_unix_s", "deferral", "embodied_g", "embodied_basis", "tickets_enforced")
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_LOW_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_HIGH_FIELD_NUMBER: _ClassVar[int]
@@ -406,6 +408,7 @@ class EnergyReceipt(_message.Message):
     DEFERRAL_FIELD_NUMBER: _ClassVar[int]
     EMBODIED_G_FIELD_NUMBER: _ClassVar[int]
     EMBODIED_BASIS_FIELD_NUMBER: _ClassVar[int]
+    TICKETS_ENFORCED_FIELD_NUMBER: _ClassVar[int]
     energy_j: float
     energy_j_low: float
     energy_j_high: float
@@ -447,7 +450,8 @@ class EnergyReceipt(_message.Message):
     deferral: str
     embodied_g: float
     embodied_basis: str
-    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., partial: _Optional[bool] = ..., end_reason: _Optional[str] = ..., carbon_basis: _Optional[str] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., precision: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ..., released_at_unix_s: _Optional[float] = ..., deferral: _Optional[str] = ..., embodied_g: _Optional[float] = ..., embodied_basis: _Optional[str] = ...) -> None: ...
+    tickets_enforced: bool
+    def __init__(self, energy_j: _Optional[float] = ..., energy_j_low: _Optional[float] = ..., energy_j_high: _Optional[float] = ..., measurement_source: _Optional[str] = ..., confidence: _Optional[float] = ..., attribution_method: _Optional[str] = ..., waiting_j: _Optional[float] = ..., prefill_j: _Optional[float] = ..., decode_j: _Optional[float] = ..., postprocess_j: _Optional[float] = ..., idle_allocation_j: _Optional[float] = ..., batch_size: _Optional[float] = ..., padding_ratio: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., avoided_j: _Optional[float] = ..., carbon_g: _Optional[float] = ..., carbon_signal: _Optional[_Union[CarbonSignal, _Mapping]] = ..., pue: _Optional[float] = ..., region: _Optional[str] = ..., pool: _Optional[str] = ..., decision_id: _Optional[str] = ..., fallbacks: _Optional[_Iterable[_Union[Fallback, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., model: _Optional[str] = ..., request_id: _Optional[str] = ..., ttft_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., partial: _Optional[bool] = ..., end_reason: _Optional[str] = ..., carbon_basis: _Optional[str] = ..., carbon_intensity_g_per_kwh: _Optional[float] = ..., config_version: _Optional[str] = ..., canary_arm: _Optional[str] = ..., precision: _Optional[str] = ..., output_budget: _Optional[_Union[OutputBudget, _Mapping]] = ..., released_at_unix_s: _Optional[float] = ..., deferral: _Optional[str] = ..., embodied_g: _Optional[float] = ..., embodied_basis: _Optional[str] = ..., tickets_enforced: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("decision", "chunk", "receipt")
@@ -472,7 +476,7 @@ class PoolInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., gpu: _Optional[str] = ..., count: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegionInfo(_message.Message):
-    __slots__ = ("name", "jurisdiction", "certifications", "grid_zone", "pue", "endpoint", "location", "pools", "healthy", "state_age_s", "carbon")
+    __slots__ = ("name", "jurisdiction", "certifications", "grid_zone", "pue", "endpoint", "location", "pools", "healthy", "state_age_s", "carbon", "kind")
     NAME_FIELD_NUMBER: _ClassVar[int]
     JURISDICTION_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -484,6 +488,7 @@ class RegionInfo(_message.Message):
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     STATE_AGE_S_FIELD_NUMBER: _ClassVar[int]
     CARBON_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     name: str
     jurisdiction: str
     certifications: _containers.RepeatedScalarFieldContainer[str]
@@ -495,4 +500,5 @@ class RegionInfo(_message.Message):
     healthy: bool
     state_age_s: float
     carbon: CarbonSignal
-    def __init__(self, name: _Optional[str] = ..., jurisdiction: _Optional[str] = ..., certifications: _Optional[_Iterable[str]] = ..., grid_zone: _Optional[str] = ..., pue: _Optional[float] = ..., endpoint: _Optional[str] = ..., location: _Optional[_Union[GeoPoint, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., healthy: _Optional[bool] = ..., state_age_s: _Optional[float] = ..., carbon: _Optional[_Union[CarbonSignal, _Mapping]] = ...) -> None: ...
+    kind: str
+    def __init__(self, name: _Optional[str] = ..., jurisdiction: _Optional[str] = ..., certifications: _Optional[_Iterable[str]] = ..., grid_zone: _Optional[str] = ..., pue: _Optional[float] = ..., endpoint: _Optional[str] = ..., location: _Optional[_Union[GeoPoint, _Mapping]] = ..., pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., healthy: _Optional[bool] = ..., state_age_s: _Optional[float] = ..., carbon: _Optional[_Union[CarbonSignal, _Mapping]] = ..., kind: _Optional[str] = ...) -> None: ...

@@ -68,6 +68,7 @@ def receipt_to_proto(receipt: EnergyReceipt) -> pb.EnergyReceipt:
         canary_arm=receipt.canary_arm,
         deferral=receipt.deferral,
         embodied_basis=receipt.embodied_basis,
+        tickets_enforced=receipt.tickets_enforced,
     )
     for name in _OPTIONAL_RECEIPT_FIELDS:
         value = getattr(receipt, name)

@@ -131,3 +131,7 @@ class EnergyReceipt:
     # carbon_g only when the policy says so (``embodied_in_carbon``).
     embodied_g: float | None = None
     embodied_basis: str = ""
+    # False: it ran on a plain vLLM region (kind "vllm", docs/byo-vllm.md), which checks no
+    # dispatch ticket and measures no energy. The receipts regions sign come from gateways,
+    # which enforce them.
+    tickets_enforced: bool = True

@@ -199,10 +199,11 @@ async def test_a_slow_candidate_is_rolled_back_on_every_router(tmp_path: Path, s
     assert rollbacks[0]["metrics"] == "ttft_slo_attainment"
     assert {body.get("canary_arm") for body in audit if "decision_id" in body} == {"control", "canary"}
     exposition = router_b.deps.metrics.exposition(router_gauges(router_b.deps))
-    assert 'scheduler_canary_enabled{policy="steady",candidate="thrifty"} 0' in exposition
-    assert 'scheduler_canary_rolled_back{policy="steady",candidate="thrifty"} 1' in exposition
-    assert 'scheduler_canary_rollback_info{policy="steady",candidate="thrifty",epoch="0",' \
-           'metrics="ttft_slo_attainment"} 1' in exposition
+    # (prometheus_client writes labels sorted by name)
+    assert 'scheduler_canary_enabled{candidate="thrifty",policy="steady"} 0' in exposition
+    assert 'scheduler_canary_rolled_back{candidate="thrifty",policy="steady"} 1' in exposition
+    assert 'scheduler_canary_rollback_info{candidate="thrifty",epoch="0",metrics="ttft_slo_attainment",' \
+           'policy="steady"} 1' in exposition
 
     # A tenant key may not read or change it; an admin's CLI reads it.
     with pytest.raises(grpc.aio.AioRpcError) as denied:

@@ -321,12 +321,12 @@ async def test_hot_reload_under_traffic_broken_then_good_and_a_second_router_con
         assert any(f"{hot_a}: max_age.region_state:" in line and "'soon'" in line for line in log_lines), log_lines
 
         async def sighup_counted() -> bool:
-            return 'scheduler_config_reloads_total{trigger="SIGHUP",result="rejected"} 1' in router_a.metrics()
+            return 'scheduler_config_reloads_total{result="rejected",trigger="SIGHUP"} 1' in router_a.metrics()
 
         await wait_for(sighup_counted, 10, "SIGHUP's reload")
         metrics = router_a.metrics()
-        assert f'scheduler_config_problem{{file="{hot_a}",field="max_age.region_state"' in metrics
-        assert 'scheduler_config_reloads_total{trigger="file-change",result="rejected"} 1' in metrics
+        assert f'scheduler_config_problem{{field="max_age.region_state",file="{hot_a}"' in metrics
+        assert 'scheduler_config_reloads_total{result="rejected",trigger="file-change"} 1' in metrics
         assert "scheduler_config_last_reload_ok 0" in metrics
         await asyncio.sleep(1.5)  # traffic goes on (and router B, one sync later, has nothing new)
         during = traffic.since(broken_at, "a") + traffic.since(broken_at, "b")

@@ -1,5 +1,7 @@
 """``scheduler router --workers 2``: two processes on the same ports (SO_REUSEPORT) sharing
-Redis; connections spread over both; a worker that dies is started again; SIGTERM stops all.
+Redis; connections spread over both; ``/metrics`` on the one metrics port answers with both
+workers' counters summed (prometheus_client's multiprocess mode, in the directory the parent
+set up and empties at exit); a worker that dies is started again; SIGTERM stops all.
 Real processes, real Redis (a fresh namespace, deleted afterwards)."""
 
 from __future__ import annotations
@@ -77,15 +79,15 @@ async def test_two_workers_share_the_ports_and_one_that_dies_comes_back(
         raw = shipped[config.name].model_copy(update={"endpoint": config.endpoint}).model_dump(mode="json")
         (regions / f"{config.name}.yaml").write_text(yaml.safe_dump(raw))
     port, http_port, metrics_port = free_port(), free_port(), free_port()
-    while metrics_port + 1 in (port, http_port):
-        metrics_port = free_port()
     log = tmp_path / "router.log"
+    multiproc = tmp_path / "prometheus"
     command = [sys.executable, "-m", "scheduler.cli", "router", "--workers", "2", "--regions", str(regions),
                "--state", REDIS_URL, "--namespace", namespace, "--port", str(port), "--http-port", str(http_port),
                "--metrics-port", str(metrics_port), "--insecure", "--insecure-no-tickets", "--no-carbon-pollers",
                "--grace", "1"]
     with open(log, "wb") as out:
-        parent = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        parent = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(multiproc)})
     try:
         await wait_for(r"router listening on [^\n]+\(worker \d\)", log, 2)
         workers = {c.pid for c in psutil.Process(parent.pid).children()}
@@ -97,13 +99,26 @@ async def test_two_workers_share_the_ports_and_one_that_dies_comes_back(
                 return answer.status_code
 
         assert await asyncio.gather(*(one() for _ in range(40))) == [200] * 40
+        # Each scrape a new connection (either worker may answer): always both workers' sum.
         served = []
-        for index in (0, 1):
+        for _ in range(6):
             async with httpx.AsyncClient() as http:
-                metrics = (await http.get(f"http://127.0.0.1:{metrics_port + index}/metrics")).text
+                metrics = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
             served.append(sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                               if line.startswith("scheduler_router_requests_total") and 'code="OK"' in line))
-        assert sum(served) == 40 and all(n > 0 for n in served), served
+        assert served == [40.0] * 6, served
+        # Both workers counted (one file of counters each).
+        assert len(list(multiproc.glob("counter_*.db"))) == 2
+        # A counter read at scrape time from a worker's own parts (bytes its HTTP port received)
+        # is summed too, once each worker wrote it (every second): every scrape says the same.
+        await asyncio.sleep(1.5)
+        received = set()
+        for _ in range(6):
+            async with httpx.AsyncClient() as http:
+                metrics = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+            received |= {float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                         if line.startswith('scheduler_http_received_bytes_total{port="http"}')}
+        assert len(received) == 1 and min(received) > 40 * len(b"POST /v1/completions"), received
 
         victim = min(workers)
         os.kill(victim, signal.SIGKILL)
@@ -114,4 +129,5 @@ async def test_two_workers_share_the_ports_and_one_that_dies_comes_back(
         parent.send_signal(signal.SIGTERM)
         code = parent.wait(30)
     assert code == 0
+    assert multiproc.is_dir() and not list(multiproc.iterdir())  # the parent emptied it
     assert not [p for p in psutil.process_iter(["cmdline"]) if namespace in " ".join(p.info["cmdline"] or [])]

@@ -62,6 +62,7 @@ def test_the_regions_final_event_becomes_the_receipt(case: Case) -> None:
         assert (receipt.carbon_signal.value, receipt.carbon_signal.age_s) == (100.0, 10.0)
     assert list(receipt.failovers) == [earlier]
     assert not receipt.partial and receipt.end_reason == "complete"
+    assert receipt.tickets_enforced  # a region that writes claims is a gateway, which checks tickets
 
 
 @pytest.mark.timeout(10)
