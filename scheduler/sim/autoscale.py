@@ -128,8 +128,7 @@ class PoolAutoscaler:
         """The new target replica count at ``now`` with ``current`` replicas running and a mean
         of ``ongoing`` requests (the module doc's formula)."""
         s = self.settings
-        if current == 0 and ongoing > 0:  # cold-start fast path
-            self._wish_direction, self._wish_since = 0, None
+        if current == 0 and ongoing > 0:  # cold-start fast path (the wish state as it was)
             self.target = self._bounded(max(math.ceil(1 * s.upscaling_factor), self.target))
             return self.target
         desired: float = self.target if current == 0 else current * (ongoing / (s.target_ongoing_requests * current))
