@@ -3,6 +3,7 @@ code on random traces, and a pool's warm time and cold-start energy as replicas 
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -132,8 +133,8 @@ def test_same_decisions_as_ray_serves_policy_code(seed: int) -> None:
         running = mine[-1] if rng.random() < 0.5 else min(running, mine[-1])
     assert mine == _ray_decisions(settings, trace, replicas)
     targets = [settings.initial(replicas), *mine]
-    assert any(a < b for a, b in zip(targets, targets[1:], strict=False))  # it scaled up
-    assert any(a > b for a, b in zip(targets, targets[1:], strict=False))  # and down
+    assert any(a < b for a, b in itertools.pairwise(targets))  # it scaled up
+    assert any(a > b for a, b in itertools.pairwise(targets))  # and down
 
 
 def _pool(settings: AutoscalingSettings) -> PoolSim:
