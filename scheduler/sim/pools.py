@@ -222,7 +222,7 @@ class PoolSim:
 
     @property
     def busy_s(self) -> float:
-        return sum(r.busy_s for r in self.every)
+        return self.totals.busy_s
 
     @property
     def step_energy_j(self) -> float:
