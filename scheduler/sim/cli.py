@@ -246,6 +246,8 @@ def register(sub: Any) -> None:
     simulate.add_argument("--fixed-sizes", action="store_true",
                           help="every pool runs all its replicas throughout (default: each pool scales by Ray "
                                "Serve's autoscaling policy, with cold starts; docs/simulation.md, 'Autoscaling')")
+    simulate.add_argument("--min-replicas", type=int, default=AutoscalingSettings().min_replicas, metavar="N",
+                          help="every pool's autoscaling min_replicas (0: pools scale to zero; default: Ray Serve's 1)")
     simulate.add_argument("--oracle", action="store_true",
                           help="also solve the hindsight bound (an LP of the hour-by-hour placement with the true "
                                "intensities) and report each policy's gap_to_oracle in fleet gCO2e")
@@ -294,7 +296,10 @@ def _simulate(args: argparse.Namespace) -> int:
 
     policies = [p.strip() for p in args.compare.split(",") if p.strip()]
     try:
-        spec = spec_from_args(args, autoscaling=None if args.fixed_sizes else AutoscalingSettings())
+        if args.min_replicas < 0:
+            raise ValueError(f"--min-replicas must be >= 0, got {args.min_replicas}")
+        spec = spec_from_args(args, autoscaling=None if args.fixed_sizes else
+                              AutoscalingSettings(min_replicas=args.min_replicas))
         results = compare(spec, policies, args.jobs)
         bound = None
         if args.oracle:
