@@ -316,7 +316,7 @@ class RunOutcome:
     counters: Counter[str]
     fallback_ages: FallbackAges
     unschedulable_by: Counter[str]
-    # per "region/pool": its replicas' busy time and replica time over the run [s]
+    # per "region/pool": its replicas' busy time and warm replica time over the run [s]
     busy_s: Mapping[str, float]
     replica_s: Mapping[str, float]
     idle_j: float
