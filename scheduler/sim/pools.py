@@ -204,7 +204,8 @@ class PoolSim:
         live = self._live
         if totals.changed or (arrival_rate, prompt_rate) != (live.arrival_rate, live.prompt_tokens_rate):
             totals.changed = False
-            capacity = (len(self.replicas) + len(self.stopping)) * self.costs.kv_capacity_tokens
+            warm = len(self.replicas) + len(self.stopping)
+            capacity = warm * self.costs.kv_capacity_tokens
             hit_rate = self._hit_rate
             if hit_rate[0] != totals.hits or hit_rate[1] != totals.lookups:
                 # (rounded again only when a lookup was made)
@@ -213,7 +214,9 @@ class PoolSim:
             self._live = _pool_state(
                 totals.waiting,
                 totals.running,
-                rounded(totals.kv_held / capacity, 1000.0, 3) if capacity else 1.0,
+                # a pool at zero has no KV cache in use (vLLM reports none); a replica without
+                # room for any KV is full
+                rounded(totals.kv_held / capacity, 1000.0, 3) if capacity else (1.0 if warm else 0.0),
                 hit_rate[2],
                 arrival_rate,
                 prompt_rate,

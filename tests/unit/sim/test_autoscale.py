@@ -167,9 +167,11 @@ def test_a_pools_warm_time_and_cold_start_energy_as_replicas_come_and_go() -> No
 def test_a_request_at_a_pool_with_no_warm_replica_waits_for_the_first_ready() -> None:
     pool = _pool(AutoscalingSettings(min_replicas=0, initial_replicas=0))
     assert pool.replicas == []
+    assert pool.live(0.0).kv_cache_usage == 0.0  # a pool at zero publishes no KV in use, not a full cache
     seq = Seq(5.0, 100, 50)
     pool.hold(seq)
     assert pool.ongoing == 1 and pool.totals.waiting == 1
+    assert pool.live(5.0).queue_depth == 1
     pool.scale_to(1, 5.0, 60.0, 100.0)
     steps = pool.ready(65.0)
     assert len(steps) == 1 and steps[0][1] == 65.0   # its replica starts a step at once
