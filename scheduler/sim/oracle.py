@@ -23,7 +23,7 @@ Variables: y[g,p] >= 0, the share of group g on pool p (sum over p = 1); n[h,p],
 replicas in hour h (min_replicas <= n <= its replicas; fixed sizes: n = its replicas); u[h,p] >=
 n[h,p] - n[h-1,p], u >= 0, the replicas started (n before the first hour: the initial ones).
 With w[h,p] = PUE x the zone's true intensity in hour h / 3.6e6 [g/J] and L[h] the seconds of
-hour h inside the run:
+hour h between the first and the last arrival:
 
     minimise  sum w[h,p] (sum_g y[g,p] (E[g,p] - idle_w T[g,p]) + idle_w L[h] n[h,p] + cold_start_j u[h,p])
     s.t.      sum_g y[g,p] T[g,p] <= L[h] n[h,p]          (busy time within the warm replicas' time)
