@@ -14,6 +14,7 @@ from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
 from scheduler.config.schema import parse_duration
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
+from scheduler.sim.autoscale import AutoscalingSettings
 from scheduler.sim.carbon_feed import ProviderOutage
 from scheduler.sim.deferral import Deferral
 from scheduler.sim.engine import RegionOutage
@@ -191,7 +192,8 @@ def add_scenario_args(parser: argparse.ArgumentParser, hours: float, rate: float
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> ScenarioSpec:
+def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False,
+                   autoscaling: AutoscalingSettings | None = None) -> ScenarioSpec:
     start = args.start if args.start is not None else datetime(args.carbon_year, 6, 1, tzinfo=UTC).timestamp()
     continents = with_shares(DEFAULT_CONTINENTS, args.clients) if args.clients else DEFAULT_CONTINENTS
     workload = WorkloadConfig(
@@ -223,6 +225,7 @@ def spec_from_args(args: argparse.Namespace, twelve_regions: bool = False) -> Sc
         twelve_regions=twelve_regions,
         deferral=None if args.no_deferral else Deferral(forecast_error=args.forecast_error),
         workflow=args.workflow,
+        autoscaling=autoscaling,
         seed=args.seed,
         progress=not args.no_progress,
     )
@@ -240,6 +243,14 @@ def register(sub: Any) -> None:
     simulate.add_argument("--compare", default=DEFAULT_POLICIES, help="comma-separated policy names")
     simulate.add_argument("--baseline", default="latency-first", help="policy the gCO2e change is measured against")
     add_scenario_args(simulate, hours=24.0, rate=None)
+    simulate.add_argument("--fixed-sizes", action="store_true",
+                          help="every pool runs all its replicas throughout (default: each pool scales by Ray "
+                               "Serve's autoscaling policy, with cold starts; docs/simulation.md, 'Autoscaling')")
+    simulate.add_argument("--min-replicas", type=int, default=AutoscalingSettings().min_replicas, metavar="N",
+                          help="every pool's autoscaling min_replicas (0: pools scale to zero; default: Ray Serve's 1)")
+    simulate.add_argument("--oracle", action="store_true",
+                          help="also solve the hindsight bound (an LP of the hour-by-hour placement with the true "
+                               "intensities) and report each policy's gap_to_oracle in fleet gCO2e")
     simulate.add_argument("--json", action="store_true", help="print the results as JSON")
     simulate.add_argument("--plots", type=Path, default=None, metavar="DIR", help="write PNG plots to DIR")
     simulate.set_defaults(handler=_simulate)
@@ -285,8 +296,17 @@ def _simulate(args: argparse.Namespace) -> int:
 
     policies = [p.strip() for p in args.compare.split(",") if p.strip()]
     try:
-        spec = spec_from_args(args)
+        if args.min_replicas < 0:
+            raise ValueError(f"--min-replicas must be >= 0, got {args.min_replicas}")
+        spec = spec_from_args(args, autoscaling=None if args.fixed_sizes else
+                              AutoscalingSettings(min_replicas=args.min_replicas))
         results = compare(spec, policies, args.jobs)
+        bound = None
+        if args.oracle:
+            from scheduler.sim.oracle import solve_bound, with_gaps
+
+            bound = solve_bound(spec)
+            results = with_gaps(results, bound)
     except (ConfigError, CarbonCsvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.CONFIG
@@ -294,9 +314,11 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.FAILURE
     if args.json:
-        print(to_json(results, spec.describe()))
+        print(to_json(results, spec.describe(), None if bound is None else bound.to_json()))
     else:
         print(format_table(results, args.baseline if args.baseline in policies else None))
+        if bound is not None:
+            print("\n" + bound.describe())
     if args.plots is not None:
         from scheduler.sim.carbon_feed import CarbonReplay
         from scheduler.sim.plots import write_plots

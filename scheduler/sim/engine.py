@@ -22,8 +22,21 @@ predicted (``scheduler.sim.predicted``) and the true age of every fallback's sig
     age = the age the decision recorded + (request time - snapshot time)
 
 (a snapshot is reused while a rebuild would decide the same, ``scheduler.sim.datalayer``).
-Fleet idle energy: idle_w x (R x span - busy time) per pool, span from the first arrival to
-the last event.
+Fleet idle energy: idle_w x (warm replica time - busy time) per pool, span from the first
+arrival to the last event; with fixed sizes every replica is warm for the whole span.
+
+Autoscaling (``Scenario.autoscaling``, ``scheduler.sim.autoscale``): every
+``metrics_interval_s`` (ticks at whole multiples of it in epoch time, so that hours begin on
+one) each pool that is up samples its ongoing requests and its autoscaler decides; replicas it
+starts are events (``_READY``) after their cold start. A request sent to a pool with no warm
+replica waits for one (and wakes a pool at zero at once, Ray Serve's cold-start fast path).
+
+The whole fleet's energy (``scheduler.sim.report.PoolEnergy``): at every tick (hourly with fixed
+sizes) each pool's idle energy since the last one, idle_w x (warm time - busy time), and its
+cold starts' energy are booked to the hour they fall in, and priced at that hour's true
+intensity x the region's PUE, as a request's joules are at the hour it was admitted in. A step
+or decode run is booked as busy when the replica books it (a decode run at its end), so an
+hour's idle energy can be off by the runs in progress at its boundary; the run's total is not.
 
 Deferral (``Scenario.deferral``, ``scheduler.sim.deferral``): a deferrable request decided at
 arrival is either dispatched at once or held until the release time that
@@ -64,6 +77,7 @@ from scheduler.deferral.window import choose_release
 from scheduler.framework.scheduler import Scheduler
 from scheduler.framework.slo import ttft_budget_s
 from scheduler.plugins import default_scheduler_registry
+from scheduler.sim.autoscale import AutoscalingSettings
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.datalayer import SimDataLayer
 from scheduler.sim.deferral import Deferral, predicted_completion_s
@@ -72,13 +86,13 @@ from scheduler.sim.forecast import CarbonForecast
 from scheduler.sim.pools import Job, PoolSim
 from scheduler.sim.predicted import Predictions
 from scheduler.sim.replica import TIE_S, Replica, Seq
-from scheduler.sim.report import FallbackAges, PolicyResult, RunOutcome
+from scheduler.sim.report import FallbackAges, PolicyResult, PoolEnergy, RunOutcome
 from scheduler.sim.truth import EXACT_TRUTH, HeldOutResiduals, TruthModel
 from scheduler.sim.workflow import figures as workflow_figures
 from scheduler.sim.workload import RequestFactory, Workload
 from scheduler.types import WORKLOAD_CLASSES, Decision, FleetSnapshot, Request
 
-_STEP, _DOWN, _UP, _RELEASE, _ARRIVE = 0, 1, 2, 3, 4
+_STEP, _DOWN, _UP, _RELEASE, _ARRIVE, _TICK, _READY = 0, 1, 2, 3, 4, 5, 6
 _DEFERRABLE = WORKLOAD_CLASSES.index("deferrable")
 J_PER_KWH = 3.6e6
 PROGRESS_EVERY = 5000
@@ -104,6 +118,9 @@ class Scenario:
     deferral: Deferral | None = None
     # The router's and the pools' prefix and workflow affinity (module docstring).
     affinity: bool = False
+    # Every pool's replicas scale by Ray Serve's policy on these settings (None: fixed sizes,
+    # every replica warm throughout).
+    autoscaling: AutoscalingSettings | None = None
 
 
 class Simulation:
@@ -251,6 +268,7 @@ class Simulation:
 
         # One simulated pool per (region, pool) serving the workload's model, at its true costs.
         truth = self.scenario.truth
+        autoscaling = self.scenario.autoscaling
         residuals = HeldOutResiduals.load() if truth.gpu_bias else None
         knee = truth.knee
         pool_of: dict[int, PoolSim] = {}
@@ -264,7 +282,7 @@ class Simulation:
                 rated = builder.energy_model.rated_costs(c.model, c.gpu, d.precision, d.tensor_parallel).costs
                 costs = truth.costs(rated, c.gpu.name, self.seed, f"{key[0]}/{key[1]}", residuals)
                 by_pool[key] = PoolSim(c, costs, done, self.seed, prefix_aware=affinity, number=len(by_pool),
-                                       knee=knee)
+                                       knee=knee, autoscaling=autoscaling, start=first_arrival)
             pool_of[c.index] = by_pool[key]
         for number, sim_pool in enumerate(by_pool.values()):
             assert sim_pool.number == number
@@ -351,6 +369,13 @@ class Simulation:
                 job.rtt_s = rtt
                 data.record_dispatch(snap, candidate, request, now, prefill)
                 pool.sent(request.prompt_tokens)
+                if not pool.replicas:
+                    counters["queued"] += 1
+                    pool.hold(job)
+                    autoscaler = pool.autoscaler
+                    if autoscaler is not None and autoscaler.target == 0:  # Ray Serve's cold-start fast path
+                        scale(pool, now, autoscaler.decide(now, 0, pool.ongoing))
+                    return
                 replica = pool.choose(job)
                 if replica.waiting or not replica.can_admit(job):
                     counters["queued"] += 1
@@ -376,6 +401,15 @@ class Simulation:
             if kind == _RELEASE:
                 assert isinstance(subject, int)
                 release(subject, now)
+                return
+            if kind == _TICK:
+                tick(now)
+                return
+            if kind == _READY:
+                assert isinstance(subject, PoolSim)
+                for replica, then in subject.ready(now):
+                    heapq.heappush(heap, (then, seq_no, _STEP, replica, replica.version))
+                    seq_no += 1
                 return
             if kind == _ARRIVE:
                 assert isinstance(subject, int)
@@ -457,6 +491,64 @@ class Simulation:
             if arrived % PROGRESS_EVERY == 0:
                 bar.update(PROGRESS_EVERY)
 
+        pools = list(by_pool.values())
+        # Per pool: its busy time, warm time and cold-start energy at the last booking; energy
+        # booked per (pool, epoch hour) [J].
+        booked = [(0.0, 0.0, 0.0)] * len(pools)
+        idle_by_hour: dict[tuple[int, int], float] = {}
+        cold_by_hour: dict[tuple[int, int], float] = {}
+        last_booking = first_arrival
+        tick_s = 3600.0 if autoscaling is None else autoscaling.metrics_interval_s
+
+        def book(now: float) -> None:
+            """Book each pool's idle and cold-start energy since the last booking to that
+            booking's hour."""
+            nonlocal last_booking
+            hour = int(last_booking // 3600)
+            for pool in pools:
+                pool.mark(now)
+                busy, warm, cold = pool.busy_s, pool.warm_s, pool.cold_start_j
+                was_busy, was_warm, was_cold = booked[pool.number]
+                key = (pool.number, hour)
+                idle_by_hour[key] = idle_by_hour.get(key, 0.0) + pool.costs.idle_w * (warm - was_warm - (busy - was_busy))
+                if cold != was_cold:
+                    cold_by_hour[key] = cold_by_hour.get(key, 0.0) + cold - was_cold
+                booked[pool.number] = (busy, warm, cold)
+            last_booking = now
+
+        def scale(pool: PoolSim, now: float, target: int) -> None:
+            nonlocal seq_no
+            assert autoscaling is not None
+            for ready_at in pool.scale_to(target, now, autoscaling.cold_start_s,
+                                          autoscaling.start_energy_j(pool.costs.idle_w)):
+                heapq.heappush(heap, (ready_at, seq_no, _READY, pool, 0))
+                seq_no += 1
+
+        def tick(now: float) -> None:
+            """Book the fleet's energy; each pool that is up samples its load and scales."""
+            nonlocal seq_no
+            book(now)
+            if autoscaling is not None:
+                for pool in pools:
+                    autoscaler = pool.autoscaler
+                    assert autoscaler is not None
+                    pool.stop_drained(now)
+                    if pool.down:
+                        continue
+                    ongoing = autoscaler.observe(now, pool.ongoing)
+                    target = autoscaler.decide(now, len(pool.replicas), ongoing)
+                    if target != len(pool.replicas) + len(pool.starting):
+                        scale(pool, now, target)
+            if now + tick_s <= last_root:
+                heapq.heappush(heap, (now + tick_s, seq_no, _TICK, None, 0))
+                seq_no += 1
+
+        if n:
+            first_tick = math.floor(first_arrival / tick_s) * tick_s + tick_s
+            if first_tick <= last_root:
+                heapq.heappush(heap, (first_tick, seq_no, _TICK, None, 0))
+                seq_no += 1
+
         for i in roots:
             t = arrival[i]
             # Step boundaries at t (to within TIE_S) come after the arrival, which joins that
@@ -470,15 +562,29 @@ class Simulation:
         bar.update(n - bar.n)
         bar.close()
 
-        span = max(last_event, last_root, self.span_until or -math.inf) - first_arrival
+        end = max(last_event, last_root, self.span_until or -math.inf)
+        book(end)
         busy_s: dict[str, float] = {}
         replica_s: dict[str, float] = {}
-        idle_j = 0.0
+        pool_energy: list[PoolEnergy] = []
         for (region, pool_name), pool in by_pool.items():
             place = f"{region}/{pool_name}"
-            replica_s[place] = len(pool.replicas) * span
+            replica_s[place] = pool.warm_s
             busy_s[place] = pool.busy_s
-            idle_j += pool.costs.idle_w * max(0.0, replica_s[place] - pool.busy_s)
+            _, zone, pue, _ = pool_regions[pool.number]
+            idle_hours = {hour: j for (number, hour), j in idle_by_hour.items() if number == pool.number}
+            cold_hours = {hour: j for (number, hour), j in cold_by_hour.items() if number == pool.number}
+            pool_energy.append(PoolEnergy(
+                place=place, region=region, pue=pue,
+                idle_j=sum(idle_hours.values()),
+                idle_g=sum(j / J_PER_KWH * intensity(zone, hour * 3600.0) * pue for hour, j in idle_hours.items()),
+                cold_start_j=pool.cold_start_j,
+                cold_start_g=sum(j / J_PER_KWH * intensity(zone, hour * 3600.0) * pue for hour, j in cold_hours.items()),
+                cold_starts=pool.cold_starts,
+                step_j=pool.step_energy_j,
+                warm_s=pool.warm_s,
+            ))
+        idle_j = sum(p.idle_j for p in pool_energy)
 
         ran_in_a = np.asarray(ran_in, dtype=np.int64)
         latency_a = np.asarray(latency)
@@ -515,6 +621,8 @@ class Simulation:
             busy_s=busy_s,
             replica_s=replica_s,
             idle_j=idle_j,
+            pool_energy=pool_energy,
+            autoscaled=autoscaling is not None,
             timings_s={
                 "total": time.perf_counter() - started_wall,
                 "schedule": sched_ns / 1e9,

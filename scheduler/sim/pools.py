@@ -31,6 +31,14 @@ What the pool publishes (its replicas summed, as vLLM's metrics are summed over 
 
 Tokens held are counted at each replica's last scheduling event: a decode run in progress
 adds its tokens when it ends.
+
+Autoscaling (``scheduler.sim.autoscale``; without it every replica is warm for the whole run):
+``replicas`` are the warm replicas that take requests; ``scale_to`` starts replicas (cold
+for ``cold_start_s``, then ``ready``) or retires them (starting ones first, then the warm ones
+with the fewest requests: they take nothing new, finish what they hold, and stop at the
+first ``stop_drained`` after they are empty). A request sent while no replica is warm waits
+in ``held`` (counted in the published queue depth) until one is ready. ``warm_s`` integrates
+the replicas that draw power as warm ones (taking requests or draining) over time.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from collections.abc import Callable
 
 from scheduler.datalayer.snapshot import replicas_of
 from scheduler.energy.step import StepCosts
+from scheduler.sim.autoscale import AutoscalingSettings, PoolAutoscaler
 from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, KvKnee, Replica, Seq, Totals
 from scheduler.sim.slots import slot_setters
 from scheduler.types import Candidate, Decision, PoolLiveState, Request
@@ -70,23 +79,42 @@ class Job(Seq):
 
 
 class PoolSim:
-    __slots__ = ("_arrivals", "_hit_rate", "_live", "_prompt_tokens", "_rng", "_tree", "_tree_size", "_window_start",
-                 "candidate", "costs", "down", "number", "prefix_aware", "replicas", "totals")
+    __slots__ = ("_arrivals", "_hit_rate", "_knee", "_live", "_on_done", "_prompt_tokens", "_rng", "_tree",
+                 "_tree_size", "_warm_since", "_window_start", "autoscaler", "candidate", "cold_start_j", "cold_starts",
+                 "costs", "down", "every", "held", "number", "prefix_aware", "replicas", "starting", "stopping",
+                 "totals", "warm_s")
 
     def __init__(self, candidate: Candidate, costs: StepCosts, on_done: Callable[[Seq], None], seed: int = 0,
-                 prefix_aware: bool = False, number: int = 0, knee: KvKnee | None = None) -> None:
+                 prefix_aware: bool = False, number: int = 0, knee: KvKnee | None = None,
+                 autoscaling: AutoscalingSettings | None = None, start: float = 0.0) -> None:
         """``costs`` and ``knee``: the true step costs and KV knee of one replica of this pool;
-        ``number``: its index among the simulation's pools."""
+        ``number``: its index among the simulation's pools; ``autoscaling``: the pool's
+        autoscaler settings (None: every replica warm throughout); ``start``: when its
+        replicas' warm time begins."""
         self.candidate = candidate
         self.number = number
         self.costs = costs
         self.totals = Totals()
-        self.replicas = tuple(Replica(costs, on_done, self.totals, knee=knee) for _ in range(replicas_of(candidate)))
+        self._on_done = on_done
+        self._knee = knee
+        size = replicas_of(candidate)
+        self.autoscaler = None if autoscaling is None else PoolAutoscaler(autoscaling, size)
+        warm = size if self.autoscaler is None else self.autoscaler.target
+        self.replicas = [Replica(costs, on_done, self.totals, knee=knee) for _ in range(warm)]
+        # every replica the run made (accounting), those starting (ready time, replica) and draining
+        self.every = list(self.replicas)
+        self.starting: list[tuple[float, Replica]] = []
+        self.stopping: list[Replica] = []
+        self.held: list[Seq] = []
+        self.warm_s = 0.0
+        self._warm_since = start
+        self.cold_starts = 0
+        self.cold_start_j = 0.0
         self.down = False
         self.prefix_aware = prefix_aware
         # prefix key -> the replica it was last sent to (least recently sent first)
         self._tree: OrderedDict[str, Replica] = OrderedDict()
-        self._tree_size = PREFIX_ENTRIES_PER_REPLICA * len(self.replicas)
+        self._tree_size = PREFIX_ENTRIES_PER_REPLICA * size
         self._rng = random.Random(f"{seed}:{candidate.region.name}/{candidate.pool.name}")
         self._live = PoolLiveState()
         # Requests and prompt tokens sent since the last publication, which began the window.
@@ -129,8 +157,9 @@ class PoolSim:
 
     def drain(self) -> list[Seq]:
         """Take every waiting request (the region went down before they were admitted)."""
-        taken: list[Seq] = []
-        for replica in self.replicas:
+        taken: list[Seq] = list(self.held)
+        self.held.clear()
+        for replica in (*self.replicas, *self.stopping):
             taken.extend(replica.waiting)
             replica.waiting.clear()
         if taken:
@@ -175,7 +204,8 @@ class PoolSim:
         live = self._live
         if totals.changed or (arrival_rate, prompt_rate) != (live.arrival_rate, live.prompt_tokens_rate):
             totals.changed = False
-            capacity = len(self.replicas) * self.costs.kv_capacity_tokens
+            warm = len(self.replicas) + len(self.stopping)
+            capacity = warm * self.costs.kv_capacity_tokens
             hit_rate = self._hit_rate
             if hit_rate[0] != totals.hits or hit_rate[1] != totals.lookups:
                 # (rounded again only when a lookup was made)
@@ -184,7 +214,9 @@ class PoolSim:
             self._live = _pool_state(
                 totals.waiting,
                 totals.running,
-                rounded(totals.kv_held / capacity, 1000.0, 3) if capacity else 1.0,
+                # a pool at zero has no KV cache in use (vLLM reports none); a replica without
+                # room for any KV is full
+                rounded(totals.kv_held / capacity, 1000.0, 3) if capacity else (1.0 if warm else 0.0),
                 hit_rate[2],
                 arrival_rate,
                 prompt_rate,
@@ -193,7 +225,88 @@ class PoolSim:
 
     @property
     def busy_s(self) -> float:
-        return sum(r.busy_s for r in self.replicas)
+        return self.totals.busy_s
+
+    @property
+    def step_energy_j(self) -> float:
+        """Every step's energy on the pool's replicas so far [J]."""
+        return sum(r.energy_j for r in self.every)
+
+    @property
+    def ongoing(self) -> int:
+        """Requests on the pool: held for a replica, waiting and running on its replicas."""
+        return self.totals.waiting + self.totals.running
+
+    def hold(self, seq: Seq) -> None:
+        """No replica is warm: ``seq`` waits for the first one ready."""
+        self.held.append(seq)
+        self.totals.waiting += 1
+        self.totals.changed = True
+
+    def mark(self, now: float) -> None:
+        """Bring ``warm_s`` up to ``now`` (before the warm replicas change)."""
+        self.warm_s += (len(self.replicas) + len(self.stopping)) * (now - self._warm_since)
+        self._warm_since = now
+
+    def scale_to(self, target: int, now: float, cold_start_s: float, cold_start_j: float) -> list[float]:
+        """Start or retire replicas so that warm + starting = ``target``; returns the ready
+        times of those started. A retired starting replica's cold-start energy is charged
+        for the share of ``cold_start_s`` it ran."""
+        have = len(self.replicas) + len(self.starting)
+        started: list[float] = []
+        if target > have:
+            for _ in range(target - have):
+                replica = Replica(self.costs, self._on_done, self.totals, knee=self._knee)
+                self.every.append(replica)
+                self.starting.append((now + cold_start_s, replica))
+                started.append(now + cold_start_s)
+            self.cold_starts += target - have
+            self.cold_start_j += (target - have) * cold_start_j
+            return started
+        excess = have - target
+        while excess and self.starting:
+            ready_at, _ = self.starting.pop()  # the newest first
+            if cold_start_s > 0:
+                self.cold_start_j -= cold_start_j * (ready_at - now) / cold_start_s
+            excess -= 1
+        if excess:
+            self.mark(now)
+            # the warm replicas with the fewest requests, the newest first among equals
+            order = sorted(range(len(self.replicas)), key=lambda i: (self.replicas[i].load, -i))
+            leaving = set(order[:excess])
+            retired = [r for i, r in enumerate(self.replicas) if i in leaving]
+            self.stopping.extend(retired)
+            self.replicas = [r for i, r in enumerate(self.replicas) if i not in leaving]
+            # prefix keys stop leading to a retired replica
+            for key in [key for key, replica in self._tree.items() if replica in retired]:
+                del self._tree[key]
+            self.stop_drained(now)
+        return started
+
+    def ready(self, now: float) -> list[tuple[Replica, float]]:
+        """Replicas whose cold start has ended by ``now`` take requests; the held requests go
+        to them. Returns (replica, its next step boundary) for those that started a step."""
+        come = [r for at, r in self.starting if at <= now]
+        if not come:
+            return []
+        self.mark(now)
+        self.starting = [(at, r) for at, r in self.starting if at > now]
+        self.replicas.extend(come)
+        steps: list[tuple[Replica, float]] = []
+        held, self.held = self.held, []
+        self.totals.waiting -= len(held)
+        for seq in held:
+            replica = self.choose(seq)
+            then = replica.arrive(seq, now)
+            if then is not None:
+                steps.append((replica, then))
+        return steps
+
+    def stop_drained(self, now: float) -> None:
+        """Retired replicas that hold no request stop drawing power at ``now``."""
+        if any(not r.waiting and not r.running for r in self.stopping):
+            self.mark(now)
+            self.stopping = [r for r in self.stopping if r.waiting or r.running]
 
 
 def rounded(x: float, scale: float, digits: int) -> float:

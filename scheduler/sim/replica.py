@@ -172,9 +172,10 @@ class PrefixCache:
 class Totals:
     """Sums over a pool's replicas, kept as they change (what the pool publishes)."""
 
-    __slots__ = ("changed", "hits", "kv_held", "lookups", "running", "waiting")
+    __slots__ = ("busy_s", "changed", "hits", "kv_held", "lookups", "running", "waiting")
 
     def __init__(self) -> None:
+        self.busy_s = 0.0  # the replicas' busy time, for the fleet's idle energy at each tick
         self.waiting = 0
         self.running = 0
         self.kv_held = 0
@@ -327,7 +328,9 @@ class Replica:
         self.kv_held += d * k
         self.totals.kv_held += d * k
         self.totals.changed = True
-        self.busy_s += self._a * k + self._h * k * (k - 1)
+        busy = self._a * k + self._h * k * (k - 1)
+        self.busy_s += busy
+        self.totals.busy_s += busy
         self.energy_j += self._ea * k + self._eh * k * (k - 1)
         self._run_k = 0
 
@@ -454,6 +457,7 @@ class Replica:
             return self._start_run(now)
         duration = c.step_time(tokens, kv, pairs)
         self.busy_s += duration
+        self.totals.busy_s += duration
         self.energy_j += c.step_energy(tokens, kv, pairs)
         self.share += c.e_step / (d + len(chunks))
         self._chunks = chunks

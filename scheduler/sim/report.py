@@ -21,6 +21,21 @@ Prediction error per request that ran, of energy and of TTFT:
 per GPU type of the pool the request ran on (``by_gpu``) and per context band of prompt +
 output tokens (``by_context``, ``CONTEXT_BANDS``), with ``all`` beside them.
 
+The whole fleet (``fleet_*``): what the fleet's GPUs drew, not only what requests were charged.
+Per pool, in facility energy (x the region's PUE) and grams at its region's true hourly
+intensity (``scheduler.sim.engine``: idle and cold-start energy booked to the hour it was
+drawn in, a request's energy to the hour it was admitted in):
+
+    fleet J      = sum over pools of (charged J + idle J + cold-start J) x PUE
+    fleet_kwh    = fleet J / 3.6e6
+    fleet gCO2e  = sum over pools and hours of (that hour's J x PUE / 3.6e6 x the hour's g/kWh)
+    fleet_gco2e_per_request = fleet gCO2e / requests that ran
+
+``fleet_by_region`` and ``fleet_by_pool`` split the same figures (kWh and grams: charged, idle,
+cold start; cold starts; warm replica-hours). ``gco2e_per_request`` stays the per-request
+charge (requests' grams alone). ``gap_to_oracle`` (with ``simulate --oracle``):
+fleet_gco2e_per_request / the hindsight bound's - 1 (``scheduler.sim.oracle``).
+
 Fallback ages are the signals' true ages at the request's time (``scheduler.sim.engine``).
 
 Deferral (``scheduler.sim.deferral``): when the workload has deferrable requests, ``deferral``
@@ -50,6 +65,7 @@ import numpy as np
 from scheduler.types import Fallback
 
 ERROR_PERCENTILES = (10, 50, 90, 99)
+J_PER_KWH = 3.6e6
 # (name, lowest context, highest context + 1) [tokens] of the prediction-error bands.
 CONTEXT_BANDS = (("<1k", 0, 1024), ("1k-4k", 1024, 4096), ("4k-8k", 4096, 8192), (">=8k", 8192, 1 << 62))
 
@@ -138,6 +154,54 @@ def prediction_errors(predicted_j: np.ndarray, energy_j: np.ndarray, predicted_t
 
 
 @dataclass(frozen=True)
+class PoolEnergy:
+    """What one pool's replicas drew beyond the requests' charge: GPU energy [J] of idle warm
+    replicas and of cold starts, and its grams with the region's PUE at each hour's true
+    intensity; ``step_j`` every step's energy (what the requests were charged, summed on the
+    replicas), ``warm_s`` the replicas' warm time [s]."""
+
+    place: str
+    region: str
+    pue: float
+    idle_j: float
+    idle_g: float
+    cold_start_j: float
+    cold_start_g: float
+    cold_starts: int
+    step_j: float
+    warm_s: float
+
+    def plus(self, other: PoolEnergy) -> PoolEnergy:
+        """This pool's figures with another shard's of the same run added."""
+        return dataclasses.replace(
+            self, idle_j=self.idle_j + other.idle_j, idle_g=self.idle_g + other.idle_g,
+            cold_start_j=self.cold_start_j + other.cold_start_j, cold_start_g=self.cold_start_g + other.cold_start_g,
+            cold_starts=self.cold_starts + other.cold_starts, step_j=self.step_j + other.step_j,
+            warm_s=self.warm_s + other.warm_s)
+
+
+def fleet_split(pools: Sequence[PoolEnergy], charged_j: np.ndarray, charged_g: np.ndarray
+                ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """(by pool, by region): charged, idle and cold-start kWh (x PUE) and grams, cold starts
+    and warm replica-hours; ``charged_j``/``charged_g``: the requests' joules and grams per pool."""
+
+    def figures(pool: PoolEnergy, j: float, g: float) -> dict[str, float]:
+        kwh = pool.pue / J_PER_KWH
+        return {"charged_kwh": j * kwh, "idle_kwh": pool.idle_j * kwh, "cold_start_kwh": pool.cold_start_j * kwh,
+                "kwh": (j + pool.idle_j + pool.cold_start_j) * kwh, "charged_gco2e": g, "idle_gco2e": pool.idle_g,
+                "cold_start_gco2e": pool.cold_start_g, "gco2e": g + pool.idle_g + pool.cold_start_g,
+                "cold_starts": float(pool.cold_starts), "warm_replica_h": pool.warm_s / 3600.0}
+
+    by_pool = {p.place: figures(p, float(charged_j[i]), float(charged_g[i])) for i, p in enumerate(pools)}
+    by_region: dict[str, dict[str, float]] = {}
+    for p in pools:
+        total = by_region.setdefault(p.region, {})
+        for name, value in by_pool[p.place].items():
+            total[name] = total.get(name, 0.0) + value
+    return by_pool, by_region
+
+
+@dataclass(frozen=True)
 class PolicyResult:
     policy: str
     requests: int
@@ -182,6 +246,15 @@ class PolicyResult:
     deferral: Mapping[str, Any] = field(default_factory=dict)
     # The workflows' figures (empty: the workload has no workflows).
     workflow: Mapping[str, Any] = field(default_factory=dict)
+    # The whole fleet (module doc): kWh with PUE, grams per request that ran, split by region and pool.
+    autoscaled: bool = False
+    fleet_kwh: float = 0.0
+    fleet_gco2e_per_request: float = 0.0
+    cold_starts: int = 0
+    fleet_by_region: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    fleet_by_pool: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # fleet_gco2e_per_request / the hindsight bound's - 1 (None: no bound computed)
+    gap_to_oracle: float | None = None
 
     @property
     def j_per_output_token_with_idle(self) -> float:
@@ -200,6 +273,8 @@ class PolicyResult:
         out["ttft_error"] = _finite(self.ttft_error)
         out["prediction_error"] = _finite_tree(self.prediction_error)
         out["fallback_age_s"] = {k: _finite(v) for k, v in self.fallback_age_s.items()}
+        out["fleet_by_region"] = {k: dict(v) for k, v in self.fleet_by_region.items()}
+        out["fleet_by_pool"] = {k: dict(v) for k, v in self.fleet_by_pool.items()}
         return out
 
 
@@ -241,13 +316,16 @@ class RunOutcome:
     counters: Counter[str]
     fallback_ages: FallbackAges
     unschedulable_by: Counter[str]
-    # per "region/pool": its replicas' busy time and replica time over the run [s]
+    # per "region/pool": its replicas' busy time and warm replica time over the run [s]
     busy_s: Mapping[str, float]
     replica_s: Mapping[str, float]
     idle_j: float
     timings_s: Mapping[str, float]
     deferral: Mapping[str, Any] | None = None
     workflow: Mapping[str, Any] | None = None
+    # per pool (in ``ran_pool``'s numbering): idle and cold-start energy and grams
+    pool_energy: Sequence[PoolEnergy] = ()
+    autoscaled: bool = False
 
     def summary(self) -> PolicyResult:
         utilisation = {place: busy / self.replica_s[place] if self.replica_s[place] > 0 else 0.0
@@ -284,6 +362,8 @@ def summarize(
     timings_s: Mapping[str, float],
     deferral: Mapping[str, Any] | None = None,
     workflow: Mapping[str, Any] | None = None,
+    pool_energy: Sequence[PoolEnergy] = (),
+    autoscaled: bool = False,
 ) -> PolicyResult:
     n = len(ran_in)
     ran = ran_in >= 0
@@ -294,6 +374,11 @@ def summarize(
     def percentile_ms(values: np.ndarray, q: float) -> float:
         return float(np.percentile(values[ran], q)) * 1e3 if n_ran else 0.0
 
+    pools = len(pool_energy)
+    charged_j = np.bincount(ran_pool[ran], weights=energy_j[ran], minlength=pools)
+    charged_g = np.bincount(ran_pool[ran], weights=grams[ran], minlength=pools)
+    by_pool, by_region = fleet_split(pool_energy, charged_j, charged_g)
+    fleet_g = sum(f["gco2e"] for f in by_pool.values())
     errors = prediction_errors(predicted_j[ran], energy_j[ran], predicted_ttft_s[ran], ttft_s[ran],
                                np.asarray(pool_gpus, dtype=object)[ran_pool[ran]],
                                prompt_tokens[ran] + output_tokens[ran])
@@ -333,6 +418,12 @@ def summarize(
         hourly=hourly,
         deferral=dict(deferral or {}),
         workflow=dict(workflow or {}),
+        autoscaled=autoscaled,
+        fleet_kwh=sum(f["kwh"] for f in by_pool.values()),
+        fleet_gco2e_per_request=fleet_g / n_ran if n_ran else 0.0,
+        cold_starts=sum(p.cold_starts for p in pool_energy),
+        fleet_by_region=by_region,
+        fleet_by_pool=by_pool,
     )
 
 
@@ -356,12 +447,20 @@ def format_table(results: Sequence[PolicyResult], baseline: str | None = None) -
             f"{r.violations:>7}{r.unschedulable:>9}{sum(r.fallbacks.values()):>11}{r.failovers:>10}"
         )
     lines.append("")
-    header = f"{'policy':<16}{'queue p50':>11}{'queue p99':>11}{'done p50':>10}{'done p99':>10}{'idle kWh':>10}"
+    header = (f"{'policy':<16}{'queue p50':>11}{'queue p99':>11}{'done p50':>10}{'done p99':>10}{'idle kWh':>10}"
+              f"{'fleet kWh':>11}{'fleet g/req':>13}{'vs base':>9}{'cold starts':>13}{'vs oracle':>11}")
     lines += [header, "-" * len(header)]
     for r in results:
+        fleet_delta = (
+            f"{(r.fleet_gco2e_per_request / base.fleet_gco2e_per_request - 1) * 100:+.1f}%"
+            if base is not None and base.fleet_gco2e_per_request > 0
+            else "-"
+        )
+        gap = "-" if r.gap_to_oracle is None else f"{r.gap_to_oracle * 100:+.1f}%"
         lines.append(
             f"{r.policy:<16}{r.queue_wait_p50_ms:>9.0f}ms{r.queue_wait_p99_ms:>9.0f}ms{r.latency_p50_ms / 1e3:>9.1f}s"
-            f"{r.latency_p99_ms / 1e3:>9.1f}s{r.idle_j / 3.6e6:>10.0f}"
+            f"{r.latency_p99_ms / 1e3:>9.1f}s{r.idle_j / 3.6e6:>10.0f}{r.fleet_kwh:>11.1f}"
+            f"{r.fleet_gco2e_per_request:>13.5f}{fleet_delta:>9}{r.cold_starts:>13,}{gap:>11}"
         )
     for r in results:
         busy = sorted(((share, pool) for pool, share in r.utilisation.items() if share >= 0.001), reverse=True)
@@ -451,5 +550,8 @@ def _error_table(results: Sequence[PolicyResult]) -> list[str]:
     return lines
 
 
-def to_json(results: Sequence[PolicyResult], meta: Mapping[str, Any]) -> str:
-    return json.dumps({"scenario": dict(meta), "policies": [r.to_json() for r in results]}, indent=2)
+def to_json(results: Sequence[PolicyResult], meta: Mapping[str, Any], oracle: Mapping[str, Any] | None = None) -> str:
+    out: dict[str, Any] = {"scenario": dict(meta), "policies": [r.to_json() for r in results]}
+    if oracle is not None:
+        out["oracle"] = dict(oracle)
+    return json.dumps(out, indent=2)

@@ -26,6 +26,7 @@ from scheduler.config.loader import load_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR
 from scheduler.sim import shards as shards_
+from scheduler.sim.autoscale import AutoscalingSettings
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
 from scheduler.sim.deferral import Deferral, merge
 from scheduler.sim.engine import RegionOutage, Scenario, Simulation
@@ -58,6 +59,9 @@ class ScenarioSpec:
     refresh_s: float = 1.0
     # Workflows instead of independent requests, each run with and without affinity (None: neither).
     workflow: WorkflowSpec | None = None
+    # Every pool scales by Ray Serve's autoscaling policy on these settings (None: fixed sizes;
+    # ``scheduler simulate`` autoscales unless given --fixed-sizes).
+    autoscaling: AutoscalingSettings | None = None
     seed: int = 0
     progress: bool = True
 
@@ -92,6 +96,7 @@ class ScenarioSpec:
             "prefix_share": w.prefix_share,
             "clients": {c.name: c.share for c in w.continents},
             "workflow": None if self.workflow is None else self.workflow.describe(),
+            "autoscaling": None if self.autoscaling is None else dataclasses.asdict(self.autoscaling),
         }
 
     def gpus(self) -> list[str]:
@@ -127,7 +132,7 @@ def run_mode(spec: ScenarioSpec, policy: str, affinity: bool) -> PolicyResult:
             spec.carbon_outages,
         )
         scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages,
-                            truth=spec.truth, deferral=deferral, affinity=affinity)
+                            truth=spec.truth, deferral=deferral, affinity=affinity, autoscaling=spec.autoscaling)
         return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed).run(spec.progress)
 
     if spec.deferral is None or spec.workload.deferrable_share <= 0:
@@ -164,7 +169,8 @@ def _run_shard(spec: ScenarioSpec, policy: str, start: int, stop: int, origin: f
     workload = build_workload(load_trace(spec.trace), spec.workload, spec.seed).rows(start, stop)
     carbon = CarbonReplay.from_dir(spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year,
                                    spec.carbon_delay_s, spec.carbon_outages)
-    scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages, truth=spec.truth)
+    scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages, truth=spec.truth,
+                        autoscaling=spec.autoscaling)
     return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed,
                       hour_origin=origin, span_until=until, first_row=start).outcome(progress=False)
 

@@ -19,12 +19,13 @@ cross a boundary.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
-from scheduler.sim.report import FallbackAges, RunOutcome
+from scheduler.sim.report import FallbackAges, PoolEnergy, RunOutcome
 
 # How far from its ideal row a shard boundary may move to find a wide gap (share of all rows).
 SEARCH_SHARE = 0.01
@@ -83,4 +84,7 @@ def merge(outcomes: Sequence[RunOutcome]) -> RunOutcome:
         start=first.start,
         counters=counters, fallback_ages=ages, unschedulable_by=unschedulable_by, busy_s=busy, replica_s=replica,
         idle_j=sum(o.idle_j for o in outcomes), timings_s=timings,
+        pool_energy=[functools.reduce(PoolEnergy.plus, pools) for pools in zip(*(o.pool_energy for o in outcomes),
+                                                                                  strict=True)],
+        autoscaled=first.autoscaled,
     )

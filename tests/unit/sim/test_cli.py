@@ -141,3 +141,30 @@ def test_simulate_without_deferrable_requests_prints_no_deferral_figures(capsys:
 def test_simulate_rejects_a_zero_deadline() -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--deferrable-deadline", "0", "--no-progress"])
+
+
+@pytest.mark.timeout(300)
+def test_simulate_reports_the_whole_fleet_and_the_gap_to_the_hindsight_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    shape = ["simulate", "--compare", "default,latency-first", "--trace", "code", "--hours", "0.05", "--rate", "5",
+             "--seed", "3", "--json", "--no-progress", "--oracle"]
+    runs = {}
+    for mode in ("autoscaled", "fixed"):
+        assert main([*shape, *(["--fixed-sizes"] if mode == "fixed" else [])]) == 0
+        runs[mode] = json.loads(capsys.readouterr().out)
+    autoscaled, fixed = runs["autoscaled"], runs["fixed"]
+    assert autoscaled["scenario"]["autoscaling"]["target_ongoing_requests"] == 32.0
+    assert fixed["scenario"]["autoscaling"] is None
+    for run in (autoscaled, fixed):
+        bound = run["oracle"]["fleet_gco2e_per_request"]
+        assert bound > 0
+        for p in run["policies"]:
+            assert p["gap_to_oracle"] == pytest.approx(p["fleet_gco2e_per_request"] / bound - 1.0)
+            # the fleet pays the requests' grams and more (idle replicas)
+            assert p["fleet_gco2e_per_request"] > p["gco2e_per_request"]
+            assert sum(r["gco2e"] for r in p["fleet_by_region"].values()) == pytest.approx(
+                p["fleet_gco2e_per_request"] * p["ran"])
+            assert sum(r["kwh"] for r in p["fleet_by_pool"].values()) == pytest.approx(p["fleet_kwh"])
+    # ~2,000 GPUs idle for 3 minutes with fixed sizes; one replica a pool, and those woken, autoscaled
+    for auto, fix in zip(autoscaled["policies"], fixed["policies"], strict=True):
+        assert fix["cold_starts"] == 0
+        assert auto["fleet_kwh"] < fix["fleet_kwh"] / 10
