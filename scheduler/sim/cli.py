@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
 from scheduler.config.schema import parse_duration
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
+from scheduler.plan.schedule import PlanError, load_schedule
 from scheduler.sim.autoscale import AutoscalingSettings
 from scheduler.sim.carbon_feed import ProviderOutage
 from scheduler.sim.deferral import Deferral
@@ -248,6 +250,10 @@ def register(sub: Any) -> None:
                                "Serve's autoscaling policy, with cold starts; docs/simulation.md, 'Autoscaling')")
     simulate.add_argument("--min-replicas", type=int, default=AutoscalingSettings().min_replicas, metavar="N",
                           help="every pool's autoscaling min_replicas (0: pools scale to zero; default: Ray Serve's 1)")
+    simulate.add_argument("--plan", type=Path, default=None, metavar="PLAN.json",
+                          help="a capacity plan (`scheduler plan --json`): the pools it names keep its hourly "
+                               "min and max replicas as their autoscaler's bounds, by time of day "
+                               "(docs/planning.md)")
     simulate.add_argument("--oracle", action="store_true",
                           help="also solve the hindsight bound (an LP of the hour-by-hour placement with the true "
                                "intensities) and report each policy's gap_to_oracle in fleet gCO2e")
@@ -298,8 +304,13 @@ def _simulate(args: argparse.Namespace) -> int:
     try:
         if args.min_replicas < 0:
             raise ValueError(f"--min-replicas must be >= 0, got {args.min_replicas}")
-        spec = spec_from_args(args, autoscaling=None if args.fixed_sizes else
-                              AutoscalingSettings(min_replicas=args.min_replicas))
+        if args.plan is not None and args.fixed_sizes:
+            raise ValueError("--plan sets the autoscaler's bounds: it cannot run with --fixed-sizes")
+        if args.plan is not None:
+            load_schedule(args.plan)  # a bad plan file fails here, naming file, field and value
+        spec = dataclasses.replace(
+            spec_from_args(args, autoscaling=None if args.fixed_sizes else
+                           AutoscalingSettings(min_replicas=args.min_replicas)), plan=args.plan)
         results = compare(spec, policies, args.jobs)
         bound = None
         if args.oracle:
@@ -307,7 +318,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
             bound = solve_bound(spec)
             results = with_gaps(results, bound)
-    except (ConfigError, CarbonCsvError) as exc:
+    except (ConfigError, CarbonCsvError, PlanError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.CONFIG
     except (TraceError, ValueError) as exc:

@@ -72,12 +72,13 @@ import numpy as np
 from tqdm import tqdm
 
 from scheduler.config.schema import PolicyConfig, RegionConfig
-from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.datalayer.snapshot import SnapshotBuilder, replicas_of
 from scheduler.deferral.window import choose_release
 from scheduler.framework.scheduler import Scheduler
 from scheduler.framework.slo import ttft_budget_s
+from scheduler.plan.schedule import DailySchedule, warm_replicas_at
 from scheduler.plugins import default_scheduler_registry
-from scheduler.sim.autoscale import AutoscalingSettings
+from scheduler.sim.autoscale import AutoscalingSettings, PoolAutoscaler
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.datalayer import SimDataLayer
 from scheduler.sim.deferral import Deferral, predicted_completion_s
@@ -121,6 +122,9 @@ class Scenario:
     # Every pool's replicas scale by Ray Serve's policy on these settings (None: fixed sizes,
     # every replica warm throughout).
     autoscaling: AutoscalingSettings | None = None
+    # A capacity plan (``scheduler plan``): the pools it names keep its min and max replicas of
+    # each hour as their autoscaler's bounds, applied by time of day (None: the settings' own).
+    plan: DailySchedule | None = None
 
 
 class Simulation:
@@ -269,6 +273,7 @@ class Simulation:
         # One simulated pool per (region, pool) serving the workload's model, at its true costs.
         truth = self.scenario.truth
         autoscaling = self.scenario.autoscaling
+        plan = self.scenario.plan
         residuals = HeldOutResiduals.load() if truth.gpu_bias else None
         knee = truth.knee
         pool_of: dict[int, PoolSim] = {}
@@ -281,8 +286,14 @@ class Simulation:
                 d = c.deployment
                 rated = builder.energy_model.rated_costs(c.model, c.gpu, d.precision, d.tensor_parallel).costs
                 costs = truth.costs(rated, c.gpu.name, self.seed, f"{key[0]}/{key[1]}", residuals)
+                settings = autoscaling
+                if settings is not None and plan is not None and key in plan.replicas:
+                    # The plan's hour at the start: its warm replicas are up from the first request.
+                    low, high = warm_replicas_at(plan, *key, first_arrival)
+                    settings = dataclasses.replace(settings, min_replicas=min(low, max(1, high)),
+                                                   max_replicas=max(1, high), initial_replicas=low)
                 by_pool[key] = PoolSim(c, costs, done, self.seed, prefix_aware=affinity, number=len(by_pool),
-                                       knee=knee, autoscaling=autoscaling, start=first_arrival)
+                                       knee=knee, autoscaling=settings, start=first_arrival)
             pool_of[c.index] = by_pool[key]
         for number, sim_pool in enumerate(by_pool.values()):
             assert sim_pool.number == number
@@ -524,6 +535,16 @@ class Simulation:
                 heapq.heappush(heap, (ready_at, seq_no, _READY, pool, 0))
                 seq_no += 1
 
+        def planned_bounds(pool: PoolSim, autoscaler: PoolAutoscaler, now: float) -> None:
+            """The plan's (min, max) replicas of the hour as the autoscaler's bounds (a max of 0,
+            "send nothing here", is 1: Ray Serve's least; the pool's replicas at most)."""
+            assert plan is not None
+            key = (pool.candidate.region.name, pool.candidate.pool.name)
+            if key in plan.replicas:
+                low, high = warm_replicas_at(plan, *key, now)
+                top = min(max(1, high), replicas_of(pool.candidate))
+                autoscaler.low, autoscaler.high = min(low, top), top
+
         def tick(now: float) -> None:
             """Book the fleet's energy; each pool that is up samples its load and scales."""
             nonlocal seq_no
@@ -535,6 +556,8 @@ class Simulation:
                     pool.stop_drained(now)
                     if pool.down:
                         continue
+                    if plan is not None:
+                        planned_bounds(pool, autoscaler, now)
                     ongoing = autoscaler.observe(now, pool.ongoing)
                     target = autoscaler.decide(now, len(pool.replicas), ongoing)
                     if target != len(pool.replicas) + len(pool.starting):

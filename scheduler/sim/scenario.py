@@ -25,6 +25,7 @@ from typing import Any
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR
+from scheduler.plan.schedule import load_schedule
 from scheduler.sim import shards as shards_
 from scheduler.sim.autoscale import AutoscalingSettings
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
@@ -62,6 +63,9 @@ class ScenarioSpec:
     # Every pool scales by Ray Serve's autoscaling policy on these settings (None: fixed sizes;
     # ``scheduler simulate`` autoscales unless given --fixed-sizes).
     autoscaling: AutoscalingSettings | None = None
+    # A capacity plan file (``scheduler plan --json``) whose hourly min/max replicas bound the
+    # autoscaler of the pools it names (None: none).
+    plan: Path | None = None
     seed: int = 0
     progress: bool = True
 
@@ -97,6 +101,7 @@ class ScenarioSpec:
             "clients": {c.name: c.share for c in w.continents},
             "workflow": None if self.workflow is None else self.workflow.describe(),
             "autoscaling": None if self.autoscaling is None else dataclasses.asdict(self.autoscaling),
+            "plan": None if self.plan is None else str(self.plan),
         }
 
     def gpus(self) -> list[str]:
@@ -132,7 +137,8 @@ def run_mode(spec: ScenarioSpec, policy: str, affinity: bool) -> PolicyResult:
             spec.carbon_outages,
         )
         scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages,
-                            truth=spec.truth, deferral=deferral, affinity=affinity, autoscaling=spec.autoscaling)
+                            truth=spec.truth, deferral=deferral, affinity=affinity, autoscaling=spec.autoscaling,
+                            plan=None if spec.plan is None else load_schedule(spec.plan))
         return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed).run(spec.progress)
 
     if spec.deferral is None or spec.workload.deferrable_share <= 0:
@@ -170,7 +176,7 @@ def _run_shard(spec: ScenarioSpec, policy: str, start: int, stop: int, origin: f
     carbon = CarbonReplay.from_dir(spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year,
                                    spec.carbon_delay_s, spec.carbon_outages)
     scenario = Scenario(refresh_s=spec.refresh_s, region_outages=spec.region_outages, truth=spec.truth,
-                        autoscaling=spec.autoscaling)
+                        autoscaling=spec.autoscaling, plan=None if spec.plan is None else load_schedule(spec.plan))
     return Simulation(regions, fleet.policy(policy), workload, carbon, scenario, spec.seed,
                       hour_origin=origin, span_until=until, first_row=start).outcome(progress=False)
 

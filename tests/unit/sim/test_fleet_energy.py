@@ -158,3 +158,37 @@ def test_the_bound_with_fixed_sizes_pays_every_replicas_idle_power(files: Files)
                              + 500.0 * pools[0].costs.idle_w * 2 * length)
     assert bound.pool_share[clean.place] == pytest.approx(1.0)
     assert bound.fleet_gco2e == pytest.approx(grams, rel=1e-6)
+
+
+def test_a_capacity_plan_bounds_the_autoscaler_by_the_hour(files: Files, tmp_path: Path) -> None:
+    """``simulate --plan``: a pool the plan keeps at 0 is never warm (its autoscaler's minimum
+    is the plan's, and nothing is sent there); a pool the plan keeps at 2 runs 2 from the first
+    request; without the plan each keeps Ray Serve's minimum of 1."""
+    from types import MappingProxyType
+
+    from scheduler.plan.schedule import DailySchedule
+
+    _carbon(files)
+    regions = (region("near", "DIRTY", PARIS, gpus=8), region("clean", "CLEAN", OSLO, gpus=8))
+    workload = build_workload(load_trace(str(_bursts(tmp_path / "bursts.csv"))),
+                              WorkloadConfig(start=T0 + 3000.0, hours=25 / 60, rate=None, continents=europe_only()), 0)
+    settings = AutoscalingSettings(min_replicas=1, target_ongoing_requests=0.5, upscale_delay_s=10.0,
+                                   downscale_delay_s=60.0, cold_start_s=30.0, cold_start_j=9000.0)
+    plan = DailySchedule(start=T0, slice_s=3600.0, slices=24,
+                         replicas=MappingProxyType({("near", "h100"): ((0, 0),) * 24, ("clean", "h100"): ((2, 2),) * 24}),
+                         target_ongoing_requests=MappingProxyType({("near", "h100"): (0.5,) * 24,
+                                                                   ("clean", "h100"): (0.5,) * 24}))
+    span = workload.arrival_s[-1] - workload.arrival_s[0]
+
+    def warm_and_starts(scenario: Scenario) -> dict[str, tuple[float, int]]:
+        carbon = CarbonReplay.from_dir(files.carbon_dir, ["DIRTY", "CLEAN"], 2023)
+        outcome = Simulation(regions, policy(), workload, carbon, scenario, 0).outcome(False)
+        assert (outcome.ran_in >= 0).all()
+        return {p.region: (p.warm_s, p.cold_starts) for p in outcome.pool_energy}
+
+    planned = warm_and_starts(Scenario(autoscaling=settings, plan=plan))
+    unplanned = warm_and_starts(Scenario(autoscaling=settings))
+    print(f"\nwarm s and cold starts per region, planned {planned}, unplanned {unplanned}; span {span:.0f} s")
+    assert planned["near"] == (0.0, 0)
+    assert planned["clean"][0] >= 2 * span and planned["clean"][1] == 0  # 2 warm from the start, never more
+    assert unplanned["near"][0] >= span  # Ray Serve's min_replicas 1, warm throughout
