@@ -604,7 +604,9 @@ class RegionGateway:
 
     def _on_idle(self, pool: str, joules: float) -> None:
         self._metrics.idle(pool, joules)
-        self._idle.idle(pool, joules, time.time())
+        if self._keys is not None and self._store is not None:
+            # (Kept only where a record of it can be signed and written: else nothing drains it.)
+            self._idle.idle(pool, joules, time.time())
 
     async def _idle_writer(self) -> None:
         """Each pool's idle energy of every billing window that ended, signed for the ledger."""
