@@ -67,14 +67,19 @@ class IdleWindows:
         self._intensity = intensity_g_per_kwh if usable else None
 
     def closed(self, now: float) -> list[IdleWindow]:
-        """The windows that ended by ``now``, removed."""
+        """The windows that ended by ``now`` with idle joules to bill, removed (those without
+        are dropped: a gateway without a meter has uses and no idle energy)."""
         ended = [key for key in self._windows if key[1] + self.window_s <= now]
-        return [self._record(key, self._windows.pop(key)) for key in sorted(ended, key=lambda k: (k[1], k[0]))]
+        return self._records(sorted(ended, key=lambda k: (k[1], k[0])))
 
     def drain(self) -> list[IdleWindow]:
-        """Every window, the open ones too (partial: their record says where they started)."""
-        keys = sorted(self._windows, key=lambda k: (k[1], k[0]))
-        return [self._record(key, self._windows.pop(key)) for key in keys]
+        """Every window with idle joules, the open ones too (partial: their record says where
+        they started)."""
+        return self._records(sorted(self._windows, key=lambda k: (k[1], k[0])))
+
+    def _records(self, keys: list[tuple[str, float]]) -> list[IdleWindow]:
+        windows = [(key, self._windows.pop(key)) for key in keys]
+        return [self._record(key, window) for key, window in windows if window.idle_j > 0.0]
 
     def _record(self, key: tuple[str, float], window: _Window) -> IdleWindow:
         pool, start = key

@@ -291,7 +291,8 @@ def region_receipts(url: str, namespace: str, ring: TicketKeyRing) -> list[dict[
     """The claims of every receipt the regions signed (verified)."""
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
-        return [verify_receipt(ring.of(entry["region"]), entry) for _, entry in client.xrange(f"sched:{namespace}:receipts")]
+        claims = [verify_receipt(ring.of(entry["region"]), entry) for _, entry in client.xrange(f"sched:{namespace}:receipts")]
+        return [c for c in claims if c.get("kind") != "idle"]  # a pool's idle energy of a window (none here: no meter)
     finally:
         client.close()
 

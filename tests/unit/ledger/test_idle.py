@@ -62,3 +62,6 @@ def test_the_gateway_prices_idle_joules_at_the_last_usable_intensity() -> None:
     assert (second.pool, second.window_start, second.idle_j) == ("a100-batch", 3600.0, 1.0)
     assert second.carbon_g == pytest.approx(1.0 / J_PER_KWH * UPPER_BOUND_G_PER_KWH * 1.2)
     assert windows.drain() == []
+    # A window with uses and no idle joules (a gateway without a meter) is no record.
+    windows.used("h200-long", "acme", 50.0, 30.0, now=8000.0)
+    assert windows.closed(now=20000.0) == [] and windows.drain() == []
