@@ -174,7 +174,6 @@ async def test_a_noisy_tenant_hurts_no_one(own_redis: PrivateRedis, tmp_path: Pa
                 # --- the attack -------------------------------------------------------------
                 load.phase = "attack"
                 attack_stop, defer_codes = asyncio.Event(), Counter[str]()
-                flood = asyncio.create_task(defer_flood(router.grpc, tenant_a.key, attack_stop, defer_codes))
                 gate = asyncio.Semaphore(50)
                 unread = [await never_reading_socket(router.http, "127.0.0.1", completion_request(tenant_a.key), gate)
                           for _ in range(A_STREAMS)]
@@ -201,6 +200,8 @@ async def test_a_noisy_tenant_hurts_no_one(own_redis: PrivateRedis, tmp_path: Pa
                     own = await a.defer("tenant a under b's id", model=MODEL, max_tokens=8,
                                         deadline_unix_s=time.time() + 3600, request_id=b_ids[0])
                     a_own = await a.get_deferred(b_ids[0])
+                # Then the flood, at A's rate limit (the probes above would share it).
+                flood = asyncio.create_task(defer_flood(router.grpc, tenant_a.key, attack_stop, defer_codes))
                 await asyncio.sleep(ATTACK_S)
                 attack_stop.set()
                 await flood
