@@ -692,6 +692,8 @@ class RegionGateway:
         generated_total = 0.0
         now = time.monotonic()
         for name in settings.pools:
+            if replicas is not None and name not in replicas:
+                continue  # Serve runs no deployment for it (deleted, or not deployed): not served
             counts = None if replicas is None else replicas[name]
             if counts is not None and counts.warm == 0:
                 self._engine_answers.forget(name)
@@ -720,7 +722,7 @@ class RegionGateway:
         """Whether the pool's engine is asked for its figures now (``live_state``)."""
         if replicas is None:
             return True
-        if replicas[pool].warm == 0:
+        if pool not in replicas or replicas[pool].warm == 0:
             return False  # a call would wake it
         return (self._engine_answers.last(pool) is None or self._flight.count(pool) > 0
                 or self._flight.started_total(pool) != self._asked_at_started.get(pool))

@@ -24,15 +24,19 @@ class PoolReplicas:
 
 def pool_replicas(status: Any, app: str, deployments: Mapping[str, str]) -> dict[str, PoolReplicas]:
     """Pool -> its deployment's replicas, from a ``serve.status()`` answer: ``app`` is the
-    region's application, ``deployments`` maps pool -> deployment name. A deployment Serve does
-    not list (not deployed yet) has no replica."""
+    region's application, ``deployments`` maps pool -> deployment name. A pool whose deployment
+    Serve does not list (its application deleted, or not deployed) is left out: Serve runs
+    nothing for it, neither warm nor starting, so it is not served (not a cold pool a request
+    could wake)."""
     application = status.applications.get(app)
     listed = application.deployments if application is not None else {}
     counts = {}
     for pool, name in deployments.items():
         deployment = listed.get(name)
+        if deployment is None:
+            continue
         # ReplicaState is a str Enum: its members hash and compare as their names.
-        states: Mapping[str, int] = deployment.replica_states if deployment is not None else {}
+        states: Mapping[str, int] = deployment.replica_states
         counts[pool] = PoolReplicas(warm=sum(int(states.get(s, 0)) for s in WARM_STATES),
                                     starting=sum(int(states.get(s, 0)) for s in STARTING_STATES))
     return counts
