@@ -1,5 +1,5 @@
 """The README's promises about itself: it starts with the two commands, keeps one dated line per
-figure (the runs are in docs/benchmarks.md), draws the architecture and says the demo model's
+figure (the runs are in docs/benchmarks-history.md), draws the architecture and says the demo model's
 weights are random."""
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ def test_one_line_per_figure_and_the_runs_in_the_appendix() -> None:
     assert header.startswith("| what | command | figure |") and len(figures) >= 8
     for row in figures:
         assert len(set(DATE.findall(row))) <= 1, f"more than one dated run in: {row[:80]}"
-    appendix = (REPO / "docs" / "benchmarks.md").read_text()
-    assert "## Appendix: the README's figures, run by run" in appendix
+    history = (REPO / "docs" / "benchmarks-history.md").read_text()
+    assert "## The README's figures, run by run" in history
+    assert "(benchmarks-history.md)" in (REPO / "docs" / "benchmarks.md").read_text()
 
 
 def test_the_architecture_picture_names_the_parts_and_both_modes() -> None:
