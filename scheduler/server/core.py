@@ -273,7 +273,7 @@ class RouterCore:
                 incoming = dataclasses.replace(incoming, request=dataclasses.replace(
                     incoming.request, allowed_jurisdictions=frozenset(allowed)))
             if trace.recording:
-                trace.span.set_attributes(request_attributes(incoming))
+                trace.span.set_attributes(request_attributes(incoming.request, incoming.call.path, incoming.call.body))
             # The policy's canary arm decides when it is on and the request's key is in its share
             # (its snapshot carries the arm's policy); else the control does (scheduler.canary).
             snapshot = snapshot_for(incoming.request, snapshot)
