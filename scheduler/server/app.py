@@ -65,7 +65,7 @@ from scheduler.types import EnergyReceipt, Request
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc
 
 if TYPE_CHECKING:
-    from scheduler.server.config_reload import ConfigReloader
+    from scheduler.server.config_reload.reloader import ConfigReloader
 
 log = logging.getLogger(__name__)
 
