@@ -199,7 +199,7 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.datalayer.snapshot import SnapshotBuilder
     from scheduler.ledger.budget import BudgetError, load_budgets
     from scheduler.logformat import use_log_format
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
     from scheduler.server.config_reload.metrics import config_samples
@@ -490,7 +490,7 @@ def _keys_create(args: argparse.Namespace) -> int:
 
 def _tickets_keygen(args: argparse.Namespace) -> int:
     from scheduler.config.loader import ConfigError
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.tickets import RegionKeys, TicketKeyRing, TicketKeysError
 
     try:

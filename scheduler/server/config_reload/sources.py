@@ -207,7 +207,7 @@ def validate_bundle(bundle: ConfigBundle, policy_name: str, parts: frozenset[str
     problem, each naming its file as ``shown`` (part -> the name to show: a path, a store
     version), its field and its value. ``parts``: those this router uses. ``keys_in_use``: the
     key ring the bundle would replace (it may not take the last admin key away)."""
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
 
     issues: list[ConfigIssue] = []
     for part in ("keys", "budgets"):
