@@ -29,8 +29,8 @@ TARGET_SHARE = 0.75
 
 
 # What the ranges are computed from: the region file's blocks (``schema.Autoscaling``,
-# ``schema.ModelDeployment``, ``schema.PoolConfig``) as read here, so that the schema, which
-# validates a pool with ``replica_ranges``, is imported by this module and not the other way.
+# ``schema.ModelDeployment``, ``schema.PoolConfig``; frozen, so read-only here) as read here, so
+# that the schema, which validates a pool with ``replica_ranges``, need not be imported back.
 class AutoscalingBlock(Protocol):
     @property
     def min_replicas(self) -> int: ...

@@ -42,19 +42,18 @@ MAX_REMEMBERED_REFUSALS = 256
 
 
 class ReloadedRouter(Protocol):
-    """The parts of the router a config version is applied to (``scheduler.server.app.RouterDeps``)."""
+    """The parts of the router a config version is applied to (``scheduler.server.app.RouterDeps``
+    holds them; scheduler.server.router_parts has the other seams)."""
 
-    @property
-    def refresher(self) -> SnapshotRefresher: ...
-    @property
-    def canary(self) -> CanaryRuntime | None: ...
-    @property
-    def store(self) -> StateStore: ...
+    refresher: SnapshotRefresher
+    canary: CanaryRuntime | None
+    store: StateStore
+    # Replaced by a version's key ring (the edge reads it per call).
+    keys: KeyRing | None
+
     # The ledgers and carbon pollers among them follow a new version.
     @property
     def background(self) -> Sequence[object]: ...
-    # Replaced by a version's key ring (read by the edge per call).
-    keys: KeyRing | None
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ def _when(unix_s: float) -> str:
 @dataclass
 class ConfigReloader:
     """Reloads, publishes and adopts config versions for one router (a ``BackgroundTask``:
-    start it after the router's other parts; see the module's docstring)."""
+    start it after the router's other parts; see the package's docstring)."""
 
     deps: ReloadedRouter
     sources: ConfigSources
