@@ -26,7 +26,8 @@ from scheduler.datalayer.offline import csv_carbon_bounds, csv_carbon_signals, z
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.explain import explain_dict, explain_table
 from scheduler.framework.scheduler import Scheduler
-from scheduler.plugins import default_scheduler_registry, load_checked_fleet
+from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.types import WORKLOAD_CLASSES, FleetSnapshot, GeoPoint, Request
 
 

@@ -28,7 +28,8 @@ from scheduler.config.schema import CarbonSource, GeoLocation, ModelDeployment, 
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.framework.scheduler import Scheduler
-from scheduler.plugins import default_scheduler_registry, load_checked_fleet
+from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.types import FleetSnapshot, GeoPoint, PoolLiveState, RegionLiveState, Request, Signal, WorkloadClass
 
 # 2023-06-01 12:00 UTC: inside the shipped hourly carbon data.

@@ -79,7 +79,7 @@ async def _serve_and_count(path: str, requests: int) -> None:
     warm it, count ``requests`` requests."""
     from scheduler.client.common import build_request
     from scheduler.datalayer.snapshot import SnapshotBuilder
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.server.app import build_deps, with_services
     from scheduler.server.http_api import build_http_server
     from scheduler.state.memory_store import MemoryStore

@@ -11,7 +11,8 @@ from scheduler.config.loader import Fleet
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
-from scheduler.plugins import default_scheduler_registry, load_checked_fleet
+from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.types import FleetSnapshot, RegionLiveState, Signal
 from tests.literals import NOW
 

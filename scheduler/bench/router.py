@@ -221,7 +221,7 @@ def start_all(settings: Settings, processes: Processes) -> Setup:
     import yaml
 
     from scheduler.cli import build_parser
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
 
     work = processes.workdir
     backend_pids: list[int] = []

@@ -18,16 +18,50 @@ replicas that fit); blocks for its models make the split explicit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from scheduler.config.schema import Autoscaling, PoolConfig
+from typing import Any, Protocol
 
 DEFAULT_MIN_REPLICAS = 1
 # Of the engine's max_num_seqs: scale up while a replica's batch still has room (requests beyond
 # max_num_seqs queue), and not before it is large enough that J per token has fallen.
 TARGET_SHARE = 0.75
+
+
+# What the ranges are computed from: the region file's blocks (``schema.Autoscaling``,
+# ``schema.ModelDeployment``, ``schema.PoolConfig``; frozen, so read-only here) as read here, so
+# that the schema, which validates a pool with ``replica_ranges``, need not be imported back.
+class AutoscalingBlock(Protocol):
+    @property
+    def min_replicas(self) -> int: ...
+    @property
+    def max_replicas(self) -> int: ...
+    @property
+    def target_ongoing_requests(self) -> float | None: ...
+    @property
+    def upscale_delay_s(self) -> float: ...
+    @property
+    def downscale_delay_s(self) -> float: ...
+    @property
+    def metrics_interval_s(self) -> float: ...
+    @property
+    def look_back_period_s(self) -> float: ...
+
+
+class ScaledModel(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def tensor_parallel(self) -> int: ...
+    @property
+    def autoscaling(self) -> AutoscalingBlock | None: ...
+
+
+class ScaledPool(Protocol):
+    @property
+    def count(self) -> int: ...
+    @property
+    def models(self) -> Sequence[ScaledModel]: ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +83,7 @@ class ReplicaRange:
                              f"{self.min_replicas}..{self.max_replicas}")
 
     @classmethod
-    def of(cls, block: Autoscaling) -> ReplicaRange:
+    def of(cls, block: AutoscalingBlock) -> ReplicaRange:
         """The range a region file's ``autoscaling:`` block gives."""
         return cls(block.min_replicas, block.max_replicas, block.target_ongoing_requests, block.upscale_delay_s,
                    block.downscale_delay_s, block.metrics_interval_s, block.look_back_period_s)
@@ -69,7 +103,7 @@ class ReplicaRange:
         }
 
 
-def replica_ranges(pool: PoolConfig) -> dict[str, ReplicaRange]:
+def replica_ranges(pool: ScaledPool) -> dict[str, ReplicaRange]:
     """Model name -> its replica range on ``pool`` (the defaults of the module docstring);
     ValueError when the models' maxima need more GPUs than the pool has."""
     given = {m.name: m.autoscaling for m in pool.models if m.autoscaling is not None}

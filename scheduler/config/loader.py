@@ -12,7 +12,7 @@ Every problem found is reported, not just the first, so an operator fixes a file
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -20,6 +20,10 @@ from typing import Any, Protocol, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+# What the loader raises, named from here too (its callers import them with it).
+from scheduler.config.issues import ConfigError as ConfigError
+from scheduler.config.issues import ConfigIssue as ConfigIssue
+from scheduler.config.issues import field_path
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.energy.hardware import GPU_CATALOGUE
 
@@ -35,24 +39,6 @@ EMBEDDED_POLICIES = EXAMPLES_DIR / "policies"
 DEFAULT_CARBON_POLL_S = 300.0
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class ConfigIssue:
-    file: str
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.field}: {self.message}" if self.field else f"{self.file}: {self.message}"
-
-
-class ConfigError(Exception):
-    """One or more problems in the config files; ``issues`` lists each."""
-
-    def __init__(self, issues: Iterable[ConfigIssue]) -> None:
-        self.issues = tuple(issues)
-        super().__init__("\n".join(str(issue) for issue in self.issues))
 
 
 class PolicyChecker(Protocol):
@@ -147,18 +133,6 @@ def _first_vllm_url(pools: object) -> str | None:
 
 
 # --- validate ----------------------------------------------------------------------------
-
-
-def field_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part.startswith(("function-", "json-or-python")) or part == "[key]":  # a mapping's key: named before
-            continue
-        else:
-            path += f".{part}" if path else str(part)
-    return path or "(top level)"
 
 
 def _describe(error: Mapping[str, Any]) -> str:
@@ -276,7 +250,7 @@ def load_fleet(
 ) -> Fleet:
     """Load and check every region and policy file; raise one ConfigError listing all issues.
 
-    ``checker`` also checks each policy's plugins (``scheduler.plugins.load_checked_fleet``
+    ``checker`` also checks each policy's plugins (``scheduler.plugins.checked_fleet.load_checked_fleet``
     passes the registry; this layer does not know the plugins)."""
     regions_dir = regions_dir or EMBEDDED_REGIONS
     policies_dir = policies_dir or EMBEDDED_POLICIES

@@ -101,7 +101,7 @@ async def _fetch_async(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from scheduler.config.loader import ConfigError, load_policy
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
 
     try:
         if args.policy.endswith((".yaml", ".yml")):

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from scheduler.config.loader import ConfigIssue, field_path
+from scheduler.config.issues import ConfigIssue, field_path
 from scheduler.config.schema import WORKLOAD_CLASS_NAMES, PluginRef, PolicyConfig, ScorerTerm
 from scheduler.config.units import UNITS
 from scheduler.framework.plugin import CandidateSource, Filter, Picker, Scorer

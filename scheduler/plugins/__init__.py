@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from scheduler.config.loader import Fleet, PolicyChecker, load_fleet
 from scheduler.framework.registry import Registry
 from scheduler.plugins.filters import (
     certifications,
@@ -50,10 +47,3 @@ def register_all(registry: Registry) -> Registry:
 
 def default_scheduler_registry() -> Registry:
     return register_all(Registry())
-
-
-def load_checked_fleet(regions_dir: Path | None = None, policies_dir: Path | None = None) -> Fleet:
-    """``regions/`` and ``policies/`` loaded and every policy's plugins checked against the
-    registry (the loader every command and server uses)."""
-    checker: PolicyChecker = default_scheduler_registry()
-    return load_fleet(regions_dir, policies_dir, checker)

@@ -14,7 +14,8 @@ from typing import Any
 from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs, config_actions
 from scheduler.config.loader import ConfigError, ConfigIssue, Fleet, json_schemas
-from scheduler.plugins import default_scheduler_registry, load_checked_fleet
+from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.checked_fleet import load_checked_fleet
 
 
 def register(sub: Any) -> None:

@@ -78,7 +78,7 @@ def register_region(sub: Any) -> None:
 
 
 def _scrape(args: argparse.Namespace) -> int:
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.state.factory import open_store
     from scheduler.state.url import StateUrlError, resolve_state_url
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scheduler.config.schema import RegionConfig
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.serve import DEFAULT_LOCAL_REGIONS
 from scheduler.serve.app import EngineOptions, build_region_app, local_pools
 from scheduler.server.auth import KeyRing

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -38,6 +38,7 @@ from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
+from scheduler.server.config_reload.reloader import ConfigReloader
 from scheduler.server.deferral_settings import DeferralSettings
 from scheduler.server.deferred import Deferrals
 from scheduler.server.dispatch import RegionDispatcher
@@ -63,9 +64,6 @@ from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tickets import TicketKeyRing
 from scheduler.types import EnergyReceipt, Request
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc
-
-if TYPE_CHECKING:
-    from scheduler.server.config_reload import ConfigReloader
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The router's side of the canary (scheduler.canary): how a proxied stream went, for its arm's
 window, and the canary's status as the RouterAdmin answer carries it.
 
-A stream's outcome (``stream_outcome``), from how ``ProxyRun`` ended:
+A stream's outcome (``stream_outcome``), from how ``scheduler.server.core.ProxyRun`` ended:
 
     complete                         met the TTFT SLO iff its first token came within the budget
     region failed, deadline passed   an error; its TTFT verdict as above when text came, else a miss
@@ -16,19 +16,12 @@ receipt, when one was booked.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from scheduler import errors
 from scheduler.canary.runtime import CanaryStatus, WindowFigures
 from scheduler.canary.stats import ArmFigures, Outcome
-from scheduler.types import FleetSnapshot, Request
+from scheduler.types import EnergyReceipt, FleetSnapshot, Request
 from scheduler.v1 import admin_pb2
 
-if TYPE_CHECKING:
-    from scheduler.server.core import ProxyRun
-
-# As scheduler.server.core: a cancel this close to the client's deadline is the deadline.
-_DEADLINE_SLACK_S = 0.05
 _ERROR_ENDS = frozenset({"region-error", "deadline", "error"})
 
 
@@ -39,21 +32,18 @@ def ttft_budget_ms(request: Request, snapshot: FleetSnapshot) -> float:
     return slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * request.prompt_tokens / 1000.0
 
 
-def stream_outcome(run: ProxyRun, kind: type[BaseException] | None) -> Outcome:
-    """How the stream ``run`` went, as it leaves its ``async with`` (``kind``: the exception
-    that ended it, None when it ran to its end)."""
-    receipt = run._booked_receipt
-    retried = bool(run.stream.failovers)
-    budget = ttft_budget_ms(run.incoming.request, run.snapshot)
+def stream_outcome(request: Request, snapshot: FleetSnapshot, receipt: EnergyReceipt | None, retried: bool,
+                   failed: bool, deadline_passed: bool) -> Outcome:
+    """How a proxied stream went, as it leaves its ``async with``: ``receipt`` the one booked
+    (None: no text went out), ``retried`` whether it failed over, ``failed`` whether it ended on
+    an exception or a region failure, ``deadline_passed`` whether the client's deadline had."""
+    budget = ttft_budget_ms(request, snapshot)
     if receipt is not None:
         ttft = receipt.ttft_ms
         return Outcome(ttft_ok=None if ttft is None else ttft <= budget, error=receipt.end_reason in _ERROR_ENDS,
                        retried=retried, energy_j=receipt.energy_j, carbon_g=receipt.carbon_g)
     # No text went out.
-    if (kind is not None and issubclass(kind, Exception)) or run.failure is not None:
-        return Outcome(ttft_ok=False, error=True, retried=retried)
-    deadline = run.client_deadline
-    if deadline is not None and run.deps.monotonic() >= deadline - _DEADLINE_SLACK_S:
+    if failed or deadline_passed:
         return Outcome(ttft_ok=False, error=True, retried=retried)
     # The client left before the first token: no verdict.
     return Outcome(ttft_ok=None, error=False, retried=retried)

@@ -199,10 +199,12 @@ def _router(args: argparse.Namespace) -> int:
     from scheduler.datalayer.snapshot import SnapshotBuilder
     from scheduler.ledger.budget import BudgetError, load_budgets
     from scheduler.logformat import use_log_format
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.server.app import TlsFiles, build_deps, serve_until_signalled, start_router, with_services
     from scheduler.server.auth import KeyRing
-    from scheduler.server.config_reload import ConfigReloader, ConfigSources, load_local
+    from scheduler.server.config_reload.metrics import config_samples
+    from scheduler.server.config_reload.reloader import ConfigReloader
+    from scheduler.server.config_reload.sources import ConfigSources, load_local
     from scheduler.server.config_signing import ConfigTrust, SigningError
     from scheduler.server.edge import current_span
     from scheduler.server.metrics import RouterMetrics
@@ -350,7 +352,7 @@ def _router(args: argparse.Namespace) -> int:
                               sync_interval_s=args.config_sync_interval)
     deps.config = reloader
     deps.background.append(reloader)
-    deps.gauges.append(reloader.samples)
+    deps.gauges.append(lambda: config_samples(reloader))
 
     _raise_open_files_limit()
 
@@ -488,7 +490,7 @@ def _keys_create(args: argparse.Namespace) -> int:
 
 def _tickets_keygen(args: argparse.Namespace) -> int:
     from scheduler.config.loader import ConfigError
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.tickets import RegionKeys, TicketKeyRing, TicketKeysError
 
     try:

@@ -108,7 +108,7 @@ def _keygen(args: argparse.Namespace) -> int:
 def _signed_bundle(args: argparse.Namespace) -> tuple[Any, Any] | int:
     """The files read and validated as a router reads them, and their signature (or the exit code)."""
     from scheduler.config.loader import ConfigError
-    from scheduler.server.config_reload import ConfigSources, read_bundle, validate_bundle
+    from scheduler.server.config_reload.sources import ConfigSources, read_bundle, validate_bundle
     from scheduler.server.config_signing import SigningError, SigningKey
 
     sources = ConfigSources(args.regions, args.policies, args.policy, args.keys, args.budgets)
@@ -143,7 +143,7 @@ def _sign(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import asyncio
 
-    from scheduler.server.config_reload import ConfigStore, default_owner
+    from scheduler.server.config_reload.store import ConfigStore, default_owner
     from scheduler.state.factory import open_store
     from scheduler.state.store import StateUnavailable
     from scheduler.state.url import StateUrlError, resolve_state_url

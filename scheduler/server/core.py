@@ -22,10 +22,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from itertools import islice
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from scheduler import errors
 from scheduler.canary.assign import snapshot_for
+from scheduler.canary.runtime import OpenStream
 from scheduler.config.schema import PolicyConfig
 from scheduler.energy.output_budget import OutputBudget, best_budget
 from scheduler.server import convert
@@ -33,6 +34,7 @@ from scheduler.server.auth import Principal, scope_jurisdictions
 from scheduler.server.canary import stream_outcome, ttft_budget_ms
 from scheduler.server.dispatch import RegionStream, TextDelta
 from scheduler.server.receipt import ReceiptInputs, build_receipt
+from scheduler.server.router_parts import Proxying
 from scheduler.server.tracing import NO_TRACE, RequestTrace, decision_attributes, receipt_attributes, request_attributes
 from scheduler.types import Candidate, Decision, EnergyReceipt, FleetSnapshot, Request
 from scheduler.v1 import messages_pb2, router_pb2
@@ -45,11 +47,6 @@ TRANSIENT_PLUGINS = frozenset({"region-health", "pool-served", "slo-reachable"})
 # ``time_remaining()`` a moment before the stream started: a cancellation this close to the
 # client's deadline is the deadline, not the client leaving.
 DEADLINE_CLOCK_SLACK_S = 0.05
-
-if TYPE_CHECKING:
-    from scheduler.canary.runtime import OpenStream
-    from scheduler.server.app import RouterDeps
-
 
 def output_budget(policy: PolicyConfig, request: Request, decision: Decision) -> OutputBudget | None:
     """The policy's quality-per-joule max_tokens for this request on the chosen candidate
@@ -125,7 +122,7 @@ class ProxyRun:
     the text, then read ``receipt`` (None when no text went out) and ``failure`` (an early
     end after text: the receipt is partial and the edge reports the failure after it)."""
 
-    deps: RouterDeps
+    deps: Proxying
     decision_id: str
     snapshot: FleetSnapshot
     incoming: convert.Incoming
@@ -193,9 +190,7 @@ class ProxyRun:
                 # after text went out: the client cannot get a receipt any more, but the ledger
                 # and the audit do. Booked before any await, so a stopping router's ledger
                 # drains it.
-                passed = (self.client_deadline is not None
-                          and deps.monotonic() >= self.client_deadline - DEADLINE_CLOCK_SLACK_S)
-                self._book("deadline" if passed else "cancelled")
+                self._book("deadline" if self._deadline_passed() else "cancelled")
         deps.active_streams -= 1
         deps.metrics.active_streams.dec()
         deltas, self._deltas = self._deltas, None
@@ -208,7 +203,14 @@ class ProxyRun:
             self.trace.span.set_attribute("scheduler.failovers", len(self.stream.failovers))
         if self.snapshot.canary is not None and deps.canary is not None:
             # Counted in its arm's window (no I/O here; scheduler.canary.runtime).
-            deps.canary.observe(self.snapshot, stream_outcome(self, kind), self._canary)
+            failed = (kind is not None and issubclass(kind, Exception)) or self.failure is not None
+            outcome = stream_outcome(self.incoming.request, self.snapshot, self._booked_receipt,
+                                     bool(self.stream.failovers), failed, self._deadline_passed())
+            deps.canary.observe(self.snapshot, outcome, self._canary)
+
+    def _deadline_passed(self) -> bool:
+        return (self.client_deadline is not None
+                and self.deps.monotonic() >= self.client_deadline - DEADLINE_CLOCK_SLACK_S)
 
     def _book(self, end_reason: str) -> EnergyReceipt | None:
         """Build and book this stream's receipt once; None when no region answered (no text)."""
@@ -251,7 +253,7 @@ class ProxyRun:
 
 
 class RouterCore:
-    def __init__(self, deps: RouterDeps) -> None:
+    def __init__(self, deps: Proxying) -> None:
         self.deps = deps
 
     def decide(self, principal: Principal, msg: messages_pb2.GenerateRequest, trace: RequestTrace = NO_TRACE,
@@ -273,7 +275,7 @@ class RouterCore:
                 incoming = dataclasses.replace(incoming, request=dataclasses.replace(
                     incoming.request, allowed_jurisdictions=frozenset(allowed)))
             if trace.recording:
-                trace.span.set_attributes(request_attributes(incoming))
+                trace.span.set_attributes(request_attributes(incoming.request, incoming.call.path, incoming.call.body))
             # The policy's canary arm decides when it is on and the request's key is in its share
             # (its snapshot carries the arm's policy); else the control does (scheduler.canary).
             snapshot = snapshot_for(incoming.request, snapshot)

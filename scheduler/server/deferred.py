@@ -45,7 +45,7 @@ import logging
 import math
 import os
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from google.rpc import code_pb2
 
@@ -72,15 +72,13 @@ from scheduler.server.convert import MAX_PROMPT_BYTES
 from scheduler.server.core import DEADLINE_CLOCK_SLACK_S, TRANSIENT_PLUGINS, RouterCore
 from scheduler.server.deferral_settings import DeferralSettings
 from scheduler.server.metrics import Sample
+from scheduler.server.router_parts import Proxying, SharedState, TenantLimits
 from scheduler.server.status import rpc_status_for
 from scheduler.server.tracing import NO_TRACE, RequestTrace
 from scheduler.state.store import StateUnavailable
 from scheduler.types import Candidate, FleetSnapshot, Request
 from scheduler.v1 import messages_pb2 as pb
 from scheduler.v1 import router_pb2
-
-if TYPE_CHECKING:
-    from scheduler.server.app import RouterDeps
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +155,7 @@ class ReleaseGate:
     others' releases go on. The limits are those of the tenant's keys now (the lowest, when its
     keys set several), else the router's."""
 
-    def __init__(self, deps: RouterDeps) -> None:
+    def __init__(self, deps: TenantLimits) -> None:
         self.deps = deps
 
     def principal(self, tenant: str) -> Principal:
@@ -185,10 +183,18 @@ class ReleaseGate:
         self.deps.slots.release(Principal(tenant=tenant, admin=False))
 
 
+class DeferralParts(Proxying, TenantLimits, SharedState, Protocol):
+    """What the deferral queue takes of the router: a release is decided, admitted and proxied
+    as a live request, under its tenant's limits; the queue lives in the shared store."""
+
+    # This router's host, in the release worker's owner name.
+    host_id: str
+
+
 class Deferrals:
     """The router's deferral: submit, fetch, cancel, and the release loop (a background task)."""
 
-    def __init__(self, deps: RouterDeps, settings: DeferralSettings | None = None) -> None:
+    def __init__(self, deps: DeferralParts, settings: DeferralSettings | None = None) -> None:
         self.deps = deps
         self.settings = settings = settings if settings is not None else DeferralSettings()
         if settings.max_prompt_bytes > MAX_PROMPT_BYTES:

@@ -35,7 +35,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from google.protobuf import json_format
@@ -61,12 +61,11 @@ from scheduler.server.deferred import Deferrals
 from scheduler.server.dispatch import merge_fields
 from scheduler.server.edge import GUARDED_DESERIALIZERS, admit, authenticate
 from scheduler.server.openai_front import deferred_request
+from scheduler.server.router_parts import Proxying, SharedState, TenantLimits
 from scheduler.server.status import rpc_status_for
+from scheduler.server.tracing import RouterTracing
 from scheduler.server.wire import RejectedRequest
 from scheduler.v1 import messages_pb2, router_pb2
-
-if TYPE_CHECKING:
-    from scheduler.server.app import RouterDeps
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +252,16 @@ class Routes(Mapping[tuple[str, str], Handler]):
         return len(self.exact) + len(self.parameterized)
 
 
+class HttpApiParts(Proxying, TenantLimits, SharedState, Protocol):
+    """What the HTTP front door takes of the router: the gRPC services' parts, the router's own
+    tracing, and the deferral queue (None: not run) with the batches kept beside it."""
+
+    tracing: RouterTracing
+    deferrals: Deferrals | None
+
+
 class HttpApi:
-    def __init__(self, deps: RouterDeps, serving: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, deps: HttpApiParts, serving: Callable[[], bool] = lambda: True) -> None:
         self.deps = deps
         self.core = RouterCore(deps)
         self.serving = serving
@@ -689,7 +696,7 @@ def server_ssl_context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSL
     return context
 
 
-def build_http_server(deps: RouterDeps, limits: ServerLimits | None = None,
+def build_http_server(deps: HttpApiParts, limits: ServerLimits | None = None,
                       serving: Callable[[], bool] = lambda: True) -> HttpServer:
     """The front door; ``serving``: whether the router takes requests now (``GET /health``)."""
     api = HttpApi(deps, serving)

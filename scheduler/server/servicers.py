@@ -15,23 +15,24 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
 from scheduler import errors
+from scheduler.canary.runtime import CanaryRuntime
+from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server import convert
 from scheduler.server.canary import no_canary, status_to_proto
+from scheduler.server.config_reload.reloader import ConfigReloader
 from scheduler.server.core import RouterCore
 from scheduler.server.deferred import CANCELLED, FAILED, Deferrals, replayed
 from scheduler.server.edge import current_principal, current_trace
+from scheduler.server.router_parts import Proxying, SharedState
 from scheduler.state import keys
 from scheduler.state.store import StateUnavailable
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
-
-if TYPE_CHECKING:
-    from scheduler.server.app import RouterDeps
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,13 @@ Context = grpc.aio.ServicerContext[Any, Any]
 MAX_REASON_CHARS = 500
 
 
+class RouterServiceParts(Proxying, Protocol):
+    # The deferral queue (None: this router does not run it; its calls are refused).
+    deferrals: Deferrals | None
+
+
 class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
-    def __init__(self, deps: RouterDeps) -> None:
+    def __init__(self, deps: RouterServiceParts) -> None:
         self.deps = deps
         self.core = RouterCore(deps)
 
@@ -108,8 +114,22 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
                                               snapshot_at_unix_s=snapshot.now)
 
 
+class AdminParts(SharedState, Protocol):
+    """What the admin service reads and sets: the flags and canary arm in the store, the
+    snapshot they change, the config version, and what GetStatus reports."""
+
+    refresher: SnapshotRefresher
+    canary: CanaryRuntime | None
+    # None: this router has no config files to reload (ReloadConfig says so).
+    config: ConfigReloader | None
+    host_id: str
+    state_backend: str
+    version: str
+    active_streams: int
+
+
 class RouterAdminService(admin_pb2_grpc.RouterAdminServicer):
-    def __init__(self, deps: RouterDeps) -> None:
+    def __init__(self, deps: AdminParts) -> None:
         self.deps = deps
 
     async def SetEnergyRouting(

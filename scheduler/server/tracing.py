@@ -42,8 +42,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from scheduler.server.convert import Incoming
-    from scheduler.types import Candidate, Decision, EnergyReceipt
+    from scheduler.types import Candidate, Decision, EnergyReceipt, Request
 
 OTLP_EXTRA = "otlp"
 # The standard variables (OpenTelemetry's exporter specification): the traces endpoint, used as
@@ -232,11 +231,11 @@ def _version() -> str:
 
 # --- attributes (built only for recording spans) -------------------------------------------------
 
-def request_attributes(incoming: Incoming) -> dict[str, Any]:
-    """The request as the GenAI conventions name it, and what the scheduler reads of it."""
-    request, body = incoming.request, incoming.call.body
+def request_attributes(request: Request, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The request as the GenAI conventions name it, and what the scheduler reads of it;
+    ``path`` and ``body``: the OpenAI call it is sent as."""
     attributes: dict[str, Any] = {
-        "gen_ai.operation.name": operation_name(incoming.call.path),
+        "gen_ai.operation.name": operation_name(path),
         "gen_ai.request.model": request.model,
         "gen_ai.request.max_tokens": request.max_tokens,
         "scheduler.request_id": request.request_id,

@@ -22,7 +22,7 @@ from scheduler.sim.deferral import Deferral
 from scheduler.sim.engine import RegionOutage
 from scheduler.sim.scenario import ScenarioSpec
 from scheduler.sim.truth import TruthModel
-from scheduler.sim.workflow import WorkflowSpec
+from scheduler.sim.workflow_spec import WorkflowSpec
 from scheduler.sim.workload import DEFAULT_CONTINENTS, TraceError, WorkloadConfig, with_shares
 
 DEFAULT_POLICIES = "default,latency-first,carbon-first"

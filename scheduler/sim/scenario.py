@@ -34,7 +34,8 @@ from scheduler.sim.engine import RegionOutage, Scenario, Simulation
 from scheduler.sim.fleets import scale_fleet, twelve_region_fleet
 from scheduler.sim.report import PolicyResult, RunOutcome
 from scheduler.sim.truth import EXACT_TRUTH, HeldOutResiduals, TruthModel
-from scheduler.sim.workflow import WorkflowSpec, build_workflow_workload, merge_affinity
+from scheduler.sim.workflow import build_workflow_workload, merge_affinity
+from scheduler.sim.workflow_spec import WorkflowSpec
 from scheduler.sim.workload import WorkloadConfig, build_workload, load_trace
 
 

@@ -339,7 +339,7 @@ async def local_region(endpoint: str | None, model: str, engine: Engine,
                        ticket_keys: TicketKeyRing | None = None) -> AsyncIterator[RegionClient]:
     """``endpoint``'s region (tickets signed with ``ticket_keys`` for the region's first local
     pool), or one local region (Ray Serve + vLLM CPU) started and stopped here."""
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.serve import DEFAULT_LOCAL_REGIONS
     from scheduler.serve.app import local_pools
     from scheduler.serve.stack import LocalStack, StackOptions

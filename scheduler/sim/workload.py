@@ -19,15 +19,12 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scheduler.sim.slots import slot_setters
+from scheduler.sim.workflow_spec import WorkflowColumns
 from scheduler.types import WORKLOAD_CLASSES, GeoPoint, Request, WorkloadClass
-
-if TYPE_CHECKING:
-    from scheduler.sim.workflow import WorkflowColumns
 
 TRACES_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
 SHIPPED_TRACES = {

@@ -1,10 +1,12 @@
 """The packages import each other in one direction: no import circle between any two parts of
-``scheduler`` (a circle makes a part impossible to load, test or replace on its own)."""
+``scheduler``, nor between any two of its modules (a circle makes a part impossible to load, test
+or replace on its own), and the lower layers import nothing of those above them."""
 
 from __future__ import annotations
 
 import ast
 import os
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -123,3 +125,108 @@ def test_the_sdk_wheel_carries_every_module_the_sdk_imports_and_no_other() -> No
     # The generated stubs go as a whole; any other link the SDK does not import is dead weight.
     unused = sorted(m for m in shipped - reached if part(m) != "scheduler.v1")
     assert not unused, f"{SDK_TREE} links {unused}, which the SDK does not import"
+
+
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the ``scheduler`` modules its file imports: at the top, in a function (a lazy
+    import that dodges a circle still makes one) and under ``if TYPE_CHECKING:`` (a type-only
+    import is still a dependency; the circles opened in issue 29 all closed through one). A
+    name imported from a module counts as that module; a package as its ``__init__``. The
+    generated stubs (scheduler/v1) are left out."""
+    package = root / "scheduler"
+    files = {".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): path
+             for path in package.rglob("*.py") if "v1" not in path.relative_to(package).parts}
+
+    def known(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {module: set() for module in files}
+    for module, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("scheduler"):
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("scheduler")]
+            for name in names:
+                target = known(name)
+                if target is not None and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph)))
+    try:
+        for module in sorted(graph):
+            if module not in index:
+                visit(module)
+    finally:
+        sys.setrecursionlimit(limit)
+    return sorted(found)
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_between_modules() -> None:
+    graph = module_graph(ROOT.parent)
+    assert len(graph) > 100 and graph["scheduler.server.app"], "the walk found no imports: the test would prove nothing"
+    shown = []
+    for circle in circles(graph):
+        shown.append("a circle of " + ", ".join(str(module_path(m).relative_to(ROOT.parent)) for m in circle))
+        shown.extend(f"  {m} imports {', '.join(sorted(graph[m] & set(circle)))}" for m in circle)
+    assert not shown, "modules that import each other, directly or through others:\n" + "\n".join(shown)
+
+
+def reached(start: str) -> set[str]:
+    """Every ``scheduler`` module importing ``start`` loads (anywhere in each file)."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(module_imports(module))
+    return seen
+
+
+def test_registering_the_plugins_needs_no_config_loader() -> None:
+    # The registration list (and the registry it fills) stands apart from reading files:
+    # ``scheduler.plugins.checked_fleet`` joins the two.
+    assert "scheduler.config.loader" in reached("scheduler.plugins.checked_fleet"), "the walk would prove nothing"
+    for module in ("scheduler.plugins", "scheduler.framework.registry"):
+        assert "scheduler.config.loader" not in reached(module), f"{module} loads scheduler.config.loader"

@@ -196,7 +196,7 @@ def test_the_issuer_never_signs_beyond_the_limit() -> None:
 
 def test_the_tickets_command_rotates_extracts_and_prunes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from scheduler.cli import main
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
 
     regions = {r.name for r in load_checked_fleet().regions}
     first = tmp_path / "keys.yaml"

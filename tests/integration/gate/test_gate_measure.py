@@ -22,7 +22,7 @@ import pytest
 
 from scheduler.cli import main
 from scheduler.energy import nvml
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from tests.integration.gate.local_region import STEP_S, LocalRegion
 
 pytestmark = pytest.mark.integration

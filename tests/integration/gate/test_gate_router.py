@@ -22,7 +22,7 @@ from scheduler.cli import main
 from scheduler.config.schema import UnknownRegionState
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy import nvml
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.server.app import build_deps, start_router
 from scheduler.state.memory_store import MemoryStore
 from tests.integration.gate.local_region import STEP_S, LocalRegion

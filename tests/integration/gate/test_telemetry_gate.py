@@ -30,7 +30,8 @@ from scheduler.framework.scheduler import Scheduler
 from scheduler.gate.measure import Target, send
 from scheduler.gate.request_set import calls, load_request_set
 from scheduler.gate.stats import Sample
-from scheduler.plugins import default_scheduler_registry, load_checked_fleet
+from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.state.memory_store import MemoryStore
 from scheduler.types import FleetSnapshot, GeoPoint, RegionLiveState, Request
 from tests.canary_fixtures import write_policies

@@ -25,7 +25,7 @@ import redis
 from scheduler.ledger.idle import RULE, UNATTRIBUTED
 from scheduler.ledger.ledger import Ledger
 from scheduler.ledger.service import LedgerService
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
 from scheduler.server.region_receipts import RegionReceiptIngest
 from scheduler.state.redis_store import RedisStore

@@ -29,7 +29,7 @@ import pytest
 from scheduler.client import AsyncSchedulerClient
 from scheduler.config.loader import Fleet as ConfigFleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.server.app import RunningRouter, build_deps, router_gauges, start_router
 from scheduler.state import keys as store_keys
 from scheduler.state.memory_store import MemoryStore

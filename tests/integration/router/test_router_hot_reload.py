@@ -38,7 +38,7 @@ import yaml
 from scheduler import exit_codes
 from scheduler.client import AsyncSchedulerClient, RetryPolicy, SchedulerRpcError
 from scheduler.server.auth import create_key
-from scheduler.server.config_reload import ConfigBundle, ConfigSources, read_bundle
+from scheduler.server.config_reload.sources import ConfigBundle, ConfigSources, read_bundle
 from scheduler.server.config_signing import SigningKey, trust_entry
 from scheduler.state import codec, keys
 from scheduler.state.redis_store import RedisStore

@@ -56,7 +56,7 @@ HOUR_S = 3600.0
 EVENT_ONLY = {
     "carbon_provider_failures_total": "scheduler/datalayer/carbon/metrics.py",
     "carbon_provider_polls_total": "scheduler/datalayer/carbon/metrics.py",
-    "scheduler_config_rejected_total": "scheduler/server/config_reload.py",
+    "scheduler_config_rejected_total": "scheduler/server/config_reload/metrics.py",
 }
 
 

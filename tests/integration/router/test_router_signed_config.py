@@ -24,7 +24,8 @@ import yaml
 from scheduler.client import SchedulerClient, SchedulerRpcError
 from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS
 from scheduler.server.auth import create_key
-from scheduler.server.config_reload import ConfigBundle, ConfigSources, ConfigStore, read_bundle
+from scheduler.server.config_reload.sources import ConfigBundle, ConfigSources, read_bundle
+from scheduler.server.config_reload.store import ConfigStore
 from scheduler.server.config_signing import SigningKey
 from scheduler.state.redis_store import RedisStore
 from scheduler.tickets import TicketKeyRing

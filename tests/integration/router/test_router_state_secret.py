@@ -28,7 +28,7 @@ import yaml
 
 from scheduler.client import SchedulerClient
 from scheduler.server.auth import create_key
-from scheduler.server.config_reload import ConfigSources, read_bundle
+from scheduler.server.config_reload.sources import ConfigSources, read_bundle
 from scheduler.server.config_signing import SigningKey, trust_entry
 from scheduler.tickets import TicketKeyRing
 from tests.unit.infra.infra_files import INFRA, container, one

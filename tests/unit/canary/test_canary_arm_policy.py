@@ -13,7 +13,8 @@ from scheduler.config.loader import Fleet
 from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
-from scheduler.plugins import default_scheduler_registry, load_checked_fleet
+from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.types import GeoPoint, Request
 from tests.canary_fixtures import write_policies
 from tests.literals import NOW

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler.config.loader import ConfigError
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from tests.canary_fixtures import CANARY, write_policies
 
 

@@ -14,7 +14,7 @@ from scheduler.canary.stats import Outcome
 from scheduler.config.loader import Fleet
 from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.state import keys
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.store import StateUnavailable

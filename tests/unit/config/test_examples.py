@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.config.loader import EMBEDDED_POLICIES
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "fleets"
 

@@ -11,7 +11,7 @@ import pytest
 from scheduler import exit_codes
 from scheduler.cli import main
 from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError
-from scheduler.plugins import load_checked_fleet as load_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet as load_fleet
 
 
 def test_shipped_fleet_is_valid_and_plausible() -> None:

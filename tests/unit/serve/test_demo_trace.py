@@ -80,7 +80,7 @@ def test_trace_file_is_shipped() -> None:
 
 
 def test_report_ends_with_the_power_cap_dry_run_per_region_and_pool() -> None:
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.serve.power_caps import PowerCapper, apply_region_caps
     from tests.unit.serve.fake_nvml import FakeNvml
 
@@ -105,7 +105,7 @@ def test_report_ends_with_the_power_cap_dry_run_per_region_and_pool() -> None:
 def test_power_caps_are_fetched_from_each_region_or_dry_run_locally() -> None:
     import asyncio
 
-    from scheduler.plugins import load_checked_fleet
+    from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.serve.demo import fetch_power_caps
     from scheduler.serve.power_caps import dry_run_report
 

@@ -11,7 +11,7 @@ import pytest
 from ray.exceptions import ActorDiedError, RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.serve.gateway import EngineAnswers, GatewaySettings, PoolEngine, RegionGateway
 from scheduler.types import RegionLiveState
 from tests.unit.serve.fake_nvml import FakeNvml

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
 from scheduler.serve.replica_report import ReplicaReport, RunningIntegral
 from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml

@@ -8,7 +8,7 @@ import pynvml
 import pytest
 
 from scheduler.config.schema import PoolConfig, RegionConfig
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.serve.power_caps import (
     PowerCapper,
     PowerLimitLibrary,

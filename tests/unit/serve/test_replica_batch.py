@@ -24,7 +24,7 @@ import pytest
 from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.step import EnergyCoefficients
-from scheduler.plugins import load_checked_fleet
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.serve.energy_report import PoolEnergyProfile, energy_object
 from scheduler.serve.inflight import InFlight, RequestShare
 from scheduler.serve.replica_report import ReplicaReport, RunningIntegral

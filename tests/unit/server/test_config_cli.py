@@ -11,7 +11,7 @@ import pytest
 
 from scheduler import exit_codes
 from scheduler.cli import main
-from scheduler.server.config_reload import ConfigSources, read_bundle
+from scheduler.server.config_reload.sources import ConfigSources, read_bundle
 from scheduler.server.config_signing import BundleSignature, ConfigTrust
 from scheduler.state.url import StateUrlError, redacted, resolve_state_url
 from tests.unit.server.test_config_reload import edit, make_config

@@ -16,17 +16,10 @@ from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigE
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.server.app import RouterDeps, build_deps, with_services
 from scheduler.server.auth import create_key
-from scheduler.server.config_reload import (
-    ConfigBundle,
-    ConfigReloader,
-    ConfigSources,
-    ConfigStore,
-    ConfigVersion,
-    PublishedConfig,
-    load_local,
-    validate_bundle,
-    version_key,
-)
+from scheduler.server.config_reload.metrics import config_samples
+from scheduler.server.config_reload.reloader import ConfigReloader
+from scheduler.server.config_reload.sources import ConfigBundle, ConfigSources, ConfigVersion, load_local, validate_bundle
+from scheduler.server.config_reload.store import ConfigStore, PublishedConfig, version_key
 from scheduler.server.config_signing import ConfigTrust
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.store import StateUnavailable
@@ -223,7 +216,7 @@ async def test_a_bad_reload_keeps_the_version_and_a_good_one_changes_routing(tmp
         assert [(p.file, p.field) for p in bad.problems] == [(str(sources.policies_dir / "default.yaml"),
                                                               "max_age.region_state")]
         assert deps.refresher.current().config_version == first.label
-        problems = [s for s in reloader.samples() if s[0] == "scheduler_config_problem"]
+        problems = [s for s in config_samples(reloader) if s[0] == "scheduler_config_problem"]
         assert problems and problems[0][1]["field"] == "max_age.region_state"
 
         edit(sources.policies_dir / "default.yaml", "region_state: soon", "region_state: 7s")
@@ -232,7 +225,7 @@ async def test_a_bad_reload_keeps_the_version_and_a_good_one_changes_routing(tmp
         snapshot = deps.refresher.current()
         assert snapshot.config_version == good.version and good.version.startswith("2-")
         assert snapshot.policy.max_age.region_state == 7.0
-        assert not [s for s in reloader.samples() if s[0] == "scheduler_config_problem"]
+        assert not [s for s in config_samples(reloader) if s[0] == "scheduler_config_problem"]
 
         again = await reloader.reload("test")
         assert again.ok and not again.changed and again.version == good.version

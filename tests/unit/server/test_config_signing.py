@@ -15,15 +15,10 @@ import yaml
 
 from scheduler.server.app import RouterDeps
 from scheduler.server.auth import NewKey, create_key
-from scheduler.server.config_reload import (
-    ConfigBundle,
-    ConfigReloader,
-    ConfigSources,
-    ConfigStore,
-    PublishedConfig,
-    read_bundle,
-    version_key,
-)
+from scheduler.server.config_reload.metrics import config_samples
+from scheduler.server.config_reload.reloader import ConfigReloader
+from scheduler.server.config_reload.sources import ConfigBundle, ConfigSources, read_bundle
+from scheduler.server.config_reload.store import ConfigStore, PublishedConfig, version_key
 from scheduler.server.config_signing import (
     BundleRefused,
     BundleSignature,
@@ -88,7 +83,7 @@ def endpoint(deps: RouterDeps) -> str:
 
 
 def rejected(reloader: ConfigReloader) -> dict[str, float]:
-    return {s[1]["reason"]: s[2] for s in reloader.samples() if s[0] == "scheduler_config_rejected_total"}
+    return {s[1]["reason"]: s[2] for s in config_samples(reloader) if s[0] == "scheduler_config_rejected_total"}
 
 
 # --- the primitives ----------------------------------------------------------------------
@@ -221,7 +216,7 @@ async def test_a_router_refuses_what_it_cannot_trust_and_keeps_its_version(
         counts = rejected(reloader)
         assert counts[attack.reason] == 1 and sum(counts.values()) == 1, counts
         assert attack.reason in reloader.last_rejection
-        assert ("scheduler_config_last_reload_ok", {}, 0.0) in reloader.samples()
+        assert ("scheduler_config_last_reload_ok", {}, 0.0) in config_samples(reloader)
         summaries = [r.message for r in caplog.records if "problem(s) in" in r.message]
         assert len(summaries) == 1 and attack.reason in summaries[0], summaries
     finally:
@@ -282,7 +277,7 @@ async def test_a_correctly_signed_version_is_adopted(tmp_path: Path) -> None:
         assert reloader.version == published.version
         assert deps.refresher.current().config_version == published.version.label
         assert endpoint(deps) == "http://eu-north.internal:8000/eu-north"
-        assert ("scheduler_config_signed", {"key_id": "ops-1"}, 1.0) in reloader.samples()
+        assert ("scheduler_config_signed", {"key_id": "ops-1"}, 1.0) in config_samples(reloader)
         assert sum(rejected(reloader).values()) == 0 and reloader.last_rejection == ""
     finally:
         await reloader.stop()
@@ -306,7 +301,7 @@ async def test_keys_rotate_with_two_trusted_keys(tmp_path: Path) -> None:
         await config.publish(by_new, 2, "ops", 3_000.0, "publish", OPS_2.sign(by_new.digest, 3_000.0))
         await reloader.sync()
         assert endpoint(deps) == "http://b.internal:8000/eu-north" and reloader.version.counter == 3
-        assert ("scheduler_config_signed", {"key_id": "ops-2"}, 1.0) in reloader.samples()
+        assert ("scheduler_config_signed", {"key_id": "ops-2"}, 1.0) in config_samples(reloader)
     finally:
         await reloader.stop()
 

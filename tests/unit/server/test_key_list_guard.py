@@ -11,7 +11,7 @@ import yaml
 
 from scheduler.config.loader import ConfigError
 from scheduler.server.auth import KeyRing, NewKey, create_key
-from scheduler.server.config_reload import load_local
+from scheduler.server.config_reload.sources import load_local
 from scheduler.server.keys_reload import KeysReloader
 from scheduler.state.memory_store import MemoryStore
 from tests.unit.server.test_config_reload import make_config, router

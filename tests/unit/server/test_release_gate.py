@@ -20,7 +20,7 @@ from scheduler.state.memory_store import MemoryStore
 
 @dataclass
 class Deps:
-    """The parts of ``RouterDeps`` the gate reads."""
+    """The parts the gate reads (``scheduler.server.router_parts.TenantLimits``)."""
 
     keys: KeyRing | None
     slots: StreamSlots = field(default_factory=lambda: StreamSlots(100))

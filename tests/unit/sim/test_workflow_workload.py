@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from scheduler.sim.workflow import SPREAD_S, SUFFIX_TOKENS, THINK_S, WorkflowSpec, build_workflow_workload
+from scheduler.sim.workflow import build_workflow_workload
+from scheduler.sim.workflow_spec import SPREAD_S, SUFFIX_TOKENS, THINK_S, WorkflowSpec
 from scheduler.sim.workload import RequestFactory, Workload, WorkloadConfig, load_trace
 from tests.unit.sim.kit import OSLO, START, Files, europe_only, policy, region
 from tests.unit.sim.workflows import run

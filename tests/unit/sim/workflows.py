@@ -8,7 +8,8 @@ from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.deferral import Deferral
 from scheduler.sim.engine import Scenario, Simulation
 from scheduler.sim.report import PolicyResult
-from scheduler.sim.workflow import WorkflowSpec, build_workflow_workload, merge_affinity
+from scheduler.sim.workflow import build_workflow_workload, merge_affinity
+from scheduler.sim.workflow_spec import WorkflowSpec
 from scheduler.sim.workload import Continent, WorkloadConfig, load_trace
 from tests.unit.sim.kit import START, Files, europe_only
 
