@@ -2,7 +2,8 @@
 
 It serves the OpenAI-compatible streaming API the router calls (``POST /v1/completions``,
 ``POST /v1/chat/completions``; ``GET /v1/models``, ``GET /health``, ``GET /state``), in front
-of one vLLM deployment per pool (``RegionLLMServer``, reached through a ``DeploymentHandle``):
+of one vLLM deployment per model of each pool (``RegionLLMServer``, reached through a
+``DeploymentHandle``; locally one stand-in per pool):
 
 - admits only requests that carry a valid dispatch ticket (``scheduler.tickets``): signed
   for this region, unexpired, used once, and matching the request (pool, model, max_tokens,
@@ -148,38 +149,38 @@ class GatewaySettings:
 class EngineAnswers:
     """Each deployment's last stats answer, and whether it is published on it (None: left out).
 
-    Whether a pool is served is not its stats call's latency: a call that gets no answer in
+    Whether a deployment is served is not its stats call's latency: a call that gets no answer in
     time is a slow engine (a loaded host, a long prefill holding its replica), which still
     serves, so its last answer stands for ``grace_s`` after it came; only an engine silent that
     long counts as gone. A call that fails (``ENGINE_FAILED``: the engine or its replica says
-    it cannot serve) leaves the pool out at once, until it answers again. A pool that never
-    answered is not up yet.
+    it cannot serve) leaves the deployment out at once, until it answers again. A deployment that
+    never answered is not up yet.
     """
 
     grace_s: float
     _last: dict[Hashable, tuple[float, Mapping[str, Any]]] = field(default_factory=dict)
 
-    def standing(self, pool: Hashable, answer: Mapping[str, Any] | BaseException, now: float) -> Mapping[str, Any] | None:
+    def standing(self, deployment: Hashable, answer: Mapping[str, Any] | BaseException, now: float) -> Mapping[str, Any] | None:
         if not isinstance(answer, BaseException):
-            self._last[pool] = (now, answer)
+            self._last[deployment] = (now, answer)
             return answer
         if isinstance(answer, ENGINE_FAILED):
-            self._last.pop(pool, None)
+            self._last.pop(deployment, None)
             return None
-        last = self._last.get(pool)
+        last = self._last.get(deployment)
         if last is None or now - last[0] > self.grace_s:
             return None
-        log.info("engine of %s slow to answer: its answer of %.1f s ago stands", pool, now - last[0])
+        log.info("engine of %s slow to answer: its answer of %.1f s ago stands", deployment, now - last[0])
         return last[1]
 
-    def last(self, pool: Hashable) -> Mapping[str, Any] | None:
-        """The pool's last answer (None: it never answered, or its engine failed since)."""
-        last = self._last.get(pool)
+    def last(self, deployment: Hashable) -> Mapping[str, Any] | None:
+        """The deployment's last answer (None: it never answered, or its engine failed since)."""
+        last = self._last.get(deployment)
         return None if last is None else last[1]
 
-    def forget(self, pool: Hashable) -> None:
-        """The pool's replicas went away (scaled to zero): the next one must answer afresh."""
-        self._last.pop(pool, None)
+    def forget(self, deployment: Hashable) -> None:
+        """The deployment's replicas went away (scaled to zero): the next one must answer afresh."""
+        self._last.pop(deployment, None)
 
 
 def served_models(pool: PoolConfig, engine: PoolEngine) -> dict[str, int]:
