@@ -353,15 +353,22 @@ def default_options() -> RenderOptions:
 
 
 @dataclass(frozen=True)
+class ModelPlan:
+    """How one model of a pool runs: its own Serve LLM deployment."""
+
+    model: ModelDeployment
+    replicas: int  # Serve replicas at most, tensor_parallel GPUs each
+    autoscaling: ReplicaRange  # its replica range (region file or default)
+
+
+@dataclass(frozen=True)
 class PoolPlan:
-    """How one pool runs on KubeRay: its worker group and its Serve LLM deployment."""
+    """How one pool runs on KubeRay: its worker group and one Serve LLM deployment per model."""
 
     pool: PoolConfig
-    model: ModelDeployment  # the one model its deployment serves
+    models: tuple[ModelPlan, ...]
     gpus_per_worker: int
     workers: int  # the worker group's maxReplicas: enough nodes for the pool's count
-    replicas: int  # Serve replicas at most, tensor_parallel GPUs each
-    autoscaling: ReplicaRange  # the served model's replica range (region file or default)
 
     @property
     def accelerator_type(self) -> str:
@@ -369,27 +376,29 @@ class PoolPlan:
 
 
 def pool_plan(region: RegionConfig, pool: PoolConfig, options: RenderOptions) -> PoolPlan:
-    """One deployment per pool, serving the pool's first single-GPU model (else its first model).
+    """One deployment per model of the pool.
 
-    Replicas: at most the pool's declared capacity, ``count // tensor_parallel``, in replicas
-    that fit whole on a worker (vLLM's tensor parallelism stays inside a node); Serve's
+    A model's replicas: at most the pool's declared capacity, ``count // tensor_parallel``, in
+    replicas that fit whole on a worker (vLLM's tensor parallelism stays inside a node); Serve's
     autoscaler runs between the model's ``min_replicas`` and that (or its ``max_replicas``, if
-    lower: scheduler.config.autoscaling). A smaller cluster means lowering ``count`` or the
-    range in the region file, not here.
+    lower: scheduler.config.autoscaling, which keeps the models' maxima within the pool's
+    GPUs). A smaller cluster means lowering ``count`` or the ranges in the region file, not here.
     """
-    model = next((m for m in pool.models if m.tensor_parallel == 1), pool.models[0])
     gpus = min(options.gpus_per_worker, pool.count)
-    if model.tensor_parallel > gpus:
-        raise ValueError(
-            f"regions/{region.name}.yaml: pool {pool.name}: model {model.name} needs "
-            f"tensor_parallel={model.tensor_parallel} GPUs on one node, but a worker has {gpus} "
-            f"(RenderOptions.gpus_per_worker={options.gpus_per_worker}, count={pool.count})"
-        )
     workers = -(-pool.count // gpus)
-    per_worker = gpus // model.tensor_parallel
-    replicas = max(1, min(pool.count // model.tensor_parallel, workers * per_worker))
-    return PoolPlan(pool=pool, model=model, gpus_per_worker=gpus, workers=workers, replicas=replicas,
-                    autoscaling=replica_ranges(pool)[model.name])
+    ranges = replica_ranges(pool)
+    models = []
+    for model in pool.models:
+        if model.tensor_parallel > gpus:
+            raise ValueError(
+                f"regions/{region.name}.yaml: pool {pool.name}: model {model.name} needs "
+                f"tensor_parallel={model.tensor_parallel} GPUs on one node, but a worker has {gpus} "
+                f"(RenderOptions.gpus_per_worker={options.gpus_per_worker}, count={pool.count})"
+            )
+        per_worker = gpus // model.tensor_parallel
+        replicas = max(1, min(pool.count // model.tensor_parallel, workers * per_worker))
+        models.append(ModelPlan(model=model, replicas=replicas, autoscaling=ranges[model.name]))
+    return PoolPlan(pool=pool, models=tuple(models), gpus_per_worker=gpus, workers=workers)
 
 
 def _source(path: Path) -> str:
@@ -413,20 +422,21 @@ def region_file_text(source: Path, options: RenderOptions) -> str:
     return HEADER.format(source=_source(source)) + replaced
 
 
-def pool_args(plan: PoolPlan, options: RenderOptions) -> dict[str, Any]:
-    """One entry of the Serve args' ``pools``: the deployment of one pool."""
+def deployment_args(plan: PoolPlan, model: ModelPlan, options: RenderOptions) -> dict[str, Any]:
+    """One entry of a pool's list in the Serve args' ``pools``: the deployment of one model."""
     return {
         "device": "gpu",
-        "model_dir": f"{options.models_mount}/{plan.model.name}",
-        "served_model": plan.model.name,
-        "max_model_len": plan.model.max_context,
+        "model_dir": f"{options.models_mount}/{model.model.name}",
+        "served_model": model.model.name,
+        "max_model_len": model.model.max_context,
         "max_num_seqs": options.max_num_seqs,
         "gpu_memory_utilization": options.gpu_memory_utilization,
         "enforce_eager": False,
-        "tensor_parallel": plan.model.tensor_parallel,
+        "tensor_parallel": model.model.tensor_parallel,
         # Ray Serve's autoscaler sizes the deployment within the model's range (the region file's
         # autoscaling block, else the default: scheduler.config.autoscaling), at most ``replicas``.
-        "autoscaling": asdict(replace(plan.autoscaling, max_replicas=min(plan.autoscaling.max_replicas, plan.replicas))),
+        "autoscaling": asdict(replace(model.autoscaling, max_replicas=min(model.autoscaling.max_replicas,
+                                                                          model.replicas))),
         "accelerator_type": plan.accelerator_type,
     }
 
@@ -445,7 +455,8 @@ def serve_config(region: RegionConfig, raw: dict[str, Any], options: RenderOptio
                     "region": production_region(raw, options),
                     "namespace": options.key_namespace,
                     "tickets": options.tickets,
-                    "pools": {plan.pool.name: pool_args(plan, options) for plan in plans},
+                    "pools": {plan.pool.name: [deployment_args(plan, model, options) for model in plan.models]
+                              for plan in plans},
                 },
             }
         ],
@@ -522,10 +533,12 @@ def ray_resources_param(resources: Mapping[str, int]) -> str:
 def worker_group(region: RegionConfig, plan: PoolPlan, options: RenderOptions,
                  labels: Mapping[str, str]) -> dict[str, Any]:
     gpus = str(plan.gpus_per_worker)
-    # Start with, and keep, the workers the served model's min_replicas need (none for a pool
-    # that scales to zero): KubeRay's autoscaler adds workers as Serve's autoscaler adds
-    # replicas, up to the pool's size, and removes the ones left idle.
-    floor = -(-plan.autoscaling.min_replicas // (plan.gpus_per_worker // plan.model.tensor_parallel))
+    # Start with, and keep, the workers whose GPUs the models' min_replicas take (none for a
+    # pool whose models all scale to zero): KubeRay's autoscaler adds workers as Serve's
+    # autoscaler adds replicas (and where replicas do not pack), up to the pool's size, and
+    # removes the ones left idle.
+    floor = -(-sum(m.autoscaling.min_replicas * m.model.tensor_parallel for m in plan.models)
+              // plan.gpus_per_worker)
     return {
         "groupName": f"gpu-{plan.pool.name}",
         "replicas": floor,

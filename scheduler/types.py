@@ -98,6 +98,15 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelReplicas:
+    """The replicas of the deployment that serves one model of a pool: warm (serving) and
+    starting (engine loading), as Ray Serve counts them."""
+
+    replicas: int
+    starting_replicas: int
+
+
+@dataclass(frozen=True, slots=True)
 class PoolLiveState:
     """What a pool publishes (its replicas summed). The rates are measured over the interval
     since the pool's previous publication."""
@@ -118,10 +127,20 @@ class PoolLiveState:
     # Replicas of the pool's deployment that serve now (warm), and those whose engine is loading
     # (starting), as Ray Serve counts them (None: not reported; the pool then counts as warm).
     # A pool with no warm replica is cold: a request there waits for, and with none starting
-    # pays for, a cold start (docs/objective.md, "Cold pools"). Every model the pool's
-    # deployment serves shares its replicas.
+    # pays for, a cold start (docs/objective.md, "Cold pools"). The counts are the sums over
+    # the pool's deployments (one per model).
     replicas: int | None = None
     starting_replicas: int | None = None
+    # Per model, its own deployment's counts: a model can be at zero while the pool's other
+    # model serves. None (or a model not in it): the pool's counts stand for the model.
+    model_replicas: Mapping[str, ModelReplicas] | None = field(default=None, hash=False)
+
+    def replicas_of(self, model: str) -> tuple[int | None, int | None]:
+        """(warm, starting) replicas that serve ``model`` (``model_replicas``, else the pool's)."""
+        own = None if self.model_replicas is None else self.model_replicas.get(model)
+        if own is None:
+            return self.replicas, self.starting_replicas
+        return own.replicas, own.starting_replicas
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,12 +209,12 @@ async def start_gateway(region_name: str, engines: dict[str, StubEngine], store_
     from scheduler.serve.gateway import GatewaySettings, PoolEngine
 
     region = next(r for r in load_fleet().regions if r.name == region_name)
-    settings = GatewaySettings(region=region, pools={name: PoolEngine("stub-engine", 32768) for name in engines},
+    settings = GatewaySettings(region=region, pools={name: (PoolEngine("stub-engine", 32768),) for name in engines},
                                store_url=store_url, namespace=namespace, publish_interval_s=0.5,
                                ticket_keys=ticket_keys, **settings)
     cls = gateway_class()
     gateway = cls.__new__(cls)
-    await gateway.__init__({name: LocalHandle(engine) for name, engine in engines.items()}, settings)
+    await gateway.__init__({name: {"stub-engine": LocalHandle(engine)} for name, engine in engines.items()}, settings)
     return gateway
 
 

@@ -307,8 +307,9 @@ class SnapshotBuilder:
         ``power_cap_w`` or, with the region's eco switch on, its efficient cap) the step costs
         are the capped ones (``scheduler.energy.power_cap.capped``): slower, fewer joules.
 
-        A pool with no warm replica (``pool_state.replicas`` 0) is "starting" while the region
-        reports one starting, else "cold": the request's TTFT then adds the pool's cold start
+        A candidate whose model has no warm replica (``pool_state.replicas_of``: its own
+        deployment's, else the pool's) is "starting" while the region reports one of it
+        starting, else "cold": the request's TTFT then adds the pool's cold start
         (``cold_start_s``: the whole of it, as the router cannot tell how far a start has got),
         and a cold pool's energy adds the wake-up (``wake_j``: ``scheduler.energy.cold_start``).
         """
@@ -317,10 +318,12 @@ class SnapshotBuilder:
         if pool_state is None:
             energy, latency = self._at_point(c.index, assumptions.nominal_batch, assumptions.nominal_context)
             return _candidate_perf(energy, latency, assumptions.nominal_batch, 0.0, False)
-        warm = pool_state.replicas
-        # R: the replicas serving now where the region says (Ray Serve's autoscaler moves it),
-        # else the pool's capacity.
-        replicas = warm if warm is not None and warm > 0 else self._replicas[c.index]
+        # The candidate's model's own deployment's replicas decide its warmth; R: the pool's
+        # replicas serving now where the region says (Ray Serve's autoscaler moves it; its
+        # load is the pool's), else the pool's capacity.
+        warm, starting = pool_state.replicas_of(c.deployment.name)
+        serving = pool_state.replicas
+        replicas = serving if serving is not None and serving > 0 else self._replicas[c.index]
         running = pool_state.running / replicas
         waiting = pool_state.queue_depth / replicas
         batch = min(running + 1.0, float(costs.max_num_seqs))
@@ -343,7 +346,7 @@ class SnapshotBuilder:
         # No replica serves: the request waits for one to start, and wakes one when none is
         # starting (its charge: docs/objective.md, "Cold pools").
         start = self._cold_starts[c.index]
-        if pool_state.starting_replicas:
+        if starting:
             return _candidate_perf(energy, latency, batch, wait, True, "starting", start.seconds, 0.0)
         return _candidate_perf(energy, latency, batch, wait, True, "cold", start.seconds, start.joules)
 

@@ -1,13 +1,13 @@
 """``build_region_app``: one Ray Serve application per region.
 
 The application is a ``RegionGateway`` ingress (route prefix ``/<region>``) bound to one
-Ray Serve LLM deployment per pool (``build_llm_deployment`` with ``RegionLLMServer``), each
-with its own model, engine arguments, replica range and accelerator type. Ray Serve's own
-autoscaler sizes each deployment within its range (``autoscaling_config``; min_replicas 0:
-the pool scales to zero when idle and wakes on the next request). Locally (the region's
-``local`` profile) each listed pool runs one small CPU engine serving the tiny model with
-the pool's ``max_model_len``, standing for the pool in energy prediction and routing; on an
-NVIDIA machine the same application runs the CUDA build of vLLM
+Ray Serve LLM deployment per model of each pool (``build_llm_deployment`` with
+``RegionLLMServer``), each with its own engine arguments, replica range and accelerator type.
+Ray Serve's own autoscaler sizes each deployment within its range (``autoscaling_config``;
+min_replicas 0: the model scales to zero when idle and wakes on the next request). Locally (the
+region's ``local`` profile) each listed pool runs one small CPU engine serving the tiny model
+with the pool's ``max_model_len``, a stand-in for every model of the pool in energy prediction
+and routing; on an NVIDIA machine the same application runs the CUDA build of vLLM
 (``EngineOptions(device="gpu")``); on a GPU cluster each pool's replicas are placed on its
 accelerator type (``accelerator_type``).
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +39,8 @@ class EngineOptions:
     device: Literal["cpu", "gpu"] = "cpu"
     # None: the tiny model, built into the cache folder on first use.
     model_dir: Path | None = None
+    # The model the deployment serves, as the pool's config names it (its own deployment), or
+    # another name (the tiny model): a stand-in serving every model of its pool.
     served_model: str = TINY_MODEL
     max_model_len: int = 2048
     max_num_seqs: int = 32
@@ -127,9 +129,10 @@ def llm_config(options: EngineOptions) -> Any:
     )
 
 
-def local_pools(region: RegionConfig, base: EngineOptions | None = None) -> dict[str, EngineOptions]:
-    """The pools the region runs locally (its ``local`` profile), each with its context limit and
-    replica range (the profile's ``autoscaling`` block, else one replica always up)."""
+def local_pools(region: RegionConfig, base: EngineOptions | None = None) -> dict[str, tuple[EngineOptions, ...]]:
+    """The pools the region runs locally (its ``local`` profile): one stand-in deployment each,
+    serving every model of the pool, with its context limit and replica range (the profile's
+    ``autoscaling`` block, else one replica always up)."""
     if region.kind == "vllm":
         raise ValueError(f"region {region.name} is plain vLLM servers (kind vllm): they run outside Ray; route to "
                          "them with `scheduler region scrape` beside them (docs/byo-vllm.md)")
@@ -139,14 +142,46 @@ def local_pools(region: RegionConfig, base: EngineOptions | None = None) -> dict
             f"[{{pool: {region.pools[0].name}, max_model_len: 2048}}]}}` to run it locally"
         )
     base = base or EngineOptions()
-    return {p.pool: replace(base, max_model_len=p.max_model_len,
-                            autoscaling=base.autoscaling if p.autoscaling is None else ReplicaRange.of(p.autoscaling))
+    return {p.pool: (replace(base, max_model_len=p.max_model_len,
+                             autoscaling=base.autoscaling if p.autoscaling is None else ReplicaRange.of(p.autoscaling)),)
             for p in region.local.pools}
+
+
+def check_deployments(region: RegionConfig, pools: Mapping[str, Sequence[EngineOptions]]) -> None:
+    """ValueError naming the pool and the models unless each listed pool of ``region`` serves
+    every model it declares, each from one deployment (its ``served_model``; a deployment of
+    another model, the tiny stand-in, serves every model of its pool and is its only one), and
+    its deployments' most replicas fit its GPUs: sum of max_replicas x tensor_parallel <= count."""
+    configs = {p.name: p for p in region.pools}
+    for name, deployments in pools.items():
+        pool = configs.get(name)
+        if pool is None:
+            raise ValueError(f"region {region.name}: {name!r} is not one of its pools "
+                             f"({', '.join(sorted(configs))})")
+        declared = [m.name for m in pool.models]
+        served = [o.served_model for o in deployments]
+        stand_ins = [model for model in served if model not in declared]
+        if stand_ins and len(served) > 1:
+            raise ValueError(f"region {region.name}: pool {name}: deployment {stand_ins[0]!r} is not a model of the "
+                             f"pool (models: {', '.join(declared)}), so it stands in for all of them and must be the "
+                             f"pool's only deployment, but the pool has {len(served)}: {', '.join(served)}")
+        repeated = sorted({model for model in served if served.count(model) > 1})
+        missing = [model for model in declared if model not in served]
+        if repeated or (not stand_ins and missing):
+            raise ValueError(f"region {region.name}: pool {name}: each of its models ({', '.join(declared)}) needs "
+                             f"one deployment; " + (f"served twice: {', '.join(repeated)}" if repeated else
+                                                    f"not served: {', '.join(missing)}"))
+        gpus = sum(o.autoscaling.max_replicas * o.tensor_parallel for o in deployments)
+        if gpus > pool.count:
+            terms = ", ".join(f"{o.served_model}: {o.autoscaling.max_replicas} x {o.tensor_parallel}"
+                              for o in deployments)
+            raise ValueError(f"region {region.name}: pool {name}: autoscaling.max_replicas x tensor_parallel sums to "
+                             f"{gpus} GPUs ({terms}) but the pool has count={pool.count}")
 
 
 def build_region_app(
     region: RegionConfig,
-    pools: Mapping[str, EngineOptions],
+    pools: Mapping[str, Sequence[EngineOptions]],
     *,
     store_url: str | None = None,
     namespace: str = "local",
@@ -155,27 +190,30 @@ def build_region_app(
     ticket_keys: RegionKeys | None = None,
 ) -> Any:
     """The region's Serve application (deploy with ``serve.run(app, name=region.name,
-    route_prefix=f"/{region.name}")``): one LLM deployment per entry of ``pools``. With
-    ``store_url`` the gateway publishes the region's live state there itself. Tickets are
-    checked with ``ticket_keys`` (None: the file ``$SCHEDULER_TICKET_KEYS_FILE`` names)."""
+    route_prefix=f"/{region.name}")``): one LLM deployment per entry of each pool's
+    deployments in ``pools`` (``check_deployments``). With ``store_url`` the gateway publishes
+    the region's live state there itself. Tickets are checked with ``ticket_keys`` (None: the
+    file ``$SCHEDULER_TICKET_KEYS_FILE`` names)."""
     with keep_root_logging():
         from ray.serve.llm import build_llm_deployment
 
         from scheduler.serve.engine import RegionLLMServer
 
-    if not pools:
-        raise ValueError(f"region {region.name}: no pools to serve")
+    if not pools or not all(pools.values()):
+        raise ValueError(f"region {region.name}: no pools to serve, or a pool without a deployment")
+    check_deployments(region, pools)
+    # Ray Serve LLM names each deployment "<prefix><model id>": LLMServer:<region>:<pool>:<model>.
     llms = {
-        name: build_llm_deployment(
-            llm_config(options),
-            name_prefix=f"LLMServer:{region.name}:{name}:",
-            deployment_cls=RegionLLMServer,
-        )
-        for name, options in pools.items()
+        name: {options.served_model: build_llm_deployment(llm_config(options),
+                                                          name_prefix=f"LLMServer:{region.name}:{name}:",
+                                                          deployment_cls=RegionLLMServer)
+               for options in deployments}
+        for name, deployments in pools.items()
     }
     settings = GatewaySettings(
         region=region,
-        pools={name: PoolEngine(o.served_model, o.max_model_len) for name, o in pools.items()},
+        pools={name: tuple(PoolEngine(o.served_model, o.max_model_len) for o in deployments)
+               for name, deployments in pools.items()},
         store_url=store_url,
         namespace=namespace,
         publish_interval_s=publish_interval_s,
@@ -193,8 +231,9 @@ def region_app_builder(args: Mapping[str, Any]) -> Any:
     """The region application as Ray Serve's ``import_path`` builder calls it (KubeRay
     ``serveConfigV2``): one argument, the ``args`` mapping that ``infra/render.py`` writes:
     ``region`` (the region file's content), ``namespace`` (state-store key namespace),
-    ``tickets`` (``required``, the default, or ``disabled``) and ``pools`` (pool name ->
-    ``EngineOptions`` fields, one LLM deployment each; ``autoscaling``: ``ReplicaRange`` fields). The state store URL comes from
+    ``tickets`` (``required``, the default, or ``disabled``) and ``pools`` (pool name -> a list
+    of ``EngineOptions`` fields, one LLM deployment each, one per model of the pool;
+    ``autoscaling``: ``ReplicaRange`` fields). The state store URL comes from
     ``$SCHEDULER_STATE``, the ticket keys from ``$SCHEDULER_TICKET_KEYS_FILE``. Bad
     arguments raise ``ValueError`` naming the field, before anything is deployed."""
     from scheduler.config.loader import ConfigError, default_region, validate
@@ -212,25 +251,22 @@ def region_app_builder(args: Mapping[str, Any]) -> Any:
         raise ValueError(f"serveConfigV2 args.tickets: expected required or disabled, got {tickets!r}")
     raw_pools = args["pools"]
     if not isinstance(raw_pools, Mapping) or not raw_pools:
-        raise ValueError("serveConfigV2 args.pools: expected a mapping of pool name -> engine options")
+        raise ValueError("serveConfigV2 args.pools: expected a mapping of pool name -> a list of engine options")
     known_pools = {p.name for p in region.pools}
-    known_fields = set(EngineOptions.__dataclass_fields__)
     pools = {}
     for name, raw in raw_pools.items():
         if name not in known_pools:
             raise ValueError(f"serveConfigV2 args.pools.{name}: not a pool of region {region.name} "
                              f"(pools: {', '.join(sorted(known_pools))})")
-        options = dict(raw or {})
-        if set(options) - known_fields:
-            raise ValueError(f"serveConfigV2 args.pools.{name}: unknown keys {sorted(set(options) - known_fields)}")
-        if options.get("model_dir") is not None:
-            options["model_dir"] = Path(options["model_dir"])
-        if options.get("autoscaling") is not None:
-            try:
-                options["autoscaling"] = ReplicaRange(**options["autoscaling"])
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"serveConfigV2 args.pools.{name}.autoscaling: {exc}") from None
-        pools[name] = EngineOptions(**options)
+        if not isinstance(raw, list) or not raw:
+            raise ValueError(f"serveConfigV2 args.pools.{name}: expected a list of engine options (one deployment "
+                             f"per model of the pool), got {raw!r}")
+        pools[name] = tuple(engine_options(f"serveConfigV2 args.pools.{name}[{i}]", entry)
+                            for i, entry in enumerate(raw))
+    try:
+        check_deployments(region, pools)
+    except ValueError as exc:
+        raise ValueError(f"serveConfigV2 args.pools: {exc}") from None
     return build_region_app(
         region,
         pools,
@@ -238,3 +274,21 @@ def region_app_builder(args: Mapping[str, Any]) -> Any:
         namespace=str(args.get("namespace", "default")),
         tickets=tickets,
     )
+
+
+def engine_options(where: str, raw: object) -> EngineOptions:
+    """One deployment's ``EngineOptions`` from its Serve args entry (``where`` names it)."""
+    options = dict(raw) if isinstance(raw, Mapping) else None
+    if options is None:
+        raise ValueError(f"{where}: expected a mapping of engine options, got {raw!r}")
+    unknown = set(options) - set(EngineOptions.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    if options.get("model_dir") is not None:
+        options["model_dir"] = Path(options["model_dir"])
+    if options.get("autoscaling") is not None:
+        try:
+            options["autoscaling"] = ReplicaRange(**options["autoscaling"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}.autoscaling: {exc}") from None
+    return EngineOptions(**options)

@@ -2,15 +2,18 @@
 
 It serves the OpenAI-compatible streaming API the router calls (``POST /v1/completions``,
 ``POST /v1/chat/completions``; ``GET /v1/models``, ``GET /health``, ``GET /state``), in front
-of one vLLM deployment per pool (``RegionLLMServer``, reached through a ``DeploymentHandle``):
+of one vLLM deployment per model of each pool (``RegionLLMServer``, reached through a
+``DeploymentHandle``; locally one stand-in per pool):
 
 - admits only requests that carry a valid dispatch ticket (``scheduler.tickets``): signed
   for this region, unexpired, used once, and matching the request (pool, model, max_tokens,
   prompt); without one, 401; with one that does not match, 403. Tickets can be turned off
   for development (``tickets="disabled"``; a warning at every start);
-- runs the request on the pool the ticket names, and refuses a pool or model it does not
-  serve (404 ``pool_not_served`` / ``model_not_found``);
-- maps the requested model (e.g. ``llama-3.1-8b``) to the model the pool's engine runs
+- runs the request on the pool the ticket names, on that pool's deployment of the requested
+  model (each model of a pool has its own, scaled on its own; locally one stand-in engine
+  serves every model of its pool), and refuses a pool or model it does not serve (404
+  ``pool_not_served`` / ``model_not_found``);
+- maps the requested model (e.g. ``llama-3.1-8b``) to the model its deployment's engine runs
   (locally the tiny model) and back in every chunk;
 - tracks the requests in flight (``InFlight``): the replica each runs on and that replica's
   running batch (the replica's reports, first and last item of every stream), the token
@@ -25,11 +28,12 @@ of one vLLM deployment per pool (``RegionLLMServer``, reached through a ``Deploy
   engine prefilled, also when the client left before the first token, and the tokens generated
   so far (``docs/billing.md``);
 - publishes the region's live state (per pool: load, models served and their context
-  limits, warm and starting replicas as Ray Serve's controller counts them) every ~1 s when it
-  is given a shared store. A pool's engine is asked for its figures only while the pool has had
-  requests since its last answer: an idle pool's replicas get no call from the gateway, so
-  Ray Serve's autoscaler sees them idle and scales them down (to zero where allowed); a pool at
-  zero is published with no warm replica (``scheduler.serve.warmth``);
+  limits, warm and starting replicas as Ray Serve's controller counts them, summed and per
+  model) every ~1 s when it is given a shared store. A deployment's engine is asked for its
+  figures only while it has had requests since its last answer: an idle deployment's replicas
+  get no call from the gateway, so Ray Serve's autoscaler sees them idle and scales them down
+  (to zero where allowed); a model at zero is published with no warm replica
+  (``scheduler.serve.warmth``);
 - records the prefix keys (``x_scheduler.prefix_key``) its pools served with prefix-cache hits
   (the engine's ``cached_tokens``) and publishes them with a TTL (``PrefixWarmPublisher``);
 - at start, sets each served pool's GPU power cap through NVML, or dry-runs it without a GPU
@@ -49,7 +53,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -71,13 +76,13 @@ from scheduler.serve.prefix_publisher import PrefixWarmPublisher
 from scheduler.serve.publisher import RegionStatePublisher
 from scheduler.serve.replica_report import ReplicaReport
 from scheduler.serve.sse import StreamAssembler, Usage, sse_event
-from scheduler.serve.warmth import PoolReplicas, pool_replicas
+from scheduler.serve.warmth import DeploymentReplicas, deployment_replicas
 from scheduler.state import codec
 from scheduler.state.prefix_warm import PrefixHits
 from scheduler.state.store import StateUnavailable
 from scheduler.tasks import start_loop, stop_task
 from scheduler.tickets import CLOCK_SKEW_S, RegionKeys, Ticket, TicketKeyRing, TicketRejected
-from scheduler.types import PoolLiveState, RegionLiveState
+from scheduler.types import ModelReplicas, PoolLiveState, RegionLiveState
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +100,23 @@ ENGINE_FAILED = (RayTaskError, ActorDiedError)
 
 @dataclass(frozen=True)
 class PoolEngine:
-    """What one pool's deployment runs: the engine's model and its context limit."""
+    """What one of a pool's deployments runs: the engine's model (one of the pool's models, or
+    a stand-in for all of them: ``served_models``) and its context limit."""
 
     served_model: str
     max_model_len: int
 
 
+# One deployment of the application: (pool, the model its engine serves).
+Deployment = tuple[str, str]
+
+
 @dataclass(frozen=True)
 class GatewaySettings:
     region: RegionConfig
-    # The pools this application serves, each with its own deployment (``llms`` of the gateway).
-    pools: Mapping[str, PoolEngine]
+    # The pools this application serves, each with its deployments (``llms`` of the gateway:
+    # pool -> served model -> handle), one per model of the pool or a single stand-in.
+    pools: Mapping[str, tuple[PoolEngine, ...]]
     # None: no in-gateway publisher (the stack bridges ``GET /state`` to its store instead).
     store_url: str | None = None
     namespace: str = "local"
@@ -136,40 +147,40 @@ class GatewaySettings:
 
 @dataclass
 class EngineAnswers:
-    """Each pool's last stats answer, and whether the pool is published on it (None: left out).
+    """Each deployment's last stats answer, and whether it is published on it (None: left out).
 
-    Whether a pool is served is not its stats call's latency: a call that gets no answer in
+    Whether a deployment is served is not its stats call's latency: a call that gets no answer in
     time is a slow engine (a loaded host, a long prefill holding its replica), which still
     serves, so its last answer stands for ``grace_s`` after it came; only an engine silent that
     long counts as gone. A call that fails (``ENGINE_FAILED``: the engine or its replica says
-    it cannot serve) leaves the pool out at once, until it answers again. A pool that never
-    answered is not up yet.
+    it cannot serve) leaves the deployment out at once, until it answers again. A deployment that
+    never answered is not up yet.
     """
 
     grace_s: float
-    _last: dict[str, tuple[float, Mapping[str, Any]]] = field(default_factory=dict)
+    _last: dict[Hashable, tuple[float, Mapping[str, Any]]] = field(default_factory=dict)
 
-    def standing(self, pool: str, answer: Mapping[str, Any] | BaseException, now: float) -> Mapping[str, Any] | None:
+    def standing(self, deployment: Hashable, answer: Mapping[str, Any] | BaseException, now: float) -> Mapping[str, Any] | None:
         if not isinstance(answer, BaseException):
-            self._last[pool] = (now, answer)
+            self._last[deployment] = (now, answer)
             return answer
         if isinstance(answer, ENGINE_FAILED):
-            self._last.pop(pool, None)
+            self._last.pop(deployment, None)
             return None
-        last = self._last.get(pool)
+        last = self._last.get(deployment)
         if last is None or now - last[0] > self.grace_s:
             return None
-        log.info("engine of pool %s slow to answer: its answer of %.1f s ago stands", pool, now - last[0])
+        log.info("engine of %s slow to answer: its answer of %.1f s ago stands", deployment, now - last[0])
         return last[1]
 
-    def last(self, pool: str) -> Mapping[str, Any] | None:
-        """The pool's last answer (None: it never answered, or its engine failed since)."""
-        last = self._last.get(pool)
+    def last(self, deployment: Hashable) -> Mapping[str, Any] | None:
+        """The deployment's last answer (None: it never answered, or its engine failed since)."""
+        last = self._last.get(deployment)
         return None if last is None else last[1]
 
-    def forget(self, pool: str) -> None:
-        """The pool's replicas went away (scaled to zero): the next one must answer afresh."""
-        self._last.pop(pool, None)
+    def forget(self, deployment: Hashable) -> None:
+        """The deployment's replicas went away (scaled to zero): the next one must answer afresh."""
+        self._last.pop(deployment, None)
 
 
 def served_models(pool: PoolConfig, engine: PoolEngine) -> dict[str, int]:
@@ -178,6 +189,23 @@ def served_models(pool: PoolConfig, engine: PoolEngine) -> dict[str, int]:
     names = {m.name: m for m in pool.models}
     chosen = [names[engine.served_model]] if engine.served_model in names else list(pool.models)
     return {m.name: min(m.max_context, engine.max_model_len) for m in chosen}
+
+
+@dataclass(frozen=True)
+class PublishedDeployment:
+    """One deployment as its pool's live state is made of it: Serve's counts of its replicas
+    (None: not known), its engine's answer (None: it has no warm replica) and whether that
+    answer is fresh."""
+
+    key: Deployment
+    counts: DeploymentReplicas | None
+    stats: Mapping[str, Any] | None
+    fresh: bool
+
+
+def _weighed(answers: list[Mapping[str, Any]], weights: list[float], figure: str) -> float:
+    """The answers' ``figure`` averaged with ``weights``."""
+    return sum(w * float(a.get(figure, 0.0)) for a, w in zip(answers, weights, strict=True)) / sum(weights)
 
 
 def openai_error(message: str, status: int, kind: str, code: str | int | None = None) -> JSONResponse:
@@ -246,21 +274,39 @@ class ReplayGuard:
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256)
 class RegionGateway:
     # Serve awaits an async constructor, so the background tasks start on the replica's loop.
-    async def __init__(self, llms: dict[str, Any], settings: GatewaySettings) -> None:  # type: ignore[misc]
+    async def __init__(self, llms: Mapping[str, Mapping[str, Any]],  # type: ignore[misc]
+                       settings: GatewaySettings) -> None:
         region = settings.region
         configs = {p.name: p for p in region.pools}
+        engines = {(name, engine.served_model): engine for name, pool in settings.pools.items() for engine in pool}
+        handles = {(name, model): handle for name, pool in llms.items() for model, handle in pool.items()}
         unknown = sorted(set(settings.pools) - set(configs))
-        if unknown or set(llms) != set(settings.pools):
-            raise ValueError(f"region {region.name}: pools {sorted(settings.pools)} / deployments {sorted(llms)} "
-                             f"do not match the region's pools {sorted(configs)}")
-        self._llms = llms
+        if unknown or set(handles) != set(engines):
+            raise ValueError(f"region {region.name}: deployments {sorted(engines)} / handles {sorted(handles)} "
+                             f"do not match, or are not of the region's pools {sorted(configs)}")
+        self._llms: dict[Deployment, Any] = handles
         self._settings = settings
-        # pool -> its deployment's name in Serve (for the replica counts of ``serve.status()``)
-        self._deployments = {name: str(getattr(handle, "deployment_name", name)) for name, handle in llms.items()}
-        # pool -> the gateway's count of requests started there when the engine last answered
-        self._asked_at_started: dict[str, int] = {}
+        # deployment -> its name in Serve (for the replica counts of ``serve.status()``)
+        self._deployments = {key: str(getattr(handle, "deployment_name", key)) for key, handle in handles.items()}
+        # deployment -> requested model -> its context limit (config's and engine's)
+        self._served = {key: served_models(configs[key[0]], engine) for key, engine in engines.items()}
+        # pool -> requested model -> the deployment serving it
+        self._route: dict[str, dict[str, Deployment]] = {name: {} for name in settings.pools}
+        for key, models in self._served.items():
+            for model in models:
+                if model in self._route[key[0]]:
+                    raise ValueError(f"region {region.name}: pool {key[0]}: model {model} is served by two "
+                                     f"deployments ({self._route[key[0]][model][1]}, {key[1]})")
+                self._route[key[0]][model] = key
+        self._models = {name: {model: self._served[key][model] for model, key in route.items()}
+                        for name, route in self._route.items()}
+        # Per deployment: requests open and started there (the gateway's counts), and how many
+        # had started when its engine last answered.
+        self._open: Counter[Deployment] = Counter()
+        self._started: Counter[Deployment] = Counter()
+        self._asked_at_started: dict[Deployment, int] = {}
+        self._deployment_of: dict[str, Deployment] = {}  # request id -> the deployment running it
         self._profiles = {name: PoolEnergyProfile.of(configs[name]) for name in settings.pools}
-        self._models = {name: served_models(configs[name], engine) for name, engine in settings.pools.items()}
         self._metrics = GatewayMetrics(region.name)
         self._keys = self._load_keys()
         self._meter = NvmlMeter()
@@ -407,7 +453,8 @@ class RegionGateway:
         asked_options = body.get("stream_options") or {}
         # The usage so far on every chunk: the token counts the measured energy is split by
         # (InFlight), and what a stream cut before its end is billed on (the engine's counts).
-        engine_body = {**body, "model": self._settings.pools[pool].served_model,
+        deployment = self._route[pool][model]
+        engine_body = {**body, "model": deployment[1],
                        "stream_options": {**asked_options, "include_usage": True, "continuous_usage_stats": True}}
         if ticket is not None:
             # The tenant's own prefix cache: its KV never serves another tenant's request, and its
@@ -420,7 +467,8 @@ class RegionGateway:
         called = time.monotonic()
         try:
             # The prefix key picks the pool's replica (scheduler.serve.prefix_router).
-            stream = getattr(self._llms[pool].options(stream=True), method).remote(engine_body, prefix_key=prefix_key)
+            stream = getattr(self._llms[deployment].options(stream=True), method).remote(engine_body,
+                                                                                          prefix_key=prefix_key)
             first = await self._first_batch(request_id, stream)
         except asyncio.CancelledError:
             # The client left while the engine prefilled (Serve cancels the call): the prefill is billed.
@@ -539,7 +587,8 @@ class RegionGateway:
         estimated = False
         try:
             async with asyncio.timeout(self._settings.engine_timeout_s):
-                prompt = int(await self._llms[pool].prompt_tokens.remote(dict(engine_body), method))
+                handle = self._llms[self._route[pool][model]]
+                prompt = int(await handle.prompt_tokens.remote(dict(engine_body), method))
         except Exception as exc:
             # The engine is gone or silent: a lower bound (no token is longer than MAX_TOKEN_BYTES).
             bound = tickets.body_digest(engine_body)
@@ -633,11 +682,15 @@ class RegionGateway:
     def _start(self, pool: str, request_id: str, model: str) -> None:
         self._flight.start(pool, request_id, model)
         self._metrics.set_in_flight(pool, self._flight.count(pool))
+        deployment = self._deployment_of[request_id] = self._route[pool][model]
+        self._open[deployment] += 1
+        self._started[deployment] += 1
 
     def _end(self, pool: str, request_id: str) -> RequestShare:
         # Its GPUs' intervals close now, so its last tokens are weighed in its bill.
         share = self._flight.finish(request_id, self._meter.read() if self._flight.pricing is not None else None)
         self._metrics.set_in_flight(pool, self._flight.count(pool))
+        self._open[self._deployment_of.pop(request_id)] -= 1
         return share
 
     async def _list_models(self, request: Request) -> Response:
@@ -668,120 +721,138 @@ class RegionGateway:
 
     async def live_state(self) -> RegionLiveState:
         """What the region publishes: per pool, its load, the models it serves with their
-        context limits, GPU power, and its warm and starting replicas (``scheduler.serve.warmth``).
+        context limits, GPU power, and its warm and starting replicas, summed over its
+        deployments and per model (``scheduler.serve.warmth``).
 
-        A pool's engine is asked (``live_stats``) only when it has warm replicas and has had
-        requests since it last answered, or has not answered since its replicas came up: an idle
-        pool is published on its last answer (no load: nothing ran since), so that no call of
-        ours keeps its replicas busy in the eyes of Serve's autoscaler. A pool with no warm
-        replica is published cold (its requests wait in ``queue_depth``). A pool whose engine
-        is slow to answer is published on its last answer for ``engine_grace_s``; one whose
-        engine failed its call, was silent longer, or never answered is left out, and the router
-        then treats it as not served (``EngineAnswers``). Without Serve's counts (no Serve:
-        tests) every pool is asked every time. The region is healthy while a pool is published."""
+        A deployment's engine is asked (``live_stats``) only when it has warm replicas and has
+        had requests since it last answered, or has not answered since its replicas came up: an
+        idle deployment is published on its last answer (no load: nothing ran since), so that no
+        call of ours keeps its replicas busy in the eyes of Serve's autoscaler. A deployment with
+        no warm replica is published cold: its models with no warm replica (their requests wait
+        in the pool's ``queue_depth``). A deployment whose engine is slow to answer is published
+        on its last answer for ``engine_grace_s``; one whose engine failed its call, was silent
+        longer, or never answered is left out with its models, and the router then treats them
+        as not served (``EngineAnswers``); a pool none of whose deployments is published is left
+        out. Without Serve's counts (no Serve: tests) every deployment is asked every time. The
+        region is healthy while a pool is published."""
         settings = self._settings
         replicas = await self._replica_counts()
-        asked = [name for name in settings.pools if self._needs_asking(name, replicas)]
+        asked = [key for key in self._llms if self._needs_asking(key, replicas)]
         answers = await asyncio.gather(
-            *(asyncio.wait_for(self._llms[name].live_stats.remote(), timeout=settings.engine_timeout_s)
-              for name in asked),
+            *(asyncio.wait_for(self._llms[key].live_stats.remote(), timeout=settings.engine_timeout_s)
+              for key in asked),
             return_exceptions=True,
         )
         answered = dict(zip(asked, answers, strict=True))
         pools: dict[str, PoolLiveState] = {}
         generated_total = 0.0
         now = time.monotonic()
-        for name in settings.pools:
-            if replicas is not None and name not in replicas:
-                continue  # Serve runs no deployment for it (deleted, or not deployed): not served
-            counts = None if replicas is None else replicas[name]
-            if counts is not None and counts.warm == 0:
-                self._engine_answers.forget(name)
-                pools[name] = self._cold_state(name, counts)
+        for name, route in self._route.items():
+            published = [served for key in dict.fromkeys(route.values())
+                         if (served := self._deployment_view(key, replicas, answered.get(key), now)) is not None]
+            if not published:
                 continue
-            answer = answered.get(name)
-            if answer is None:  # not asked: idle since its last answer
-                stats = self._engine_answers.last(name)
-                assert stats is not None  # _needs_asking asks a pool that has none
-            else:
-                stats = self._engine_answers.standing(name, answer, now)
-                if stats is None:
-                    log.warning("region %s: engine of pool %s not answering (%r): not publishing it",
-                                settings.region.name, name, answer)
-                    continue
-                if not isinstance(answer, BaseException):
-                    self._asked_at_started[name] = self._flight.started_total(name)
-            generated_total += float(stats.get("generation_tokens_total", 0.0))
-            pools[name] = self._pool_state(name, stats, fresh=not isinstance(answer, BaseException), replicas=counts)
+            generated_total += sum(float(d.stats.get("generation_tokens_total", 0.0))
+                                   for d in published if d.stats is not None)
+            pools[name] = self._pool_state(name, published)
         if pools and self._meter.available:
             j_per_token = self._j_per_token(generated_total)
             pools = {name: replace(state, measured_j_per_token=j_per_token) for name, state in pools.items()}
         return RegionLiveState(region=settings.region.name, healthy=bool(pools), observed_at=time.time(), pools=pools)
 
-    def _needs_asking(self, pool: str, replicas: Mapping[str, PoolReplicas] | None) -> bool:
-        """Whether the pool's engine is asked for its figures now (``live_state``)."""
+    def _deployment_view(self, key: Deployment, replicas: Mapping[Deployment, DeploymentReplicas] | None,
+                         answer: Mapping[str, Any] | BaseException | None, now: float) -> PublishedDeployment | None:
+        """What is published of one deployment (None: nothing, it is not served)."""
+        if replicas is not None and key not in replicas:
+            return None  # Serve runs no deployment for it (deleted, or not deployed): not served
+        counts = None if replicas is None else replicas[key]
+        if counts is not None and counts.warm == 0:
+            self._engine_answers.forget(key)
+            return PublishedDeployment(key, counts, None, fresh=False)
+        if answer is None:  # not asked: idle since its last answer
+            stats = self._engine_answers.last(key)
+            assert stats is not None  # _needs_asking asks a deployment that has none
+            return PublishedDeployment(key, counts, stats, fresh=True)
+        stats = self._engine_answers.standing(key, answer, now)
+        if stats is None:
+            log.warning("region %s: engine of %s not answering (%r): not publishing it",
+                        self._settings.region.name, self._deployments[key], answer)
+            return None
+        fresh = not isinstance(answer, BaseException)
+        if fresh:
+            self._asked_at_started[key] = self._started[key]
+        return PublishedDeployment(key, counts, stats, fresh)
+
+    def _needs_asking(self, key: Deployment, replicas: Mapping[Deployment, DeploymentReplicas] | None) -> bool:
+        """Whether the deployment's engine is asked for its figures now (``live_state``)."""
         if replicas is None:
             return True
-        if pool not in replicas or replicas[pool].warm == 0:
+        if key not in replicas or replicas[key].warm == 0:
             return False  # a call would wake it
-        return (self._engine_answers.last(pool) is None or self._flight.count(pool) > 0
-                or self._flight.started_total(pool) != self._asked_at_started.get(pool))
+        return (self._engine_answers.last(key) is None or self._open[key] > 0
+                or self._started[key] != self._asked_at_started.get(key))
 
-    async def _replica_counts(self) -> dict[str, PoolReplicas] | None:
-        """Pool -> its deployment's warm and starting replicas, from Serve's controller; None
-        outside a Serve replica, or when the controller does not answer in time."""
+    async def _replica_counts(self) -> dict[Deployment, DeploymentReplicas] | None:
+        """Deployment -> its warm and starting replicas, from Serve's controller; None outside
+        a Serve replica, or when the controller does not answer in time."""
         if not ray.is_initialized():
             return None
         try:
             app = serve.get_replica_context().app_name
             status = await asyncio.wait_for(asyncio.to_thread(serve.status), self._settings.engine_timeout_s)
-        except Exception as exc:  # the counts are a refinement: without them every pool is asked
+        except Exception as exc:  # the counts are a refinement: without them every deployment is asked
             log.warning("region %s: Serve's replica counts unavailable (%r)", self._settings.region.name, exc)
             return None
-        return pool_replicas(status, app, self._deployments)
+        return deployment_replicas(status, app, self._deployments)
 
-    def _cold_state(self, name: str, replicas: PoolReplicas) -> PoolLiveState:
-        """A pool with no warm replica: the models it serves (at the context limit its engine
-        last gave), its requests waiting for a replica, and its replicas starting."""
-        last = self._engine_answers.last(name) or {}
-        models = self._models[name]
-        engine_len = last.get("max_model_len")
-        if isinstance(engine_len, int | float) and engine_len > 0:
-            models = {model: min(limit, int(engine_len)) for model, limit in models.items()}
-        return PoolLiveState(
-            queue_depth=self._flight.count(name), running=0, gpu_power_w=self._power_w, models=models, replicas=0,
-            starting_replicas=replicas.starting,
-        )
-
-    def _pool_state(self, name: str, stats: Mapping[str, float], fresh: bool,
-                    replicas: PoolReplicas | None) -> PoolLiveState:
-        """The pool's published state from its engine's answer (``fresh``: this call's, or the
-        last one of an idle pool; else the last one standing), the gateway's own counts and
-        Serve's replica counts (None: not known)."""
+    def _pool_state(self, name: str, published: list[PublishedDeployment]) -> PoolLiveState:
+        """The pool's published state from its published deployments: their engines' answers
+        (``fresh``: this call's, or the last one of an idle deployment; else the last one
+        standing; None: at zero), the gateway's own counts and Serve's replica counts (None: not
+        known). A pool none of whose deployments has a warm replica is cold: its requests wait."""
+        models: dict[str, int] = {}
+        for served in published:
+            engine_len = None if served.stats is None else served.stats.get("max_model_len")
+            for model, limit in self._served[served.key].items():
+                if isinstance(engine_len, int | float) and engine_len > 0:
+                    limit = min(limit, int(engine_len))
+                models[model] = limit
+        counted = [served.counts for served in published if served.counts is not None]
+        warm = None if not counted else sum(c.warm for c in counted)
+        starting = None if not counted else sum(c.starting for c in counted)
+        model_replicas = None if not counted else {
+            model: ModelReplicas(served.counts.warm, served.counts.starting)
+            for served in published if served.counts is not None for model in self._served[served.key]}
+        answering = [served for served in published if served.stats is not None]
         in_flight = self._flight.count(name)
+        if not answering:
+            return PoolLiveState(queue_depth=in_flight, running=0, gpu_power_w=self._power_w, models=models,
+                                 replicas=0, starting_replicas=starting, model_replicas=model_replicas)
+        answers = [served.stats for served in answering if served.stats is not None]
         # The running count each replica of the pool reported in its streams; before any did,
-        # the engine's answer (one replica's).
+        # the engines' answers.
         reported = self._flight.running(name)
-        running = min(int(stats.get("running", 0)) if reported is None else reported, in_flight)
-        # The rates move only with a fresh answer: the standing one's prompt-token total would
+        running = min(sum(int(a.get("running", 0)) for a in answers) if reported is None else reported, in_flight)
+        # The rates move only with fresh answers: a standing one's prompt-token total would
         # count as no prompt tokens arriving; the next answer's window spans the gap.
-        arrival_rate, prompt_rate = (self._arrival_rates(name, stats.get("prompt_tokens_total")) if fresh
-                                     else self._rates.get(name, (0.0, 0.0)))
-        engine_len = stats.get("max_model_len")
-        models = self._models[name]
-        if isinstance(engine_len, int | float) and engine_len > 0:
-            models = {model: min(limit, int(engine_len)) for model, limit in models.items()}
+        prompt_totals = [float(a["prompt_tokens_total"]) for a in answers if a.get("prompt_tokens_total") is not None]
+        arrival_rate, prompt_rate = (
+            self._arrival_rates(name, sum(prompt_totals) if prompt_totals else None)
+            if all(served.fresh for served in answering) else self._rates.get(name, (0.0, 0.0)))
+        # The engines' cache figures, weighed by their warm replicas (1 each where not counted).
+        weights = [float(served.counts.warm) if served.counts is not None else 1.0 for served in answering]
         return PoolLiveState(
             queue_depth=in_flight - running,
             running=running,
-            kv_cache_usage=float(stats.get("kv_cache_usage", 0.0)),
-            prefix_cache_hit_rate=float(stats.get("prefix_cache_hit_rate", 0.0)),
+            kv_cache_usage=_weighed(answers, weights, "kv_cache_usage"),
+            prefix_cache_hit_rate=_weighed(answers, weights, "prefix_cache_hit_rate"),
             gpu_power_w=self._power_w,
             arrival_rate=arrival_rate,
             prompt_tokens_rate=prompt_rate,
             models=models,
-            replicas=None if replicas is None else replicas.warm,
-            starting_replicas=None if replicas is None else replicas.starting,
+            replicas=warm,
+            starting_replicas=starting,
+            model_replicas=model_replicas,
         )
 
     def _arrival_rates(self, pool: str, prompt_total: float | None) -> tuple[float, float]:

@@ -15,6 +15,7 @@ then bridges each gateway's ``GET /state`` into it from this process).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import socket
@@ -181,7 +182,7 @@ class LocalStack:
         self.namespace = options.namespace or f"up-{uuid.uuid4().hex[:8]}"
         self.state_url = await self._choose_state(options.state_url)
         # On this thread: Ray installs its signal handlers only from the main thread.
-        self._start_ray(sum(len(local_pools(by_name[name])) for name in options.only))
+        self._start_ray(sum(len(deployments) for name in options.only for deployments in local_pools(by_name[name]).values()))
         self.regions = tuple(local_view(by_name[name], self.endpoint(name)) for name in options.only)
         self.ticket_keys = None
         if options.tickets:
@@ -265,8 +266,10 @@ class LocalStack:
             pools = local_pools(region, EngineOptions(device=self.options.device))
             if self.options.device == "cpu":
                 # Spread the engines' OpenMP threads over the cores.
-                pools = {name: replace(o, omp_core=(engines + i) % cores) for i, (name, o) in enumerate(pools.items())}
-            engines += len(pools)
+                core = itertools.count(engines)
+                pools = {name: tuple(replace(o, omp_core=next(core) % cores) for o in deployments)
+                         for name, deployments in pools.items()}
+            engines += sum(len(deployments) for deployments in pools.values())
             app = build_region_app(
                 region, pools, store_url=store_url, namespace=self.namespace,
                 publish_interval_s=self.options.publish_interval_s,

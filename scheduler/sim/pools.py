@@ -334,8 +334,7 @@ def rounded(x: float, scale: float, digits: int) -> float:
 # A pool's published states are made by setting their slots (``scheduler.sim.slots``).
 (_SET_QUEUE_DEPTH, _SET_RUNNING, _SET_KV_CACHE_USAGE, _SET_PREFIX_CACHE_HIT_RATE, _SET_GPU_POWER_W,
  _SET_MEASURED_J_PER_TOKEN, _SET_ARRIVAL_RATE, _SET_PROMPT_TOKENS_RATE, _SET_MODELS, _SET_REPLICAS,
- _SET_STARTING_REPLICAS) = slot_setters(
-    PoolLiveState)
+ _SET_STARTING_REPLICAS, _SET_MODEL_REPLICAS) = slot_setters(PoolLiveState)
 
 
 def _pool_state(queue_depth: int, running: int, kv_cache_usage: float, prefix_cache_hit_rate: float,
@@ -354,6 +353,7 @@ def _pool_state(queue_depth: int, running: int, kv_cache_usage: float, prefix_ca
     _SET_MODELS(state, None)
     _SET_REPLICAS(state, None)
     _SET_STARTING_REPLICAS(state, None)
+    _SET_MODEL_REPLICAS(state, None)
     return state
 
 

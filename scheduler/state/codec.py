@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, fields
 from typing import Any
 
-from scheduler.types import PoolLiveState, RegionLiveState, Signal
+from scheduler.types import ModelReplicas, PoolLiveState, RegionLiveState, Signal
 
 _SIGNAL_FIELDS = {f.name for f in fields(Signal)}
 _POOL_FIELDS = {f.name for f in fields(PoolLiveState)}
@@ -62,8 +62,22 @@ def decode_region_state(raw: bytes | str) -> RegionLiveState:
                 isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in models.values())):
             raise ValueError(f"region state pool {name!r}: models must map model names to context limits, "
                              f"got {models!r}")
-        decoded[name] = PoolLiveState(**pool)
+        decoded[name] = PoolLiveState(**{**pool, "model_replicas": _model_replicas(name, pool.get("model_replicas"))})
     return RegionLiveState(region=str(region), healthy=healthy, observed_at=float(observed_at), pools=decoded)
+
+
+def _model_replicas(pool: str, raw: object) -> dict[str, ModelReplicas] | None:
+    """A pool's ``model_replicas``: model -> {replicas, starting_replicas}, counts >= 0."""
+    if raw is None:
+        return None
+    counts = ("replicas", "starting_replicas")
+    if not (isinstance(raw, dict) and all(
+            isinstance(entry, dict) and entry.keys() == set(counts)
+            and all(isinstance(entry[c], int) and not isinstance(entry[c], bool) and entry[c] >= 0 for c in counts)
+            for entry in raw.values())):
+        raise ValueError(f"region state pool {pool!r}: model_replicas must map model names to "
+                         f"{{replicas, starting_replicas}} counts, got {raw!r}")
+    return {model: ModelReplicas(**entry) for model, entry in raw.items()}
 
 
 def _object(raw: bytes | str, what: str) -> dict[str, Any]:

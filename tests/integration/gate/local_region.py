@@ -216,7 +216,7 @@ class LocalRegion:
 
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         library = FakeNvml(gpus=[self.gpu]) if self.metered else FakeNvml(library_found=False)
-        settings = GatewaySettings(region=self.region, pools={self.pool: PoolEngine("tiny-llama", 8192)},
+        settings = GatewaySettings(region=self.region, pools={self.pool: (PoolEngine("tiny-llama", 8192),)},
                                    tickets="disabled")
         cls = RegionGateway.func_or_class  # type: ignore[attr-defined]
         gateway = cls.__new__(cls)
@@ -224,7 +224,7 @@ class LocalRegion:
         # capper finds none (it dry-runs).
         with mock.patch.object(nvml, "_load_pynvml", lambda: library), \
                 mock.patch.object(power_caps, "_load_pynvml", lambda: FakeNvml(library_found=False)):
-            await gateway.__init__({self.pool: self.engine}, settings)
+            await gateway.__init__({self.pool: {"tiny-llama": self.engine}}, settings)
         self._gateway = gateway
 
         async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

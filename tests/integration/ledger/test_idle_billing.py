@@ -67,7 +67,7 @@ def test_idle_energy_is_billed_to_the_tenants_that_used_the_pool(monkeypatch: py
     ring = TicketKeyRing.generate(["eu-north"])
     replicas = [FakeReplica("LLMServer:h200-long#a", gpus[0], 0), FakeReplica("LLMServer:h200-long#b", gpus[1], 1)]
     pool = FakePool(replicas, route=[0, 1, 0])
-    settings = GatewaySettings(region=region, pools={POOL: PoolEngine("tiny-llama", 2048)},
+    settings = GatewaySettings(region=region, pools={POOL: (PoolEngine("tiny-llama", 2048),)},
                                store_url=SHARED_REDIS, namespace=namespace, ticket_keys=ring.of("eu-north"),
                                meter_interval_s=0.2, idle_window_s=WINDOW_S, publish_interval_s=0.5)
     cls = RegionGateway.func_or_class  # type: ignore[attr-defined]
@@ -77,7 +77,7 @@ def test_idle_energy_is_billed_to_the_tenants_that_used_the_pool(monkeypatch: py
         stop = asyncio.Event()
         drawing = asyncio.create_task(idle_draw(gpus, stop))
         gateway = cls.__new__(cls)
-        await gateway.__init__({POOL: pool}, settings)
+        await gateway.__init__({POOL: {"tiny-llama": pool}}, settings)
         finals = []
         for tenant in TENANTS:
             finals.append(await relayed_request(gateway, 60, lambda body, t=tenant: {HEADER: ticket_for(ring, body, t)}))

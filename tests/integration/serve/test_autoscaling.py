@@ -78,7 +78,8 @@ async def scaling_app(stack: LocalStack) -> AsyncIterator[RegionConfig]:
 
     region = scaling_region(stack)
     pools = local_pools(region, EngineOptions(omp_core=0))
-    assert pools[POOL].autoscaling.min_replicas == 0
+    (options,) = pools[POOL]  # the local stand-in: one engine for every model of the pool
+    assert options.autoscaling.min_replicas == 0
     app = build_region_app(region, pools, store_url=stack.state_url, namespace=stack.namespace, tickets="disabled")
     await asyncio.to_thread(serve.run, app, name=APP, route_prefix=f"/{APP}")
     try:

@@ -178,7 +178,7 @@ POOL_KEYS = {"device", "model_dir", "served_model", "max_model_len", "max_num_se
 
 
 @pytest.mark.parametrize("doc", RAYSERVICES, ids=lambda d: d.name)
-def test_serve_args_have_one_deployment_per_pool(doc: Doc) -> None:
+def test_serve_args_have_one_deployment_per_model_of_each_pool(doc: Doc) -> None:
     render = load_render()
     (app,) = _serve_config(doc)["applications"]
     args = app["args"]
@@ -190,19 +190,21 @@ def test_serve_args_have_one_deployment_per_pool(doc: Doc) -> None:
     assert args["namespace"] == render.default_options().key_namespace
     assert list(args["pools"]) == [p.name for p in region.pools]
     for pool in region.pools:
-        entry = args["pools"][pool.name]
-        assert set(entry) == POOL_KEYS, pool.name
-        model = next(m for m in pool.models if m.name == entry["served_model"])
-        assert entry["device"] == "gpu"
-        assert entry["model_dir"] == f"/models/{model.name}"
-        assert entry["max_model_len"] == model.max_context
-        assert entry["tensor_parallel"] == model.tensor_parallel
-        assert entry["accelerator_type"] == render.RAY_ACCELERATOR_TYPE[pool.gpu]
-        # No more GPUs than the pool declares, and at least one replica at the most.
-        scaling = entry["autoscaling"]
-        assert 0 <= scaling["min_replicas"] <= scaling["max_replicas"]
-        assert scaling["max_replicas"] >= 1
-        assert scaling["max_replicas"] * entry["tensor_parallel"] <= max(pool.count, model.tensor_parallel)
+        entries = args["pools"][pool.name]
+        # Every model the pool declares, each in a deployment of its own, in the file's order.
+        assert [entry["served_model"] for entry in entries] == [m.name for m in pool.models]
+        for entry, model in zip(entries, pool.models, strict=True):
+            assert set(entry) == POOL_KEYS, pool.name
+            assert entry["device"] == "gpu"
+            assert entry["model_dir"] == f"/models/{model.name}"
+            assert entry["max_model_len"] == model.max_context
+            assert entry["tensor_parallel"] == model.tensor_parallel
+            assert entry["accelerator_type"] == render.RAY_ACCELERATOR_TYPE[pool.gpu]
+            scaling = entry["autoscaling"]
+            assert 0 <= scaling["min_replicas"] <= scaling["max_replicas"]
+            assert scaling["max_replicas"] >= 1
+        # The models at their most take no more GPUs than the pool declares.
+        assert sum(e["autoscaling"]["max_replicas"] * e["tensor_parallel"] for e in entries) <= pool.count
     # The router reaches the region where its gateway listens: the app's route prefix on Serve's port.
     assert region.endpoint.endswith(app["route_prefix"])
     assert f":{_serve_config(doc)['http_options']['port']}/" in region.endpoint
@@ -218,7 +220,7 @@ def test_one_gpu_worker_group_per_pool_advertising_its_accelerator(doc: Doc) -> 
     groups = {g["groupName"]: g for g in doc.body["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
     assert list(groups) == [f"gpu-{p.name}" for p in region.pools]
     for pool in region.pools:
-        group, entry = groups[f"gpu-{pool.name}"], app["args"]["pools"][pool.name]
+        group, entries = groups[f"gpu-{pool.name}"], app["args"]["pools"][pool.name]
         spec = group["template"]["spec"]
         assert spec["nodeSelector"]["nvidia.com/gpu.product"] == render.GPU_PRODUCT_LABEL[pool.gpu]
         assert group["template"]["metadata"]["labels"]["scheduler/pool"] == pool.name
@@ -226,16 +228,22 @@ def test_one_gpu_worker_group_per_pool_advertising_its_accelerator(doc: Doc) -> 
         limits, requests = worker["resources"]["limits"], worker["resources"]["requests"]
         assert limits["nvidia.com/gpu"] == requests["nvidia.com/gpu"]
         gpus = int(limits["nvidia.com/gpu"])
-        assert gpus >= entry["tensor_parallel"], "a replica's tensor-parallel GPUs sit on one worker"
         assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
-        # Every replica fits on the group at its largest, and the group is no larger than the pool.
-        assert group["maxReplicas"] * (gpus // entry["tensor_parallel"]) >= entry["autoscaling"]["max_replicas"]
+        # The group keeps at least the GPUs of the models' min_replicas.
+        assert group["minReplicas"] * gpus >= sum(e["autoscaling"]["min_replicas"] * e["tensor_parallel"]
+                                                  for e in entries)
+        for entry in entries:
+            assert gpus >= entry["tensor_parallel"], "a replica's tensor-parallel GPUs sit on one worker"
+            # Every replica fits on the group at its largest.
+            assert group["maxReplicas"] * (gpus // entry["tensor_parallel"]) >= entry["autoscaling"]["max_replicas"]
+        # The group is no larger than the pool.
         assert (group["maxReplicas"] - 1) * gpus < pool.count
         # What the KubeRay autoscaler believes a worker of this group offers, before one exists:
-        # the GPUs and the accelerator type the pool's deployment asks for.
+        # the GPUs and the accelerator type the pool's deployments ask for.
         offered = _get_ray_resources_from_group_spec(group, is_head=False)
         assert offered["GPU"] == gpus
-        assert offered.get(f"accelerator_type:{entry['accelerator_type']}") == 1, offered
+        for entry in entries:
+            assert offered.get(f"accelerator_type:{entry['accelerator_type']}") == 1, offered
     head = doc.body["spec"]["rayClusterConfig"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0", "no replicas on the head"
     assert not any(k.startswith("accelerator_type:") for k in _get_ray_resources_from_group_spec(head, is_head=True))
@@ -281,10 +289,11 @@ def test_pool_entries_are_the_builders_engine_options(doc: Doc) -> None:
     from scheduler.serve.app import EngineOptions
 
     fields = set(EngineOptions.__dataclass_fields__)
-    for name, entry in _serve_config(doc)["applications"][0]["args"]["pools"].items():
-        assert set(entry) <= fields, f"{name}: unknown EngineOptions {set(entry) - fields}"
-        options = EngineOptions(**{**entry, "model_dir": Path(entry["model_dir"])})
-        assert options.device == "gpu" and options.accelerator_type == entry["accelerator_type"]
+    for name, entries in _serve_config(doc)["applications"][0]["args"]["pools"].items():
+        for entry in entries:
+            assert set(entry) <= fields, f"{name}: unknown EngineOptions {set(entry) - fields}"
+            options = EngineOptions(**{**entry, "model_dir": Path(entry["model_dir"])})
+            assert options.device == "gpu" and options.accelerator_type == entry["accelerator_type"]
 
 
 def test_the_app_builder_rejects_bad_args_naming_the_field() -> None:
@@ -296,8 +305,23 @@ def test_the_app_builder_rejects_bad_args_naming_the_field() -> None:
     first = next(iter(args["pools"]))
     with pytest.raises(ValueError, match=r"args\.pools\.h999: not a pool of region us-east"):
         region_app_builder({**args, "pools": {**args["pools"], "h999": args["pools"][first]}})
-    with pytest.raises(ValueError, match=rf"args\.pools\.{first}: unknown keys \['warp'\]"):
-        region_app_builder({**args, "pools": {first: {**args["pools"][first], "warp": 9}}})
+    entries = args["pools"][first]
+    with pytest.raises(ValueError, match=rf"args\.pools\.{first}\[1\]: unknown keys \['warp'\]"):
+        region_app_builder({**args, "pools": {first: [entries[0], {**entries[1], "warp": 9}, *entries[2:]]}})
+    with pytest.raises(ValueError, match=rf"args\.pools\.{first}: expected a list of engine options"):
+        region_app_builder({**args, "pools": {first: entries[0]}})
+    # Every model the pool declares is served: a pool's list without one of them is refused.
+    left_out = entries[-1]["served_model"]
+    with pytest.raises(ValueError, match=rf"args\.pools: region us-east: pool {first}: .* not served: {left_out}"):
+        region_app_builder({**args, "pools": {first: entries[:-1]}})
+    # The deployments at their most may not take more GPUs than the pool has.
+    region = validate(RegionConfig, default_region(args["region"]), "args.region")
+    count = next(p.count for p in region.pools if p.name == first)
+    wide = [{**entries[0], "autoscaling": {**entries[0]["autoscaling"], "max_replicas": count}}, *entries[1:]]
+    with pytest.raises(ValueError, match=rf"pool {first}: autoscaling\.max_replicas x tensor_parallel sums to "
+                                         rf"\d+ GPUs \({entries[0]['served_model']}: {count} x 1, .*\) but the pool "
+                                         rf"has count={count}"):
+        region_app_builder({**args, "pools": {first: wide}})
     with pytest.raises(ValueError, match=r"args\.tickets"):
         region_app_builder({**args, "tickets": "optional"})
     with pytest.raises(ValueError, match=r"serveConfigV2 args\.region: pue"):

@@ -146,5 +146,6 @@ def test_pool_plan_sizes(count: int, tp: int, workers: int, replicas: int) -> No
                       models=(ModelDeployment(name="llama-3.1-70b", max_context=8192, tensor_parallel=tp),))
     plan = render.pool_plan(RegionConfig.model_validate({**region.model_dump(), "local": None}), pool,
                             render.default_options())
-    assert (plan.workers, plan.replicas) == (workers, replicas)
+    (model,) = plan.models
+    assert (plan.workers, model.replicas) == (workers, replicas)
     assert plan.gpus_per_worker == min(8, count)

@@ -89,13 +89,14 @@ def test_the_gateway_publishes_a_slow_pool_on_its_last_answer_and_leaves_a_faile
     monkeypatch.setattr("scheduler.energy.nvml._load_pynvml", lambda: FakeNvml(library_found=False))
     region = next(r for r in load_checked_fleet().regions if r.name == "eu-north")
     engines = {"h200-long": FakeEngine(), "a100-batch": FakeEngine()}
-    settings = GatewaySettings(region=region, pools={p: PoolEngine("tiny-llama", 2048) for p in engines},
+    handles = {pool: {"tiny-llama": engine} for pool, engine in engines.items()}
+    settings = GatewaySettings(region=region, pools={p: (PoolEngine("tiny-llama", 2048),) for p in engines},
                                tickets="disabled", engine_timeout_s=0.05)
     cls = RegionGateway.func_or_class  # type: ignore[attr-defined]
 
     async def publications() -> tuple[list[RegionLiveState], RegionLiveState]:
         gateway = cls.__new__(cls)
-        await gateway.__init__(engines, settings)
+        await gateway.__init__(handles, settings)
         states = [await gateway.live_state()]
         await asyncio.sleep(0.05)
         engines["h200-long"].prompt_tokens_total = 900.0
@@ -106,7 +107,7 @@ def test_the_gateway_publishes_a_slow_pool_on_its_last_answer_and_leaves_a_faile
         states.append(await gateway.live_state())
         # A gateway started while an engine is still slow to come up has no answer of it to stand.
         newcomer = cls.__new__(cls)
-        await newcomer.__init__(engines, settings)
+        await newcomer.__init__(handles, settings)
         first = await newcomer.live_state()
         for started in (gateway, newcomer):
             await started.__del__()

@@ -148,13 +148,13 @@ def test_receipts_are_measured_per_replica_and_the_gpus_joules_are_all_accounted
     region = next(r for r in load_checked_fleet().regions if r.name == "eu-north")
     replicas = [FakeReplica("LLMServer:h200-long#a", gpus[0], 0), FakeReplica("LLMServer:h200-long#b", gpus[1], 1)]
     pool = FakePool(replicas, route=[0, 0, 1])
-    settings = GatewaySettings(region=region, pools={POOL: PoolEngine("tiny-llama", 2048)},
+    settings = GatewaySettings(region=region, pools={POOL: (PoolEngine("tiny-llama", 2048),)},
                                tickets="disabled", meter_interval_s=METER_INTERVAL_S)
     cls = RegionGateway.func_or_class  # type: ignore[attr-defined]
 
     async def run() -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
         gateway = cls.__new__(cls)
-        await gateway.__init__({POOL: pool}, settings)
+        await gateway.__init__({POOL: {"tiny-llama": pool}}, settings)
         await asyncio.sleep(METER_INTERVAL_S / 2)  # the meter's baseline
         streams = await asyncio.gather(relayed(gateway, 200), relayed(gateway, 200), relayed(gateway, 120))
         await asyncio.sleep(2 * METER_INTERVAL_S)  # the meter closes what is left

@@ -267,12 +267,12 @@ def _gateway_run(region: RegionConfig, pools: list[str]):  # type: ignore[no-unt
     from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
 
     cls = RegionGateway.func_or_class
-    settings = GatewaySettings(region=region, pools={p: PoolEngine("tiny-llama", 2048) for p in pools},
+    settings = GatewaySettings(region=region, pools={p: (PoolEngine("tiny-llama", 2048),) for p in pools},
                                tickets="disabled")
 
     async def run() -> tuple[int, dict[str, object], object]:
         gateway = cls.__new__(cls)
-        await gateway.__init__({p: object() for p in pools}, settings)
+        await gateway.__init__({p: {"tiny-llama": object()} for p in pools}, settings)
         answer = await gateway._power_caps_view(None)
         profiles = dict(gateway._profiles)
         await gateway.__del__()
