@@ -24,6 +24,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from scheduler.energy.units import J_PER_KWH
+
 # (the intensity a receipt books when no usable signal exists: no grid's average exceeds it, so
 # the grams are an upper bound, not a guess)
 from scheduler.signal_check import BOUNDS, UPPER_BOUND_G_PER_KWH
@@ -35,7 +37,6 @@ from scheduler.wire.claims import RegionReceipt as RegionReceipt
 from scheduler.wire.claims import energy_fields as energy_fields
 from scheduler.wire.claims import number as number
 
-J_PER_KWH = 3.6e6
 STREAM = "receipts"
 STREAM_MAXLEN = 100_000
 

@@ -74,6 +74,7 @@ from tqdm import tqdm
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder, replicas_of
 from scheduler.deferral.window import choose_release
+from scheduler.energy.units import J_PER_KWH
 from scheduler.framework.scheduler import Scheduler
 from scheduler.framework.slo import ttft_budget_s
 from scheduler.plan.schedule import DailySchedule, warm_replicas_at
@@ -95,7 +96,6 @@ from scheduler.types import WORKLOAD_CLASSES, Decision, FleetSnapshot, Request
 
 _STEP, _DOWN, _UP, _RELEASE, _ARRIVE, _TICK, _READY = 0, 1, 2, 3, 4, 5, 6
 _DEFERRABLE = WORKLOAD_CLASSES.index("deferrable")
-J_PER_KWH = 3.6e6
 PROGRESS_EVERY = 5000
 
 

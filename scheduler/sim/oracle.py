@@ -55,11 +55,12 @@ from scheduler.config.loader import load_fleet
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder, replicas_of
 from scheduler.energy.step import StepCosts
+from scheduler.energy.units import J_PER_KWH
 from scheduler.framework.network import rtt_row
 from scheduler.framework.slo import class_ttft_budget_s
 from scheduler.sim.autoscale import AutoscalingSettings
 from scheduler.sim.carbon_feed import CarbonReplay
-from scheduler.sim.report import J_PER_KWH, PolicyResult
+from scheduler.sim.report import PolicyResult
 from scheduler.sim.scenario import ScenarioSpec
 from scheduler.sim.truth import HeldOutResiduals, TruthModel
 from scheduler.sim.workload import Workload, build_workload, load_trace

@@ -12,12 +12,12 @@ from typing import ClassVar
 
 import numpy as np
 
+from scheduler.energy.units import J_PER_KWH
 from scheduler.framework.columns import FloatArray
 from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
 from scheduler.types import FleetSnapshot
 
 TYPE = "price-scorer"
-J_PER_KWH = 3.6e6
 
 
 @dataclass(frozen=True)

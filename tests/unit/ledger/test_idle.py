@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.energy.units import J_PER_KWH
 from scheduler.ledger.idle import RULE, UNATTRIBUTED, IdleWindow
-from scheduler.serve.idle_windows import J_PER_KWH, IdleWindows
+from scheduler.serve.idle_windows import IdleWindows
 from scheduler.signal_check import UPPER_BOUND_G_PER_KWH
 
 
