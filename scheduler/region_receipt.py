@@ -24,12 +24,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from scheduler.energy.units import J_PER_KWH
-
 # (the intensity a receipt books when no usable signal exists: no grid's average exceeds it, so
 # the grams are an upper bound, not a guess)
 from scheduler.signal_check import BOUNDS, UPPER_BOUND_G_PER_KWH
 from scheduler.tickets import RegionKeys, Ticket, TicketRejected, sign, verify
+from scheduler.units import J_PER_KWH
 
 # Reading claims is shared with the SDK (scheduler.wire); the router's receipt and ingest code
 # import these from here.

@@ -45,10 +45,10 @@ from scheduler.config.units import UNITS
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.model import EnergyModel
 from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_RANK
-from scheduler.energy.units import J_PER_KWH
 from scheduler.framework.network import rtt_row
 from scheduler.plan.schedule import PlanName
 from scheduler.types import GeoPoint
+from scheduler.units import J_PER_KWH
 
 CARBON_SCORER = "carbon-scorer"
 

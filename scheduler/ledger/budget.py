@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from scheduler.energy.units import J_PER_KWH
+from scheduler.units import J_PER_KWH
 
 Level = Literal["ok", "soft", "hard"]
 

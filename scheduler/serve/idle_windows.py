@@ -19,9 +19,9 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from scheduler.energy.units import J_PER_KWH
 from scheduler.ledger.idle import IdleWindow
 from scheduler.signal_check import BOUNDS, UPPER_BOUND_G_PER_KWH
+from scheduler.units import J_PER_KWH
 
 
 @dataclass

@@ -42,10 +42,10 @@ import numpy as np
 
 from scheduler.deferral.duration import DURATION_FACTOR, GUARD_S, decode_s, needs_s
 from scheduler.deferral.window import REASONS
-from scheduler.energy.units import J_PER_KWH
 from scheduler.sim.forecast import DEFAULT_ERROR, DEFAULT_HORIZON_H
 from scheduler.sim.predicted import Predictions
 from scheduler.types import Candidate, FleetSnapshot, Request
+from scheduler.units import J_PER_KWH
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,6 @@ from tqdm import tqdm
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder, replicas_of
 from scheduler.deferral.window import choose_release
-from scheduler.energy.units import J_PER_KWH
 from scheduler.framework.scheduler import Scheduler
 from scheduler.framework.slo import ttft_budget_s
 from scheduler.plan.schedule import DailySchedule, warm_replicas_at
@@ -93,6 +92,7 @@ from scheduler.sim.truth import EXACT_TRUTH, HeldOutResiduals, TruthModel
 from scheduler.sim.workflow import figures as workflow_figures
 from scheduler.sim.workload import RequestFactory, Workload
 from scheduler.types import WORKLOAD_CLASSES, Decision, FleetSnapshot, Request
+from scheduler.units import J_PER_KWH
 
 _STEP, _DOWN, _UP, _RELEASE, _ARRIVE, _TICK, _READY = 0, 1, 2, 3, 4, 5, 6
 _DEFERRABLE = WORKLOAD_CLASSES.index("deferrable")

@@ -62,8 +62,8 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.energy.units import J_PER_KWH
 from scheduler.types import Fallback
+from scheduler.units import J_PER_KWH
 
 ERROR_PERCENTILES = (10, 50, 90, 99)
 # (name, lowest context, highest context + 1) [tokens] of the prediction-error bands.

@@ -27,11 +27,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.energy.units import J_PER_KWH
 from scheduler.framework.columns import BoolArray, FloatArray, IndexArray, memo, region_positions
 from scheduler.framework.plugin import Abstain, Bounded, Lifetime, Plugin, Positions, RequestView
 from scheduler.signal_check import CLOCK_SKEW_S, UPPER_BOUND_G_PER_KWH, signal_problem
 from scheduler.types import FleetSnapshot
+from scheduler.units import J_PER_KWH
 
 TYPE = "carbon-scorer"
 

@@ -12,10 +12,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.energy.units import J_PER_KWH
 from scheduler.framework.columns import FloatArray
 from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
 from scheduler.types import FleetSnapshot
+from scheduler.units import J_PER_KWH
 
 TYPE = "price-scorer"
 
