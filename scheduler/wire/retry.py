@@ -36,6 +36,9 @@ JITTER = random.Random()
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """How often a call is tried and how long apart (module doc). The defaults are the SDK's;
+    the data layer's carbon providers use their own (``PROVIDER_RETRY``)."""
+
     attempts: int = 3
     initial_backoff_s: float = 0.1
     max_backoff_s: float = 2.0
