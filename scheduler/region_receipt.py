@@ -28,6 +28,7 @@ from typing import Any
 # the grams are an upper bound, not a guess)
 from scheduler.signal_check import BOUNDS, UPPER_BOUND_G_PER_KWH
 from scheduler.tickets import RegionKeys, Ticket, TicketRejected, sign, verify
+from scheduler.units import J_PER_KWH
 
 # Reading claims is shared with the SDK (scheduler.wire); the router's receipt and ingest code
 # import these from here.
@@ -35,7 +36,6 @@ from scheduler.wire.claims import RegionReceipt as RegionReceipt
 from scheduler.wire.claims import energy_fields as energy_fields
 from scheduler.wire.claims import number as number
 
-J_PER_KWH = 3.6e6
 STREAM = "receipts"
 STREAM_MAXLEN = 100_000
 

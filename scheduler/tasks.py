@@ -11,6 +11,8 @@ So:
 - ``isolated(make)``: runs one store call in a child task, so a stray cancel from the call's
   own timeout lands in the child (and surfaces as the call failing), never in the caller;
 - ``start_loop(run, name)``: a long-lived loop that a stray cancel restarts instead of ending;
+- ``run_every(interval_s, step, what)``: the loop of a periodic task (run under ``start_loop``),
+  which a failing step never ends;
 - ``stop_task(task)``: cancels until the task has really ended (a cancel that lands as an inner
   timeout fires is turned into that ``TimeoutError`` and a loop would go round again).
 
@@ -78,9 +80,13 @@ def start_loop(run: Callable[[], Awaitable[None]], name: str) -> asyncio.Task[No
     return asyncio.create_task(supervised(), name=name)
 
 
-async def run_every(interval_s: float, step: Callable[[], Awaitable[object]], what: str) -> None:
-    """``await step()`` every ``interval_s`` until cancelled; a step that fails is logged (as
-    ``what`` failing) and the next one runs on time: a failing source or store never ends it."""
+async def run_every(interval_s: float, step: Callable[[], Awaitable[object]], what: str, *,
+                    first_after_s: float = 0.0) -> None:
+    """``await step()`` every ``interval_s`` until cancelled, the first after ``first_after_s``
+    (``interval_s`` where the caller ran one itself as it started); a step that fails is logged
+    (as ``what`` failing) and the next one runs on time: a failing source or store never ends it."""
+    if first_after_s > 0:
+        await asyncio.sleep(first_after_s)
     while True:
         try:
             await step()

@@ -13,9 +13,9 @@ from pydantic import AfterValidator, Field, model_validator
 
 from scheduler.config.loader import parse, validate
 from scheduler.config.schema import WORKLOAD_CLASS_NAMES, Duration, ModelName, Slug, Strict
+from scheduler.units import DAY_S
 
 SHIPPED_ASSUMPTIONS = Path(__file__).resolve().parent / "assumptions.yaml"
-DAY_S = 86400.0
 
 Share = Annotated[float, Field(ge=0.0, le=1.0)]
 

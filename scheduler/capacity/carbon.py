@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from scheduler.capacity.assumptions import DAY_S, Assumptions
+from scheduler.capacity.assumptions import Assumptions
 from scheduler.capacity.planner import Intensities, PlanningError
 from scheduler.config.schema import RegionConfig
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.forecast import CarbonForecast
-
-HOUR_S = 3600.0
+from scheduler.units import DAY_S, HOUR_S
 
 
 def day_intensities(regions: Sequence[RegionConfig], day_start: float, a: Assumptions, carbon_dir: Path,

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.capacity.assumptions import DAY_S, Assumptions
+from scheduler.capacity.assumptions import Assumptions
 from scheduler.config.schema import WORKLOAD_CLASS_NAMES
 from scheduler.sim.workload import Continent, Trace
+from scheduler.units import DAY_S
 
 # Burst ratios kept per plan: the quantiles at these many evenly spaced levels (SLO
 # attainment is averaged over them; the trace's 60 one-minute windows need no more).

@@ -48,9 +48,9 @@ from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_RANK
 from scheduler.framework.network import rtt_row
 from scheduler.plan.schedule import PlanName
 from scheduler.types import GeoPoint
+from scheduler.units import J_PER_KWH
 
 CARBON_SCORER = "carbon-scorer"
-J_PER_KWH = 3.6e6
 
 
 class PlanningError(ValueError):

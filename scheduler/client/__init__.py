@@ -2,7 +2,7 @@
 ``AsyncSchedulerClient`` (asyncio); typed errors in ``scheduler.client.errors``."""
 
 from scheduler.client.aio import AsyncGeneration, AsyncSchedulerClient
-from scheduler.client.common import DeferredAnswer, RetryPolicy, TlsConfig
+from scheduler.client.common import DeferredAnswer, TlsConfig
 from scheduler.client.errors import (
     DeadlineExceededError,
     InternalError,
@@ -16,6 +16,7 @@ from scheduler.client.errors import (
     UnschedulableError,
 )
 from scheduler.client.sync import Generation, SchedulerClient
+from scheduler.wire.retry import RetryPolicy
 
 __all__ = [
     "AsyncGeneration",

@@ -18,7 +18,6 @@ import grpc
 from scheduler.client import connect, direct
 from scheduler.client.common import (
     DeferredAnswer,
-    RetryPolicy,
     StreamState,
     TlsConfig,
     auth_metadata,
@@ -26,12 +25,14 @@ from scheduler.client.common import (
     channel_options,
     defer_request,
     resolve_tls,
-    should_retry,
+    retry_hint_s,
+    retryable,
     wait_state,
 )
 from scheduler.client.errors import DeadlineExceededError, SchedulerRpcError, UnavailableError, from_rpc_error
 from scheduler.http.client import ConnectError, HttpClient, HttpError
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
+from scheduler.wire.retry import RetryPolicy, retry_async
 
 
 class _AsyncStream(StreamState):
@@ -215,33 +216,27 @@ class AsyncSchedulerClient:
         timeout = timeout_s if timeout_s is not None else self.timeout_s
         url, body, headers = connect.route_call(self.http_url, request, self._api_key, timeout)
         http = self._lean_http()
-        attempt = 0
-        while True:
+
+        async def route_once() -> router_pb2.RouteResponse:
             try:
                 status, answer_headers, answer = await http.request(
                     "POST", url, body=body, headers=headers, read_timeout_s=timeout or 60.0)
-                return connect.route_answer(status, answer_headers, answer)
             except HttpError as exc:
-                error: SchedulerRpcError = UnavailableError(grpc.StatusCode.UNAVAILABLE, f"router at {self.http_url}: {exc}")
-            except SchedulerRpcError as exc:
-                error = exc
-            if not should_retry(error, attempt, self.retry):
-                raise error
-            await asyncio.sleep(self.retry.backoff(attempt, error.retry_after_s))
-            attempt += 1
+                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"router at {self.http_url}: {exc}") from None
+            return connect.route_answer(status, answer_headers, answer)
+
+        return await retry_async(route_once, self.retry, retryable, hint_s=retry_hint_s)
 
     async def _unary(self, method: Any, request: Any, timeout_s: float | None) -> Any:
         timeout = timeout_s if timeout_s is not None else self.timeout_s
-        attempt = 0
-        while True:
+
+        async def call_once() -> Any:
             try:
                 return await method(request, metadata=self._metadata, timeout=timeout)
             except grpc.aio.AioRpcError as exc:
-                error = from_rpc_error(exc)
-                if not should_retry(error, attempt, self.retry):
-                    raise error from None
-                await asyncio.sleep(self.retry.backoff(attempt, error.retry_after_s))
-                attempt += 1
+                raise from_rpc_error(exc) from None
+
+        return await retry_async(call_once, self.retry, retryable, hint_s=retry_hint_s)
 
     async def route(self, prompt: str | None = None, *, model: str, max_tokens: int,
                     timeout_s: float | None = None, **options: Any) -> messages_pb2.Decision:

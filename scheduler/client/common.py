@@ -13,6 +13,7 @@ import grpc
 from scheduler.client.errors import SchedulerRpcError, UnavailableError
 from scheduler.v1 import messages_pb2 as pb
 from scheduler.v1 import router_pb2
+from scheduler.wire.retry import JITTER, RetryPolicy
 
 DECISION_DETAILS = {"full": pb.DECISION_DETAIL_FULL, "summary": pb.DECISION_DETAIL_SUMMARY}
 WORKLOAD_CLASSES = {
@@ -49,20 +50,6 @@ def _pem(value: Path | bytes | None) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
     return Path(value).read_bytes()
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retries of a call that failed with UNAVAILABLE before any text arrived."""
-
-    attempts: int = 3
-    initial_backoff_s: float = 0.1
-    max_backoff_s: float = 2.0
-
-    def backoff(self, attempt: int, suggested_s: float | None) -> float:
-        if suggested_s is not None:
-            return min(suggested_s, self.max_backoff_s)
-        return min(self.initial_backoff_s * 2.0**attempt, self.max_backoff_s)
 
 
 def channel_options(tls: TlsConfig | None) -> list[tuple[str, object]]:
@@ -160,9 +147,14 @@ def build_request(
     return request
 
 
-def should_retry(error: SchedulerRpcError, attempt: int, policy: RetryPolicy) -> bool:
+def retryable(error: Exception) -> bool:
     """Retry only what is safe: UNAVAILABLE before any text reached the client."""
-    return isinstance(error, UnavailableError) and error.retryable and attempt + 1 < policy.attempts
+    return isinstance(error, UnavailableError) and error.retryable
+
+
+def retry_hint_s(error: Exception) -> float | None:
+    """The wait the router asked for (its ``RetryInfo``, over gRPC and Connect alike)."""
+    return error.retry_after_s if isinstance(error, SchedulerRpcError) else None
 
 
 class StreamState:
@@ -203,9 +195,10 @@ class StreamState:
     def retry_delay(self, error: SchedulerRpcError, received_text: bool) -> float:
         """Seconds to wait before the next attempt, or raise ``error``: nothing is retried
         once text reached the caller, nor past the deadline."""
-        if received_text or not should_retry(error, self.attempts - 1, self._retry):
+        retry = self.attempts - 1
+        if received_text or not retryable(error) or not self._retry.retries_after(retry):
             raise error
-        delay = self._retry.backoff(self.attempts - 1, error.retry_after_s)
+        delay = self._retry.delay_s(retry, error.retry_after_s, JITTER)
         if self._deadline is not None and time.monotonic() + delay >= self._deadline:
             raise error
         return delay

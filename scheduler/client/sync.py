@@ -18,7 +18,6 @@ import grpc
 from scheduler.client import connect, direct
 from scheduler.client.common import (
     DeferredAnswer,
-    RetryPolicy,
     StreamState,
     TlsConfig,
     auth_metadata,
@@ -26,11 +25,13 @@ from scheduler.client.common import (
     channel_options,
     defer_request,
     resolve_tls,
-    should_retry,
+    retry_hint_s,
+    retryable,
     wait_state,
 )
 from scheduler.client.errors import DeadlineExceededError, SchedulerRpcError, UnavailableError, from_rpc_error
 from scheduler.v1 import admin_pb2, admin_pb2_grpc, messages_pb2, router_pb2, router_pb2_grpc
+from scheduler.wire.retry import RetryPolicy, retry_sync
 
 
 class _Stream(StreamState):
@@ -205,32 +206,26 @@ class SchedulerClient:
 
         timeout = timeout_s if timeout_s is not None else self.timeout_s
         url, body, headers = connect.route_call(self.http_url, request, self._api_key, timeout)
-        attempt = 0
-        while True:
+
+        def route_once() -> router_pb2.RouteResponse:
             try:
                 answer = self._http_client().post(url, content=body, headers=headers, timeout=timeout)
-                return connect.route_answer(answer.status_code, answer.headers, answer.content)
             except httpx.HTTPError as exc:
-                error: SchedulerRpcError = UnavailableError(grpc.StatusCode.UNAVAILABLE, f"router at {self.http_url}: {exc}")
-            except SchedulerRpcError as exc:
-                error = exc
-            if not should_retry(error, attempt, self.retry):
-                raise error
-            time.sleep(self.retry.backoff(attempt, error.retry_after_s))
-            attempt += 1
+                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"router at {self.http_url}: {exc}") from None
+            return connect.route_answer(answer.status_code, answer.headers, answer.content)
+
+        return retry_sync(route_once, self.retry, retryable, hint_s=retry_hint_s)
 
     def _unary(self, method: Any, request: Any, timeout_s: float | None) -> Any:
         timeout = timeout_s if timeout_s is not None else self.timeout_s
-        attempt = 0
-        while True:
+
+        def call_once() -> Any:
             try:
                 return method(request, metadata=self._metadata, timeout=timeout)
             except grpc.RpcError as exc:
-                error = from_rpc_error(exc)
-                if not should_retry(error, attempt, self.retry):
-                    raise error from None
-                time.sleep(self.retry.backoff(attempt, error.retry_after_s))
-                attempt += 1
+                raise from_rpc_error(exc) from None
+
+        return retry_sync(call_once, self.retry, retryable, hint_s=retry_hint_s)
 
     def route(self, prompt: str | None = None, *, model: str, max_tokens: int,
               timeout_s: float | None = None, **options: Any) -> messages_pb2.Decision:

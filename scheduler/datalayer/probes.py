@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from scheduler.config.schema import RegionConfig
-from scheduler.tasks import start_loop, stop_task
+from scheduler.tasks import run_every, start_loop, stop_task
 from scheduler.types import ProbeResult
 
 log = logging.getLogger(__name__)
@@ -91,13 +91,8 @@ class RegionProbes:
         self._task = start_loop(self._run, "region-probes")
 
     async def _run(self) -> None:
-        while True:
-            try:
-                await self.probe_all()
-            except Exception:
-                # A bug in one round must not stop the probes; the results age instead.
-                log.exception("region probes failed")
-            await asyncio.sleep(self.interval_s)
+        # (A bug in one round does not stop the probes; the results age instead.)
+        await run_every(self.interval_s, self.probe_all, "region probes")
 
     async def stop(self) -> None:
         task, self._task = self._task, None

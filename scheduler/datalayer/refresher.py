@@ -52,7 +52,7 @@ from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.state import codec, keys, prefix_warm
 from scheduler.state.store import StateStore, StateUnavailable
-from scheduler.tasks import start_loop, stop_task
+from scheduler.tasks import run_every, start_loop, stop_task
 from scheduler.types import Candidate, FleetSnapshot, RegionLiveState, Request, Signal, StoreStatus, WarmPrefix
 
 log = logging.getLogger(__name__)
@@ -431,13 +431,8 @@ class SnapshotRefresher:
         self._task = start_loop(self._run, "snapshot-refresher")
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.refresh()
-            except Exception:
-                # A bug in one refresh must not stop the loop; the snapshot ages instead.
-                log.exception("snapshot refresh failed")
+        # (A bug in one refresh does not stop the loop; the snapshot ages instead.)
+        await run_every(self.interval_s, self.refresh, "snapshot refresh", first_after_s=self.interval_s)
 
     async def stop(self) -> None:
         task, self._task = self._task, None

@@ -38,14 +38,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scheduler.units import HOUR_S
+
 # Why a request is released when it is.
 WINDOW = "window"  # held until the forecast's lowest-carbon window before its deadline
 NOW = "now"  # released at once: now is already the lowest window (or within min_gain of it)
 DEADLINE = "deadline"  # released at once: waiting any longer would miss the deadline
 NO_FORECAST = "no-forecast"  # released at once: no forecast covers a window before the deadline
 REASONS = (WINDOW, NOW, DEADLINE, NO_FORECAST)
-
-HOUR_S = 3600.0
 
 ForecastPoint = tuple[float, float]
 

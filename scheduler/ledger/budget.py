@@ -18,7 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-J_PER_KWH = 3.6e6
+from scheduler.units import J_PER_KWH
+
 Level = Literal["ok", "soft", "hard"]
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from scheduler.ledger.budget import J_PER_KWH
+from scheduler.units import J_PER_KWH
 
 
 def register(sub: Any) -> None:

@@ -80,7 +80,7 @@ from scheduler.serve.warmth import DeploymentReplicas, deployment_replicas
 from scheduler.state import codec
 from scheduler.state.prefix_warm import PrefixHits
 from scheduler.state.store import StateUnavailable
-from scheduler.tasks import start_loop, stop_task
+from scheduler.tasks import run_every, start_loop, stop_task
 from scheduler.tickets import CLOCK_SKEW_S, RegionKeys, Ticket, TicketKeyRing, TicketRejected
 from scheduler.types import ModelReplicas, PoolLiveState, RegionLiveState
 
@@ -658,11 +658,13 @@ class RegionGateway:
             self._idle.idle(pool, joules, time.time())
 
     async def _idle_writer(self) -> None:
+        every_s = min(60.0, self._settings.idle_window_s / 4)
+        await run_every(every_s, self._sign_closed_idle_windows, "signing idle windows", first_after_s=every_s)
+
+    async def _sign_closed_idle_windows(self) -> None:
         """Each pool's idle energy of every billing window that ended, signed for the ledger."""
-        while True:
-            await asyncio.sleep(min(60.0, self._settings.idle_window_s / 4))
-            for window in self._idle.closed(time.time()):
-                self._sign(window.claims())
+        for window in self._idle.closed(time.time()):
+            self._sign(window.claims())
 
     async def _receipt_writer(self) -> None:
         """Append signed receipts to the store's stream in order; keep them while it is down."""
@@ -882,12 +884,13 @@ class RegionGateway:
         return (self._flight.attributed_j - previous[0]) / (generated_total - previous[1])
 
     async def _meter_loop(self) -> None:
-        while True:
-            reading = self._meter.read()
-            if reading is not None:  # a failed read: the next one's counters hold its energy
-                self._power_w = reading.total_power_w
-                self._flight.meter(reading)
-            await asyncio.sleep(self._settings.meter_interval_s)
+        await run_every(self._settings.meter_interval_s, self._read_meter, "reading the energy meter")
+
+    async def _read_meter(self) -> None:
+        reading = self._meter.read()
+        if reading is not None:  # a failed read: the next one's counters hold its energy
+            self._power_w = reading.total_power_w
+            self._flight.meter(reading)
 
     def _open_streams(self) -> int:
         return sum(self._flight.count(pool) for pool in self._settings.pools)

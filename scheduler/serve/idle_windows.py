@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 
 from scheduler.ledger.idle import IdleWindow
 from scheduler.signal_check import BOUNDS, UPPER_BOUND_G_PER_KWH
-
-J_PER_KWH = 3.6e6
+from scheduler.units import J_PER_KWH
 
 
 @dataclass

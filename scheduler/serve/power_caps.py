@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import pool_power_cap
 from scheduler.energy.model import EnergyModel
+from scheduler.energy.nvml import NVML_ERROR_NOT_SUPPORTED
 from scheduler.energy.power_cap import PoolCap
 from scheduler.energy.profile_model import ProfileEnergyModel
 
@@ -43,7 +44,6 @@ log = logging.getLogger(__name__)
 
 MODE_ENV = "SCHEDULER_POWER_CAPS"
 NVML_ERROR_NO_PERMISSION = 4
-NVML_ERROR_NOT_SUPPORTED = 3
 # A limit read back within this of the target counts as set (NVML works in whole mW).
 READ_BACK_TOLERANCE_W = 0.5
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scheduler.config.loader import ConfigError
 from scheduler.server.auth import KeyRing, key_ring_issues
-from scheduler.tasks import start_loop, stop_task
+from scheduler.tasks import run_every, start_loop, stop_task
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,9 @@ class KeysReloader:
         await stop_task(self._task)
 
     async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            if _identity(self.path) != self._seen:
-                self.reload()
+        await run_every(self.interval_s, self._reload_if_changed, f"keys file {self.path}: watching",
+                        first_after_s=self.interval_s)
+
+    async def _reload_if_changed(self) -> None:
+        if _identity(self.path) != self._seen:
+            self.reload()

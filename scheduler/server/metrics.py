@@ -61,7 +61,7 @@ from prometheus_client.registry import Collector
 
 from scheduler.http.server import HttpRequest, HttpResponse, HttpServer, ServerLimits, ServerStats
 from scheduler.server.tenant_labels import DEFAULT_MAX_TENANT_LABELS, TenantLabels
-from scheduler.tasks import start_loop, stop_task
+from scheduler.tasks import run_every, start_loop, stop_task
 from scheduler.types import Decision, EnergyReceipt, FleetSnapshot
 
 log = logging.getLogger(__name__)
@@ -400,12 +400,14 @@ class SharedScrapeCounters:
         self.write()
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                self.write()
-            except OSError as exc:
-                log.warning("metrics: cannot write %s: %s", self.path, exc)
+        await run_every(self.interval_s, self._write_or_warn, "metrics: writing the counters",
+                        first_after_s=self.interval_s)
+
+    async def _write_or_warn(self) -> None:
+        try:
+            self.write()
+        except OSError as exc:
+            log.warning("metrics: cannot write %s: %s", self.path, exc)
 
 
 # Scrapers (one connection each, kept alive) and the kubelet's probes (a connection per probe):

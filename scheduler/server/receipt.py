@@ -36,9 +36,10 @@ from typing import Any
 from scheduler.energy.embodied import EMBODIED_CATALOGUE
 from scheduler.energy.output_budget import OutputBudget
 from scheduler.errors import Attempt
-from scheduler.region_receipt import J_PER_KWH, energy_fields, number
+from scheduler.region_receipt import energy_fields, number
 from scheduler.signal_check import UPPER_BOUND_G_PER_KWH, signal_problem, value_problem
 from scheduler.types import Candidate, CarbonUsed, EnergyReceipt, Fallback, FleetSnapshot
+from scheduler.units import J_PER_KWH
 
 MODEL_ATTRIBUTION = "model-v1"
 

@@ -45,8 +45,7 @@ from scheduler.deferral.window import REASONS
 from scheduler.sim.forecast import DEFAULT_ERROR, DEFAULT_HORIZON_H
 from scheduler.sim.predicted import Predictions
 from scheduler.types import Candidate, FleetSnapshot, Request
-
-J_PER_KWH = 3.6e6
+from scheduler.units import J_PER_KWH
 
 
 @dataclass(frozen=True)

@@ -92,10 +92,10 @@ from scheduler.sim.truth import EXACT_TRUTH, HeldOutResiduals, TruthModel
 from scheduler.sim.workflow import figures as workflow_figures
 from scheduler.sim.workload import RequestFactory, Workload
 from scheduler.types import WORKLOAD_CLASSES, Decision, FleetSnapshot, Request
+from scheduler.units import J_PER_KWH
 
 _STEP, _DOWN, _UP, _RELEASE, _ARRIVE, _TICK, _READY = 0, 1, 2, 3, 4, 5, 6
 _DEFERRABLE = WORKLOAD_CLASSES.index("deferrable")
-J_PER_KWH = 3.6e6
 PROGRESS_EVERY = 5000
 
 

@@ -59,11 +59,12 @@ from scheduler.framework.network import rtt_row
 from scheduler.framework.slo import class_ttft_budget_s
 from scheduler.sim.autoscale import AutoscalingSettings
 from scheduler.sim.carbon_feed import CarbonReplay
-from scheduler.sim.report import J_PER_KWH, PolicyResult
+from scheduler.sim.report import PolicyResult
 from scheduler.sim.scenario import ScenarioSpec
 from scheduler.sim.truth import HeldOutResiduals, TruthModel
 from scheduler.sim.workload import Workload, build_workload, load_trace
 from scheduler.types import WORKLOAD_CLASSES, GeoPoint
+from scheduler.units import J_PER_KWH
 
 # Upper ends of the size bands (prompt + output tokens) requests are grouped by.
 SIZE_BANDS = (256, 512, 1024, 2048, 4096, 8192, 16384, 1 << 62)

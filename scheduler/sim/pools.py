@@ -197,8 +197,8 @@ class PoolSim:
         arrival_rate, prompt_rate = self._live.arrival_rate, self._live.prompt_tokens_rate
         if window is not None and window > 0:
             weight = 1.0 - math.exp(-window / RATE_WINDOW_S)
-            arrival_rate = rounded(arrival_rate + weight * (self._arrivals / window - arrival_rate), 1000.0, 3)
-            prompt_rate = rounded(prompt_rate + weight * (self._prompt_tokens / window - prompt_rate), 10.0, 1)
+            arrival_rate = round(arrival_rate + weight * (self._arrivals / window - arrival_rate), 3)
+            prompt_rate = round(prompt_rate + weight * (self._prompt_tokens / window - prompt_rate), 1)
         self._arrivals = self._prompt_tokens = 0
         totals = self.totals
         live = self._live
@@ -210,13 +210,13 @@ class PoolSim:
             if hit_rate[0] != totals.hits or hit_rate[1] != totals.lookups:
                 # (rounded again only when a lookup was made)
                 hit_rate = self._hit_rate = (totals.hits, totals.lookups,
-                                             rounded(totals.hits / totals.lookups, 100.0, 2) if totals.lookups else 0.0)
+                                             round(totals.hits / totals.lookups, 2) if totals.lookups else 0.0)
             self._live = _pool_state(
                 totals.waiting,
                 totals.running,
                 # a pool at zero has no KV cache in use (vLLM reports none); a replica without
                 # room for any KV is full
-                rounded(totals.kv_held / capacity, 1000.0, 3) if capacity else (1.0 if warm else 0.0),
+                round(totals.kv_held / capacity, 3) if capacity else (1.0 if warm else 0.0),
                 hit_rate[2],
                 arrival_rate,
                 prompt_rate,
@@ -307,28 +307,6 @@ class PoolSim:
         if any(not r.waiting and not r.running for r in self.stopping):
             self.mark(now)
             self.stopping = [r for r in self.stopping if r.waiting or r.running]
-
-
-def rounded(x: float, scale: float, digits: int) -> float:
-    """``round(x, digits)``, the same float, ``scale`` = 10.0 ** ``digits`` (1 to 3): without
-    the decimal string ``round`` formats and parses (``_Py_dg_dtoa``, ``PyOS_snprintf``,
-    ``_Py_dg_strtod``: ~3,000 instructions a call) where that cannot change the result.
-
-    ``round`` gives the float nearest to K / scale, K the integer nearest to the exact x x scale
-    (ties to even). For 0 <= y = fl(x x scale) < 2 ** 31 the product is off the exact one by at
-    most half an ulp of y (< 2.5e-7), so while y's fraction is more than 1e-6 away from one
-    half K is y's nearest integer, and k / scale (k < 2 ** 53 exact as a float, the division
-    correctly rounded) is the float nearest to K / scale. Anything else (near a tie, negative,
-    huge, not finite) goes to ``round`` (tests/unit/sim/test_pools.py compares the two)."""
-    y = x * scale
-    if 0.0 <= y < 2147483648.0:
-        k = int(y)
-        fraction = y - k  # exact
-        if fraction < 0.499999:
-            return k / scale
-        if fraction > 0.500001:
-            return (k + 1) / scale
-    return round(x, digits)
 
 
 # A pool's published states are made by setting their slots (``scheduler.sim.slots``).

@@ -63,9 +63,9 @@ from typing import Any
 import numpy as np
 
 from scheduler.types import Fallback
+from scheduler.units import J_PER_KWH
 
 ERROR_PERCENTILES = (10, 50, 90, 99)
-J_PER_KWH = 3.6e6
 # (name, lowest context, highest context + 1) [tokens] of the prediction-error bands.
 CONTEXT_BANDS = (("<1k", 0, 1024), ("1k-4k", 1024, 4096), ("4k-8k", 4096, 8192), (">=8k", 8192, 1 << 62))
 

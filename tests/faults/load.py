@@ -25,10 +25,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from scheduler.client import AsyncSchedulerClient, SchedulerRpcError
-from scheduler.client.common import RetryPolicy as ClientRetry
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import CarbonSource, RegionConfig
-from scheduler.datalayer.carbon.http import RetryPolicy
 from scheduler.datalayer.carbon.pollers import CarbonPollers
 from scheduler.datalayer.carbon.providers import ProviderOptions
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -40,6 +38,7 @@ from scheduler.state.redis_store import RedisStore
 from scheduler.state.store import StateUnavailable
 from scheduler.tasks import stop_task
 from scheduler.types import EnergyReceipt, PoolLiveState, RegionLiveState
+from scheduler.wire.retry import RetryPolicy
 
 REGIONS = ("eu-north", "eu-central", "us-east")
 TENANT = "local"  # the router runs without keys here: every caller is the local tenant
@@ -186,7 +185,7 @@ async def client_load(port: int, tally: Tally, stop: asyncio.Event, workers: int
     """``workers`` SDK clients sending Generate requests back to back until ``stop`` is set."""
 
     async def worker(index: int) -> None:
-        retry = ClientRetry(attempts=8, initial_backoff_s=0.1, max_backoff_s=1.0)
+        retry = RetryPolicy(attempts=8, initial_backoff_s=0.1, max_backoff_s=1.0)
         async with AsyncSchedulerClient(f"127.0.0.1:{port}", timeout_s=timeout_s, retry=retry) as client:
             n = 0
             while not stop.is_set():

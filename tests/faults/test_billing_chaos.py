@@ -53,9 +53,9 @@ import pytest
 import redis
 import yaml
 
-from scheduler.client import AsyncSchedulerClient, SchedulerRpcError
+from scheduler.client import AsyncSchedulerClient, RetryPolicy, SchedulerRpcError
 from scheduler.client import direct as sdk_direct
-from scheduler.client.common import RetryPolicy, build_request
+from scheduler.client.common import build_request
 from scheduler.config.loader import load_fleet
 from scheduler.ledger.ledger import FIELDS, month_of
 from scheduler.region_receipt import verify_receipt

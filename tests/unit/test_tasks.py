@@ -1,5 +1,6 @@
 """scheduler.tasks: stray cancels (Python 3.11 timeouts) fail a call or restart a loop, never
-end a caller; stop_task ends even a loop that swallows a cancel.
+end a caller; stop_task ends even a loop that swallows a cancel; run_every goes on past a
+failing step.
 
 A stray cancel is made here as a timeout makes it: ``cancel()`` then ``uncancel()`` on a task
 that waits, so it wakes with ``CancelledError`` while nobody counts a cancel request."""
@@ -7,10 +8,11 @@ that waits, so it wakes with ``CancelledError`` while nobody counts a cancel req
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
-from scheduler.tasks import Interrupted, isolated, start_loop, stop_task
+from scheduler.tasks import Interrupted, isolated, run_every, start_loop, stop_task
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -114,3 +116,40 @@ async def test_stop_ends_a_loop_that_turns_one_cancel_into_a_timeout() -> None:
     await asyncio.sleep(0.02)
     await stop_task(task)
     assert task.done() and swallowed == 1
+
+
+async def test_run_every_logs_a_failing_step_and_runs_the_next(caplog: pytest.LogCaptureFixture) -> None:
+    steps: list[int] = []
+
+    async def step() -> None:
+        steps.append(len(steps))
+        if len(steps) == 1:
+            raise RuntimeError("the store is down")
+
+    loop = start_loop(lambda: run_every(0.01, step, "publishing"), "every")
+    with caplog.at_level(logging.ERROR, logger="scheduler.tasks"):
+        while len(steps) < 3:
+            await asyncio.sleep(0.01)
+    await stop_task(loop)
+    assert loop.cancelled()
+    assert [r.getMessage() for r in caplog.records] == ["publishing failed"]
+    assert caplog.records[0].exc_info is not None and "the store is down" in str(caplog.records[0].exc_info[1])
+
+
+async def test_run_every_waits_first_after_s_before_its_first_step() -> None:
+    late: list[None] = []
+    at_once: list[None] = []
+
+    async def step_late() -> None:
+        late.append(None)
+
+    async def step_at_once() -> None:
+        at_once.append(None)
+
+    waiting = start_loop(lambda: run_every(0.01, step_late, "late", first_after_s=60.0), "late")
+    stepping = start_loop(lambda: run_every(0.01, step_at_once, "at once"), "at-once")
+    while len(at_once) < 3:
+        await asyncio.sleep(0.01)
+    await stop_task(waiting)
+    await stop_task(stepping)
+    assert late == []

@@ -27,7 +27,7 @@ class ProviderError(Exception):
     """One endpoint of one provider failed; ``status`` is the HTTP status when there was one."""
 
     def __init__(self, provider: str, endpoint: str, reason: Reason, detail: str, status: int | None = None,
-                 part: str | None = None) -> None:
+                 part: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(f"{provider} {endpoint}: {reason}: {detail}")
         self.provider = provider
         self.endpoint = endpoint
@@ -37,9 +37,12 @@ class ProviderError(Exception):
         # Which part of a fetch failed (``base.LATEST``, ``FORECAST``, ``INDEX``); set by
         # ``base.attempt``, None for a failure outside any part.
         self.part = part
+        # The wait a 429's ``Retry-After`` asked for.
+        self.retry_after_s = retry_after_s
 
     def in_part(self, part: str) -> ProviderError:
-        return ProviderError(self.provider, self.endpoint, self.reason, self.detail, self.status, part)
+        return ProviderError(self.provider, self.endpoint, self.reason, self.detail, self.status, part,
+                             self.retry_after_s)
 
 
 class FieldError(ValueError):

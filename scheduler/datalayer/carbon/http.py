@@ -1,62 +1,36 @@
 """JSON over ``httpx.AsyncClient`` with timeouts, retries and jittered backoff.
 
-Retried: timeouts, connection errors, 429 and 5xx (500, 502, 503, 504). Not retried: other
-4xx (the request itself is wrong; retrying cannot help). A 429's ``Retry-After`` (seconds or
-an HTTP date, RFC 9110 section 10.2.3) is waited for exactly, unless it is longer than
-``max_retry_after_s``: then we give up at once and the poller tries at its next round.
-Otherwise the wait is "full jitter" exponential backoff: uniform(0, min(max, base x 2^n)).
-The RNG, the sleep and the clock are injected, so tests run the real code without waiting.
+Retried (``scheduler.wire.retry``): timeouts, connection errors, 429 and 5xx (500, 502, 503,
+504). Not retried: other 4xx (the request itself is wrong; retrying cannot help). A 429's
+``Retry-After`` (seconds or an HTTP date) is waited for exactly, unless it is longer than the
+policy's ``max_hint_s``: then we give up at once and the poller tries at its next round.
+Otherwise the wait is "full jitter" exponential backoff. The RNG, the sleep and the clock are
+injected, so tests run the real code without waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
 
 from scheduler.datalayer.carbon.errors import ProviderError, Reason
+from scheduler.wire.retry import RetryPolicy, Sleep, retry_after_s, retry_async
 
-log = logging.getLogger(__name__)
-
-Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_REASONS = frozenset({"timeout", "connect"})
+# The providers' policy: they answer in seconds, and one may ask for up to a minute's pause.
+PROVIDER_RETRY = RetryPolicy(attempts=3, initial_backoff_s=0.5, max_backoff_s=8.0, max_hint_s=60.0)
 # Enough of an error body to say what the server meant, never a whole page.
 ERROR_EXCERPT_CHARS = 300
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    attempts: int = 3
-    base_delay_s: float = 0.5
-    max_delay_s: float = 8.0
-    max_retry_after_s: float = 60.0
-
-    def backoff(self, retry: int, rng: random.Random) -> float:
-        return rng.uniform(0.0, min(self.max_delay_s, self.base_delay_s * 2.0**retry))
-
-
-def retry_after_s(value: str | None, now: float) -> float | None:
-    """``Retry-After`` as seconds from ``now``; None when absent or unreadable."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now)
 
 
 def error_excerpt(response: httpx.Response) -> str:
@@ -94,7 +68,7 @@ class JsonHttp:
 
     client: httpx.AsyncClient
     provider: str
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = PROVIDER_RETRY
     rng: random.Random = field(default_factory=random.Random)
     sleep: Sleep = asyncio.sleep
     clock: Clock = time.time
@@ -107,38 +81,41 @@ class JsonHttp:
         auth: httpx.Auth | tuple[str, str] | None = None,
     ) -> httpx.Response:
         """The first 2xx response, after retrying what may pass."""
-        attempts = max(1, self.retry.attempts)
-        for attempt in range(attempts):
-            wait: float | None = None
-            try:
-                response = await self.client.get(path, params=params, headers=headers, auth=auth)
-            except httpx.TimeoutException as exc:
-                error = ProviderError(self.provider, path, "timeout", f"no answer within the timeout ({exc!r})")
-            except httpx.TransportError as exc:
-                error = ProviderError(self.provider, path, "connect", repr(exc))
-            else:
-                if response.is_success:
-                    return response
-                status = response.status_code
-                error = ProviderError(
-                    self.provider, path, _status_reason(status), f"HTTP {status}: {error_excerpt(response)}", status
-                )
-                if status not in RETRY_STATUSES:
-                    raise error
-                if status == 429:
-                    wait = retry_after_s(response.headers.get("Retry-After"), self.clock())
-                    if wait is not None and wait > self.retry.max_retry_after_s:
-                        raise ProviderError(
-                            self.provider, path, "rate_limited",
-                            f"HTTP 429, Retry-After {wait:.0f} s is longer than we wait "
-                            f"({self.retry.max_retry_after_s:.0f} s)", status,
-                        )
-            if attempt + 1 == attempts:
-                raise error
-            delay = wait if wait is not None else self.retry.backoff(attempt, self.rng)
-            log.info("%s; retry %d/%d in %.2f s", error, attempt + 1, attempts - 1, delay)
-            await self.sleep(delay)
-        raise AssertionError("unreachable: the loop returns or raises")
+        return await retry_async(lambda: self._get_once(path, params, headers, auth), self.retry, self._retryable,
+                                 hint_s=_retry_after, sleep=self.sleep, rng=self.rng)
+
+    async def _get_once(
+        self,
+        path: str,
+        params: Mapping[str, str] | None,
+        headers: Mapping[str, str] | None,
+        auth: httpx.Auth | tuple[str, str] | None,
+    ) -> httpx.Response:
+        try:
+            response = await self.client.get(path, params=params, headers=headers, auth=auth)
+        except httpx.TimeoutException as exc:
+            raise ProviderError(self.provider, path, "timeout", f"no answer within the timeout ({exc!r})") from None
+        except httpx.TransportError as exc:
+            raise ProviderError(self.provider, path, "connect", repr(exc)) from None
+        if response.is_success:
+            return response
+        status = response.status_code
+        wait_s = retry_after_s(response.headers.get("Retry-After"), self.clock()) if status == 429 else None
+        if wait_s is not None and wait_s > self.retry.max_hint_s:
+            raise ProviderError(
+                self.provider, path, "rate_limited",
+                f"HTTP 429, Retry-After {wait_s:.0f} s is longer than we wait ({self.retry.max_hint_s:.0f} s)",
+                status, retry_after_s=wait_s,
+            )
+        raise ProviderError(self.provider, path, _status_reason(status), f"HTTP {status}: {error_excerpt(response)}",
+                            status, retry_after_s=wait_s)
+
+    def _retryable(self, error: Exception) -> bool:
+        if not isinstance(error, ProviderError):
+            return False
+        if error.retry_after_s is not None and error.retry_after_s > self.retry.max_hint_s:
+            return False  # longer than we wait: the poller tries at its next round
+        return error.reason in RETRY_REASONS or error.status in RETRY_STATUSES
 
     async def get_json(
         self,
@@ -158,3 +135,7 @@ class JsonHttp:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _retry_after(error: Exception) -> float | None:
+    return error.retry_after_s if isinstance(error, ProviderError) else None

@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from scheduler.datalayer.carbon import metrics
 from scheduler.datalayer.carbon.base import FORECAST, KIND, LATEST, CarbonProvider, Fetched
 from scheduler.datalayer.carbon.errors import ProviderError
-from scheduler.datalayer.carbon.http import Clock, Sleep
+from scheduler.datalayer.carbon.http import Clock
 from scheduler.datalayer.carbon.metrics import Counters
 from scheduler.datalayer.carbon.store_io import read_signal, record_daily_max, write_forecast, write_signal
 from scheduler.signal_check import signal_problem, value_problem
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.types import Signal
+from scheduler.wire.retry import Sleep
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,9 @@ import httpx
 from scheduler.datalayer.carbon import casdk, electricitymaps, ukci, watttime
 from scheduler.datalayer.carbon.base import CarbonProvider
 from scheduler.datalayer.carbon.csv_replay import CsvReplayProvider
-from scheduler.datalayer.carbon.http import Clock, JsonHttp, RetryPolicy, Sleep
+from scheduler.datalayer.carbon.http import PROVIDER_RETRY, Clock, JsonHttp
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR
+from scheduler.wire.retry import RetryPolicy, Sleep
 
 USER_AGENT = "carbon-scheduler (grid carbon poller)"
 # A local, unreachable address: a casdk provider without a URL fails with reason "config"
@@ -42,7 +43,7 @@ class ProviderOptions:
     base_url: str | None = None
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     timeout_s: float = 10.0
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = PROVIDER_RETRY
     clock: Clock = time.time
     rng: random.Random = field(default_factory=random.Random)
     sleep: Sleep = asyncio.sleep

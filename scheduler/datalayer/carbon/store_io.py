@@ -23,6 +23,7 @@ from scheduler.datalayer.carbon.base import KIND
 from scheduler.state import codec, keys
 from scheduler.state.store import StateStore
 from scheduler.types import Signal
+from scheduler.units import DAY_S
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ async def write_signal(store: StateStore, signal: Signal) -> None:
 # A forecast key outlives its use by far (readers refuse one older than max_age.forecast);
 # the TTL only keeps a zone that left every config from holding one forever.
 FORECAST_TTL_S = 2 * 86400.0
-DAY_S = 86400.0
 DAILY_MAX_DAYS = 14
 
 

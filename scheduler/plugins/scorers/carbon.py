@@ -31,9 +31,9 @@ from scheduler.framework.columns import BoolArray, FloatArray, IndexArray, memo,
 from scheduler.framework.plugin import Abstain, Bounded, Lifetime, Plugin, Positions, RequestView
 from scheduler.signal_check import CLOCK_SKEW_S, UPPER_BOUND_G_PER_KWH, signal_problem
 from scheduler.types import FleetSnapshot
+from scheduler.units import J_PER_KWH
 
 TYPE = "carbon-scorer"
-J_PER_KWH = 3.6e6
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ import numpy as np
 from scheduler.framework.columns import FloatArray
 from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
 from scheduler.types import FleetSnapshot
+from scheduler.units import J_PER_KWH
 
 TYPE = "price-scorer"
-J_PER_KWH = 3.6e6
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.datalayer.carbon.http import RetryPolicy
+from scheduler.datalayer.carbon.http import PROVIDER_RETRY
 from scheduler.datalayer.carbon.providers import ProviderOptions
 from scheduler.state.redis_store import RedisStore
 from tests.integration.carbon.carbon_apis import ApiServer, Seen
@@ -53,7 +53,7 @@ def serve() -> Iterator[Callable[[Callable[[Seen], Any]], ApiServer]]:
 def options(sleeps: RecordedSleeps) -> Callable[..., ProviderOptions]:
     def make(server: ApiServer, env: dict[str, str] | None = None, **overrides: Any) -> ProviderOptions:
         values: dict[str, Any] = {
-            "base_url": server.url, "env": env or {}, "timeout_s": 5.0, "retry": RetryPolicy(attempts=3),
+            "base_url": server.url, "env": env or {}, "timeout_s": 5.0, "retry": PROVIDER_RETRY,
             "rng": random.Random(7), "sleep": sleeps, "clock": time.time,
         }
         values.update(overrides)

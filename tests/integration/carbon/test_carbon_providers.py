@@ -4,12 +4,13 @@ authentication, responses, error bodies, and the faults every provider must surv
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
 from scheduler.datalayer.carbon.errors import ProviderError
-from scheduler.datalayer.carbon.http import RetryPolicy
+from scheduler.datalayer.carbon.http import PROVIDER_RETRY
 from scheduler.datalayer.carbon.providers import make_provider
 from scheduler.datalayer.carbon.watttime import LBS_PER_MWH_TO_G_PER_KWH
 from tests.integration.carbon.carbon_apis import CasdkApi, ElectricityMapsApi, Reply, UkciApi, WattTimeApi
@@ -337,7 +338,7 @@ async def test_slower_than_the_timeout_is_a_timeout_after_retries(serve, options
     server, name, zone, env = setup(serve)
     slow = Reply(200, {}, delay_s=1.0)
     server.push(slow, slow, slow, slow, slow, slow)
-    provider = make_provider(name, options(server, env, timeout_s=0.2, retry=RetryPolicy(attempts=2)))
+    provider = make_provider(name, options(server, env, timeout_s=0.2, retry=dataclasses.replace(PROVIDER_RETRY, attempts=2)))
     started = time.monotonic()
     fetched = await provider.fetch(zone)
     elapsed = time.monotonic() - started
@@ -355,9 +356,9 @@ async def test_5xx_is_retried_with_jittered_backoff(serve, options, sleeps, setu
     fetched = await provider.fetch(zone)
     await provider.aclose()
     assert fetched.failures == () and len(fetched.latest) == 1
-    policy = RetryPolicy()
+    policy = PROVIDER_RETRY
     assert len(sleeps.calls) == 2
-    assert 0 <= sleeps.calls[0] <= policy.base_delay_s and 0 <= sleeps.calls[1] <= 2 * policy.base_delay_s
+    assert 0 <= sleeps.calls[0] <= policy.initial_backoff_s and 0 <= sleeps.calls[1] <= 2 * policy.initial_backoff_s
 
 
 async def test_persistent_5xx_gives_the_status_and_body(serve, options, sleeps):

@@ -19,7 +19,6 @@ import redis
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import CarbonSource
 from scheduler.datalayer.carbon import metrics
-from scheduler.datalayer.carbon.http import RetryPolicy
 from scheduler.datalayer.carbon.poller import LockTiming
 from scheduler.datalayer.carbon.pollers import CarbonPollers
 from scheduler.datalayer.carbon.providers import ProviderOptions
@@ -28,6 +27,7 @@ from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
 from scheduler.plugins import default_scheduler_registry
 from scheduler.types import PoolLiveState, RegionLiveState, Request
+from scheduler.wire.retry import RetryPolicy
 from tests.integration.carbon.carbon_apis import ElectricityMapsApi
 from tests.integration.carbon.conftest import REDIS_URL
 

@@ -10,8 +10,8 @@ import json
 import httpx
 import pytest
 
-from scheduler.client import AsyncSchedulerClient, SchedulerClient
-from scheduler.client.common import RetryPolicy, build_request
+from scheduler.client import AsyncSchedulerClient, RetryPolicy, SchedulerClient
+from scheduler.client.common import build_request
 from scheduler.client.errors import (
     DeadlineExceededError,
     InvalidArgumentError,

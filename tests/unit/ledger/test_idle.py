@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler.ledger.idle import RULE, UNATTRIBUTED, IdleWindow
-from scheduler.serve.idle_windows import J_PER_KWH, IdleWindows
+from scheduler.serve.idle_windows import IdleWindows
 from scheduler.signal_check import UPPER_BOUND_G_PER_KWH
+from scheduler.units import J_PER_KWH
 
 
 def window(used: dict[str, float], idle_j: float = 900.0, carbon_g: float = 0.09) -> IdleWindow:

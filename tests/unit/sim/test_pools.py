@@ -9,7 +9,7 @@ import pytest
 
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.step import StepCosts
-from scheduler.sim.pools import PoolSim, rounded
+from scheduler.sim.pools import PoolSim
 from scheduler.sim.replica import Seq
 from scheduler.sim.truth import GROUPS, truth_costs
 from scheduler.types import Candidate
@@ -113,27 +113,3 @@ def test_truth_errors_are_seeded_per_pool_and_lognormal() -> None:
 def test_truth_error_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         truth_costs(dataclasses.replace(COSTS), -0.1, seed=0, pool_key="x")
-
-
-@pytest.mark.parametrize("digits", [1, 2, 3])
-def test_rounded_is_round_to_the_bit(digits: int) -> None:
-    """``rounded`` (what a pool publishes its rates and KV usage with) gives the very float
-    ``round`` gives: random values of every magnitude, decimal values, and values within a few
-    ulps of a tie (which it leaves to ``round``)."""
-    import math
-    import random
-    import struct
-
-    rng = random.Random(digits)
-    scale = 10.0 ** digits
-    values = [0.0, 5e-324, 1e-300, 0.0005, 0.0015, 0.0025, 1.005, 2.675, 0.05, 0.15, 0.25, 0.35,
-              2147483.6475, 214748364.75, 1e15, 1e300, math.inf, -0.0004, -1.25]
-    for _ in range(20_000):
-        values.append(10 ** rng.uniform(-12, 10) * rng.random())
-        k = rng.randrange(0, 10 ** rng.randint(1, 9))
-        values.append(k / scale)
-        tie = (k + 0.5) / scale
-        values.extend(tie + m * math.ulp(tie) for m in range(-3, 4))
-        values.append(rng.randrange(0, 10**6) / rng.randrange(1, 10**7))
-    for x in values:
-        assert struct.pack("<d", rounded(x, scale, digits)) == struct.pack("<d", round(x, digits)), (x, digits)
