@@ -31,7 +31,7 @@ from scheduler.server.config_reload.sources import (
 from scheduler.server.config_reload.store import ConfigStore, PublishedConfig, default_owner
 from scheduler.server.config_signing import INVALID, ROLLBACK, BundleRefused, BundleSignature, ConfigTrust, SigningError
 from scheduler.state.store import StateStore, StateUnavailable
-from scheduler.tasks import start_loop, stop_task
+from scheduler.tasks import run_every, start_loop, stop_task
 from scheduler.tickets import TicketKeyRing
 from scheduler.v1 import admin_pb2
 
@@ -487,23 +487,19 @@ class ConfigReloader:
         self._tasks.clear()
 
     async def _sync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.sync_interval_s)
-            try:
-                await self.sync()
-            except Exception:
-                log.exception("config sync failed; version %s stays in use", self.version.label)
+        await run_every(self.sync_interval_s, self.sync, "config sync (the version in use stays)",
+                        first_after_s=self.sync_interval_s)
 
     async def _watch_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.watch_interval_s)
-            identity = await asyncio.to_thread(files_identity, self.sources)
-            if identity != self._seen:
-                self._seen = identity
-                try:
-                    await self.reload("file-change", only_if_changed=True)
-                except Exception:
-                    log.exception("config reload failed; version %s stays in use", self.version.label)
+        await run_every(self.watch_interval_s, self._reload_if_files_changed,
+                        "config reload on a file change (the version in use stays)",
+                        first_after_s=self.watch_interval_s)
+
+    async def _reload_if_files_changed(self) -> None:
+        identity = await asyncio.to_thread(files_identity, self.sources)
+        if identity != self._seen:
+            self._seen = identity
+            await self.reload("file-change", only_if_changed=True)
 
 
 def _carbon_sources(regions: Iterable[RegionConfig]) -> set[tuple[str, str, float]]:
