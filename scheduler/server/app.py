@@ -28,6 +28,7 @@ from grpc_reflection.v1alpha import reflection
 from scheduler.canary.runtime import CanaryRuntime
 from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.carbon.metrics import signal_gauges as carbon_signal_gauges
+from scheduler.datalayer.health import region_verdict
 from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -35,7 +36,6 @@ from scheduler.framework.scheduler import Scheduler
 from scheduler.http.server import HttpServer, ServerLimits
 from scheduler.ledger.budget import TenantBudget
 from scheduler.plugins import default_scheduler_registry
-from scheduler.plugins.filters.region_health import region_verdict
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.deferral_settings import DeferralSettings

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from scheduler import errors
-from scheduler.plugins.filters.region_health import region_verdict
+from scheduler.datalayer.health import region_verdict
 from scheduler.server import convert
 from scheduler.server.canary import no_canary, status_to_proto
 from scheduler.server.core import RouterCore

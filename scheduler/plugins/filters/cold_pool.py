@@ -18,32 +18,30 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, FloatArray, perf_rows
-from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
-from scheduler.types import CandidatePerf, FleetSnapshot
+from scheduler.framework.columns import BoolArray, FloatArray
+from scheduler.framework.plugin import Plugin, Reason, RequestView
+from scheduler.types import FleetSnapshot
 
 TYPE = "cold-pool"
 
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("cold_start_s",)
     # per candidate: seconds until a replica of its pool serves (0: warm)
     cold_start_s: FloatArray
     # whether any candidate of the fleet is cold or starting (else every one is kept at once)
     any_cold: bool
 
 
-def _cold_start_row(perf: CandidatePerf) -> tuple[float]:
-    return (perf.cold_start_s,)
-
-
 @dataclass(frozen=True)
 class ColdPoolFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
-    LIFETIME: ClassVar[Lifetime | None] = "perf"
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        seconds = perf_rows(snapshot, ("cold-pool",), _cold_start_row, 1)[:, 0]
+    READS: ClassVar[frozenset[str]] = frozenset({"perf"})
+
+    def update(self, snapshot: FleetSnapshot, state: None, last: Columns | None) -> Columns:
+        seconds = np.asarray([p.cold_start_s for p in snapshot.perf], dtype=np.float64)
         return Columns(cold_start_s=seconds, any_cold=bool(np.any(seconds > 0.0)))
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:

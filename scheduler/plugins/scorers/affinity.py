@@ -40,21 +40,18 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.framework.columns import FloatArray, perf_rows
-from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
-from scheduler.types import CandidatePerf, FleetSnapshot
+from scheduler.framework.columns import FloatArray
+from scheduler.framework.plugin import Abstain, Plugin, Positions, RequestView
+from scheduler.types import FleetSnapshot
 
 TYPE = "affinity-scorer"
 
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("place",)
     # per candidate: "region/pool"
     place: npt.NDArray[np.str_]
-
-
-def _prefill_coefficients(perf: CandidatePerf) -> tuple[float, float]:
-    return perf.energy.prefill_j_per_token, perf.energy.prefill_j_per_pair
 
 
 def _pairs(uncached: float, prompt: float) -> float:
@@ -67,13 +64,9 @@ class AffinityScorer(Plugin):
     UNIT: ClassVar[str] = "J"
     QUANTITY: ClassVar[str] = "lost cache"
     ENERGY_LAYER: ClassVar[bool] = True
-    # The prefill coefficients a lost cache is priced with depend on the pools' live batch;
-    # they are looked up (per perf tuple, ``perf_rows``) only for a request whose workflow has
-    # a home, so a snapshot's other requests never pay for them.
-    LIFETIME: ClassVar[Lifetime | None] = "static"
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        return Columns(place=np.asarray([c.key for c in snapshot.candidates], dtype=np.str_))
+    def prepare(self, fleet: FleetSnapshot) -> Columns:
+        return Columns(place=np.asarray([c.key for c in fleet.candidates], dtype=np.str_))
 
     def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
         request, snapshot = view.request, view.snapshot
@@ -89,8 +82,11 @@ class AffinityScorer(Plugin):
                           if w.region == home.region and w.pool == home.pool), 0)
         credited = float(min(published, warm))
         tokens, pairs = warm - credited, _pairs(prompt - credited, prompt) - _pairs(prompt - warm, prompt)
-        # per survivor: prefill J per uncached token and per attention pair
-        coefficients = perf_rows(snapshot, ("affinity-prefill",), _prefill_coefficients, 2)[view.base[positions]]
-        lost: FloatArray = coefficients[:, 0] * tokens + coefficients[:, 1] * pairs
+        # per survivor: prefill J per uncached token and per attention pair at its live batch
+        # (looked up only for a request whose workflow has a home)
+        energy = [snapshot.perf[i].energy for i in view.base[positions].tolist()]
+        per_token = np.asarray([e.prefill_j_per_token for e in energy], dtype=np.float64)
+        per_pair = np.asarray([e.prefill_j_per_pair for e in energy], dtype=np.float64)
+        lost: FloatArray = per_token * tokens + per_pair * pairs
         lost[place == home.place] = 0.0
         return lost
