@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, ClassVar, Protocol
@@ -190,6 +190,19 @@ def updated_frame(last: Frame, perf: tuple[CandidatePerf, ...], previous: tuple[
         if len(moved) * 2 < len(index):
             return build_frozen(Frame, {**vars(last), **_updated(last, moved, perf, previous)})
     return build_frozen(Frame, {**vars(last), **_perf_columns([perf[i] for i in index.tolist()])})
+
+
+def perf_column(snapshot: FleetSnapshot, last: FloatArray | None, value: Callable[[CandidatePerf], float]) -> FloatArray:
+    """``value`` of every candidate's ``CandidatePerf``: from ``last`` (the column of the
+    delta's previous build, as a plugin's ``update`` gets it) computed again only at the
+    candidates whose ``CandidatePerf`` changed (``SnapshotDelta.perf``) while they are few."""
+    perf, delta = snapshot.perf, snapshot.delta
+    if last is None or delta is None or len(delta.perf) * 2 >= len(perf):
+        return np.asarray([value(p) for p in perf], dtype=np.float64)
+    column = last.copy()  # the last build's columns stay as they were
+    changed = list(delta.perf)  # a list: a tuple would index dimensions
+    column[changed] = [value(perf[i]) for i in changed]
+    return column
 
 
 def by_model(candidates: tuple[Candidate, ...]) -> dict[str, IndexArray]:

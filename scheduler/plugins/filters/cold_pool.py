@@ -14,15 +14,17 @@ The rest of its TTFT (queue, prefill) is the SLO filter's to judge.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, FloatArray
+from scheduler.framework.columns import BoolArray, FloatArray, perf_column
 from scheduler.framework.plugin import Plugin, Reason, RequestView
 from scheduler.types import FleetSnapshot
 
 TYPE = "cold-pool"
+_COLD_START_S = attrgetter("cold_start_s")
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,12 @@ class Columns:
 @dataclass(frozen=True)
 class ColdPoolFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
-
     READS: ClassVar[frozenset[str]] = frozenset({"perf"})
 
     def update(self, snapshot: FleetSnapshot, state: None, last: Columns | None) -> Columns:
-        seconds = np.asarray([p.cold_start_s for p in snapshot.perf], dtype=np.float64)
+        seconds = perf_column(snapshot, None if last is None else last.cold_start_s, _COLD_START_S)
+        if last is not None and np.array_equal(seconds, last.cold_start_s):
+            return last
         return Columns(cold_start_s=seconds, any_cold=bool(np.any(seconds > 0.0)))
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pytest
 
-from scheduler.config.schema import PolicyConfig, RegionConfig
+from scheduler.config.schema import PolicyConfig, RegionConfig, TelemetryGate
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.columns import by_model, frame
 from scheduler.framework.plugin import Prepares
@@ -100,13 +101,16 @@ def test_a_frame_updated_from_the_last_one_equals_a_rebuilt_one_on_a_multi_model
                 assert np.array_equal(getattr(got, name), getattr(expected, name)), (step, model, name)
 
 
-def test_every_plugins_columns_kept_by_the_framework_equal_columns_computed_afresh(default_policy) -> None:  # type: ignore[no-untyped-def]
-    """Pools change, go cold or stale, regions drop out and come back, signals move: every
-    registered plugin's columns as the framework keeps them (by the inputs it declares it
-    reads) equal its columns computed from scratch on the same inputs."""
+@pytest.mark.parametrize("gated", [False, True], ids=["default", "telemetry-gated"])
+def test_every_plugins_columns_kept_by_the_framework_equal_columns_computed_afresh(default_policy, gated) -> None:  # type: ignore[no-untyped-def]
+    """Pools change, go cold or stale, start or stop metering, regions drop out and come back,
+    signals move: every registered plugin's columns as the framework keeps them (by the inputs
+    it declares it reads) equal its columns computed from scratch on the same inputs."""
     rng = random.Random(5)
     regions = fleet()
-    builder = SnapshotBuilder(regions, default_policy)
+    policy = default_policy.model_copy(update={"telemetry_gate": TelemetryGate(modelled_only="canary-only")}
+                                       ) if gated else default_policy
+    builder = SnapshotBuilder(regions, policy)
     registry = default_scheduler_registry()
     plugins: tuple[Prepares, ...] = tuple(make() for kind in (registry.sources, registry.filters, registry.matchers,
                                                               registry.scorers) for make in kind.values())
@@ -122,11 +126,13 @@ def test_every_plugins_columns_kept_by_the_framework_equal_columns_computed_afre
         elif rng.random() < 0.2:
             signals[r.grid_zone] = Signal("carbon_intensity", r.grid_zone, rng.uniform(20, 800), "gCO2eq/kWh", now,
                                           now, "test")
-        else:
+        else:  # some pools cold (no warm replica), or with one starting
             states = {**states, r.name: RegionLiveState(r.name, rng.random() < 0.9, now, {
-                p.name: random_pool_state(rng) for p in r.pools})}
+                p.name: dataclasses.replace(random_pool_state(rng), replicas=rng.choice((None, 0, 2)),
+                                            starting_replicas=rng.choice((0, 1)),
+                                            gpu_power_w=rng.choice((None, 400.0))) for p in r.pools})}
         snapshot = builder.build(now, carbon=dict(signals), live=states)
-        rebuilt = fresh(regions, default_policy, snapshot)
+        rebuilt = fresh(regions, policy, snapshot)
         plan.advance(snapshot)
         for model in MODELS:
             index = by_model(snapshot.candidates)[model]
