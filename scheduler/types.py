@@ -324,8 +324,10 @@ class FleetSnapshot:
     # Per candidate: queue wait the router's own dispatches add that the live state does not
     # show yet (scheduler.datalayer.pending); None: none pending.
     pending_wait_s: npt.NDArray[np.float64] | None = field(default=None, compare=False)
-    # Identifies the inputs of live-lifetime columns (now, carbon, live, policy, kill switch):
-    # snapshots that differ only in pending dispatches share it, and so share those columns.
+    # Identifies the snapshot's inputs but pending dispatches (now, carbon, live, policy, kill
+    # switch, store, probes): snapshots that differ only in pending dispatches share it, and so
+    # share every plugin's columns (scheduler.framework.state); a copy with other inputs gets
+    # a new one.
     live_key: object = field(default_factory=object, compare=False, repr=False)
     # What changed since the builder's previous snapshot, and the freshness it judged (None:
     # not known, as for a snapshot made otherwise: every input counts as new).

@@ -81,7 +81,9 @@ def _col(values: list[float]) -> FloatArray:
     return np.asarray(values, dtype=np.float64)
 
 
-def _static(candidates: tuple[Candidate, ...]) -> dict[str, Any]:
+def static_columns(candidates: tuple[Candidate, ...]) -> dict[str, Any]:
+    """The candidates' region index, location and tie-break key (``Frame`` layout): once per
+    fleet (scheduler.framework.state)."""
     regions: dict[str, int] = {}
     for c in candidates:
         regions.setdefault(c.region.name, len(regions))
@@ -157,17 +159,11 @@ def _updated(last: Frame, changed: list[tuple[int, int]], perf: tuple[CandidateP
     return {"prediction": prediction, "queue_wait_s": queue_wait_s, "live": live}
 
 
-def static_columns(candidates: tuple[Candidate, ...]) -> dict[str, Any]:
-    """The candidates' region index, location and tie-break key (``Frame`` layout): once per
-    fleet (scheduler.framework.state)."""
-    return _static(candidates)
-
-
 def frame(snapshot: FleetSnapshot, model: str, index: IndexArray,
           static: Mapping[str, Any] | None = None) -> Frame:
     """The framework's columns for the candidates at ``index`` (those of ``model``), from
     scratch (``static``: the fleet's ``static_columns``, when already made)."""
-    fleet_static = _static(snapshot.candidates) if static is None else static
+    fleet_static = static_columns(snapshot.candidates) if static is None else static
     perf = snapshot.perf
     return build_frozen(Frame, {"model": model, "index": index,
                                 **{name: column[index] for name, column in fleet_static.items()},
