@@ -15,6 +15,7 @@ the last snapshot it saw:
   (updated at the candidates whose ``CandidatePerf`` changed, ``SnapshotDelta.perf``).
 
 Reuse is decided here, from the delta and the declared inputs alone: a plugin holds no cache.
+A ``PlanState`` follows one decision at a time (the router decides on its event loop).
 """
 
 from __future__ import annotations
