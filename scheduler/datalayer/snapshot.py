@@ -160,9 +160,10 @@ class SnapshotBuilder:
     too). Each snapshot says which candidates' entries changed since the last build's
     (``SnapshotDelta.perf``), so that the columns derived from that tuple are updated there
     alone, and which inputs changed at all (``SnapshotDelta.changed``), so that the columns of
-    the plugins that read none of them are kept. (No memo of entries by pool state: the states a pool publishes rarely recur,
-    its arrival rates move at every publication, and such a memo's entries, four objects
-    each, made the garbage collector's passes cost more than the few hits saved.)
+    the plugins that read none of them are kept. (No memo of entries by pool state: the
+    states a pool publishes rarely recur, its arrival rates move at every publication, and
+    such a memo's entries, four objects each, made the garbage collector's passes cost more
+    than the few hits saved.)
     """
 
     regions: tuple[RegionConfig, ...]
@@ -253,7 +254,7 @@ class SnapshotBuilder:
             changes = (previous, tuple(changed_at))
         self._last = (fresh, perf)
         carbon = dict(carbon or {})
-        delta = self._delta(now, carbon, live, judged, last is None or changes is None or bool(changes[1]), changes)
+        delta = self._delta(now, carbon, live, judged, changes)
         snapshot: FleetSnapshot = build_frozen(FleetSnapshot, {
             "now": now,
             "policy": self.policy,
@@ -281,9 +282,10 @@ class SnapshotBuilder:
         return snapshot
 
     def _delta(self, now: float, carbon: Mapping[str, Signal], live: Mapping[str, RegionLiveState],
-               judged: tuple[list[Mapping[str, PoolLiveState] | None], bool], perf_changed: bool,
+               judged: tuple[list[Mapping[str, PoolLiveState] | None], bool],
                changes: tuple[tuple[CandidatePerf, ...], tuple[int, ...]] | None) -> SnapshotDelta:
-        """What changed since the last build (the inputs of ``SNAPSHOT_INPUTS``)."""
+        """What changed since the last build (of ``SNAPSHOT_INPUTS``; ``changes``: the last
+        build's perf tuple and the candidates whose entry is another object, None: no last build)."""
         fresh = tuple(judged[0])
         since = self._last_key
         carbon_seen = _CarbonSeen.of(self._zones, carbon, now, self.policy.max_age.carbon, self._last_carbon)
@@ -293,7 +295,7 @@ class SnapshotBuilder:
             changed.update(("perf", "pools", "live", "carbon"))
         else:
             pools = tuple(compress(range(len(fresh)), map(is_not, fresh, self._last_fresh)))
-            if perf_changed:
+            if changes is None or changes[1]:
                 changed.add("perf")
             if pools:
                 changed.add("pools")
