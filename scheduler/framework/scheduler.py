@@ -172,9 +172,9 @@ class _Compiled:
     plan: Plan
     # (plugin, may leave nothing): the hard filters, then the policy's matchers
     narrowing: tuple[tuple[Filter, bool], ...]
-    # The columns of every plugin a decision may read, in this order: the candidate source,
-    # the narrowing plugins, the primary objective's scorers, the fallback objective's (the
-    # state is the one mutable part: it follows the snapshots decided on under this policy).
+    # The candidate source's columns and those of every plugin a decision may read, in this
+    # order: the narrowing plugins, the primary objective's scorers, the fallback objective's
+    # (the state is the one mutable part: it follows the snapshots decided on under this policy).
     state: PlanState
 
 
@@ -226,8 +226,8 @@ class Scheduler:
                 self._compiled.clear()
             plan = self.registry.compile(policy)
             narrowing = (*((f, True) for f in self.filters), *((m, False) for m in plan.matchers))
-            state = PlanState((self.source, *(p for p, _ in narrowing), *(t.scorer for t in plan.primary),
-                               *(t.scorer for t in plan.fallback)))
+            state = PlanState(self.source, (*(p for p, _ in narrowing), *(t.scorer for t in plan.primary),
+                                            *(t.scorer for t in plan.fallback)))
             compiled = _Compiled(policy, plan, narrowing, state)
             self._compiled[id(policy)] = compiled
         return compiled
@@ -243,15 +243,14 @@ class Scheduler:
         state = compiled.state
         state.advance(snapshot)
         if timer is None:
-            base, eager_rejections = source.select(request, snapshot, state.columns[0])
+            base, eager_rejections = source.select(request, snapshot, state.source_columns)
         else:
             start = timer()
-            base, eager_rejections = source.select(request, snapshot, state.columns[0])
+            base, eager_rejections = source.select(request, snapshot, state.source_columns)
             timings[source.TYPE] = timer() - start
         model = request.model
         view = request_view(request, snapshot, base, state.frame(snapshot, model, base))
-        # (the source's own columns first)
-        columns = state.restricted(model, base)[1:]
+        columns = state.restricted(model, base)
         lazy: list[LazyRejections] = []
 
         # None while every candidate is still alive (the common case: no mask work at all).

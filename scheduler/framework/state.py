@@ -39,10 +39,14 @@ class _ModelColumns:
 
 @dataclass
 class PlanState:
-    """The columns of ``plugins`` (a compiled policy's, in its order) over the last fleet."""
+    """The columns of ``plugins`` (a compiled policy's, in its order) and of the candidate
+    ``source`` over the last fleet."""
 
+    source: CandidateSource
     plugins: tuple[Prepares, ...]
     candidates: tuple[Candidate, ...] | None = None
+    # the source's columns: once per fleet (a candidate source reads no snapshot input)
+    source_columns: Any = None
     states: tuple[Any, ...] = ()
     # the last snapshot's fleet columns, its live_key, and its build's key (None: not a build)
     columns: tuple[Any, ...] = ()
@@ -86,6 +90,7 @@ class PlanState:
 
     def _new_fleet(self, snapshot: FleetSnapshot) -> None:
         self.candidates = snapshot.candidates
+        self.source_columns = self.source.update(snapshot, self.source.prepare(snapshot), None)
         self.states = tuple(plugin.prepare(snapshot) for plugin in self.plugins)
         self.models.clear()
         self.frames.clear()

@@ -48,11 +48,11 @@ class ModelAvailableFilter(Plugin):
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         request = view.request
-        floor = REFERENCE_RANK if _sensitive(view) else -1
-        if request.precision is None:
-            floor = max(floor, _floor_rank(view))
-            if floor <= cols.lowest_rank:
-                return None  # every candidate serves at the floor or better (the common case)
+        floor = _floor_rank(view) if request.precision is None else -1
+        if request.task_class is not None and _sensitive(view):
+            floor = max(floor, REFERENCE_RANK)
+        if request.precision is None and floor <= cols.lowest_rank:
+            return None  # every candidate serves at the floor or better (the common case)
         keep = np.ones(len(view.base), dtype=bool)
         if request.precision is not None:
             keep &= cols.precision.get(request.precision, False)

@@ -24,6 +24,7 @@ from scheduler.framework.plugin import Prepares
 from scheduler.framework.scheduler import Scheduler
 from scheduler.framework.state import PlanState, prepared
 from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.plugins.filters.pool_served import PoolServedFilter
 from scheduler.plugins.scorers.affinity import AffinityScorer
 from scheduler.plugins.scorers.carbon import CarbonScorer
@@ -81,7 +82,7 @@ def test_a_frame_updated_from_the_last_one_equals_a_rebuilt_one_on_a_multi_model
     rng = random.Random(3)
     regions = fleet()
     builder = SnapshotBuilder(regions, default_policy)
-    plan = PlanState(())
+    plan = PlanState(ModelIndex(), ())
     states = {r.name: RegionLiveState(r.name, True, NOW, {p.name: PoolLiveState() for p in r.pools}) for r in regions}
     for step in range(60):
         # one to three pools change (sometimes only pools of models other than the one asked)
@@ -114,7 +115,7 @@ def test_every_plugins_columns_kept_by_the_framework_equal_columns_computed_afre
     registry = default_scheduler_registry()
     plugins: tuple[Prepares, ...] = tuple(make() for kind in (registry.sources, registry.filters, registry.matchers,
                                                               registry.scorers) for make in kind.values())
-    plan = PlanState(plugins)
+    plan = PlanState(ModelIndex(), plugins)
     states: dict[str, RegionLiveState] = {}
     signals: dict[str, Signal] = {}
     now = NOW
@@ -148,7 +149,7 @@ def test_carbon_columns_kept_across_snapshots_equal_fresh_ones_at_every_clock(de
     builder = SnapshotBuilder(regions, default_policy)
     max_age = default_policy.max_age.carbon
     scorer = CarbonScorer()
-    plan = PlanState((scorer,))
+    plan = PlanState(ModelIndex(), (scorer,))
     signals = {r.grid_zone: Signal("carbon_intensity", r.grid_zone, 100.0 + i, "gCO2eq/kWh", NOW - 600 * i,
                                    NOW - 600 * i, "test") for i, r in enumerate(regions)}
     now = NOW
@@ -183,7 +184,7 @@ def test_pool_served_columns_kept_across_snapshots_equal_fresh_ones(default_poli
     regions = fleet(6)
     builder = SnapshotBuilder(regions, default_policy)
     plugin = PoolServedFilter()
-    plan = PlanState((plugin,))
+    plan = PlanState(ModelIndex(), (plugin,))
     states: dict[str, RegionLiveState] = {}
     now = NOW
     for step in range(120):
