@@ -171,14 +171,14 @@ def frame(snapshot: FleetSnapshot, model: str, index: IndexArray,
                                 "positions": {i: p for p, i in enumerate(index.tolist())}})
 
 
-def updated_frame(last: Frame, perf: tuple[CandidatePerf, ...], previous: tuple[CandidatePerf, ...] | None,
+def updated_frame(last: Frame, perf: tuple[CandidatePerf, ...], previous: tuple[CandidatePerf, ...],
                   changed: Sequence[int] | None) -> Frame:
     """``last`` (computed from the perf tuple ``previous``) brought up to ``perf``: only the rows
     of the fleet candidates ``changed`` computed again when they are few (None: not known, all
     of them), its static columns and RTT memo handed on. ``last`` itself when none of its
     candidates changed."""
     index = last.index
-    if changed is not None and previous is not None:
+    if changed is not None:
         position = last.positions
         moved = [(p, i) for i in changed if (p := position.get(i)) is not None]
         if not moved:

@@ -124,8 +124,9 @@ class PlanState:
             return entry[1]
         else:
             delta = snapshot.delta
-            known = delta is not None and delta.perf_since is entry[0]
-            result = updated_frame(entry[1], perf, entry[0], delta.perf if known and delta is not None else None)
+            # the candidates whose CandidatePerf changed since the frame's perf tuple, when known
+            changed = delta.perf if delta is not None and delta.perf_since is entry[0] else None
+            result = updated_frame(entry[1], perf, entry[0], changed)
         if len(index):
             self.frames[model] = (perf, result)
         return result
