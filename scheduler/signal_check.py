@@ -10,6 +10,7 @@ reason travels to the decision's explanation, the metrics and the receipt.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -66,3 +67,13 @@ def signal_problem(signal: Signal, now: float, max_age_s: float) -> SignalProble
         return SignalProblem("stale", age, f"{signal.key} from {signal.source} is {age:.0f} s old "
                                            f"(limit {max_age_s:.0f} s)")
     return None
+
+
+def carbon_bound(zone: str, bounds: Mapping[str, float], window_s: float) -> tuple[float, str]:
+    """What a zone whose carbon signal is unusable is priced at (gCO2e/kWh), and on what basis:
+    its highest accepted value over the trailing window (``FleetSnapshot.carbon_bounds``), else
+    UPPER_BOUND_G_PER_KWH."""
+    known = bounds.get(zone)
+    if known is None:
+        return UPPER_BOUND_G_PER_KWH, "the fleet-wide bound (no accepted value of the zone in the window)"
+    return known, f"the zone's highest in the last {window_s / 3600.0:g} h"

@@ -8,7 +8,7 @@ is always measured from it, never from when we fetched it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal, Protocol, TypeVar
@@ -263,6 +263,49 @@ class CanarySplit:
     snapshot: FleetSnapshot | None = field(default=None, compare=False, repr=False)
 
 
+# The snapshot inputs a plugin may declare it reads (``READS``; scheduler.framework.plugin).
+# perf: the candidates' ``CandidatePerf``; pools: each region's fresh pool mapping; live: each
+# region's published live state (however old); carbon: each zone's carbon signal and whether it
+# is usable; clock: ``now`` (new at every build), and with it every input a delta does not track.
+SNAPSHOT_INPUTS = frozenset({"perf", "pools", "live", "carbon", "clock"})
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotDelta:
+    """What changed between the snapshot builder's previous build (``since``) and this one
+    (``key``), and the verdicts on freshness it judged on the way (scheduler.datalayer.snapshot).
+    The framework reuses a plugin's columns across builds while none of the inputs it reads is
+    in ``changed`` (scheduler.framework.state)."""
+
+    # this build, and the previous build of the same builder (None: its first)
+    key: object
+    since: object | None
+    # of SNAPSHOT_INPUTS, those that may differ from ``since``'s (all of them when it is None)
+    changed: frozenset[str]
+    # the previous build's perf tuple, and the candidates whose ``CandidatePerf`` is another
+    # object here (the framework updates its prediction rows there alone)
+    perf_since: tuple[CandidatePerf, ...] | None
+    perf: tuple[int, ...]
+    # the regions (positions in ``FleetSnapshot.regions``) whose fresh pool mapping is another
+    # object here (every region when ``since`` is None)
+    pools: tuple[int, ...]
+    # per region (``FleetSnapshot.regions`` order): the pool mapping of its live state when that
+    # is fresh (age <= policy.max_age.region_state), else None
+    fresh_pools: tuple[Mapping[str, PoolLiveState] | None, ...]
+    # every region's state is fresh, and every published state healthy
+    all_fresh_and_healthy: bool
+    # the clock, live mapping and policy the builder judged the changes and freshness under
+    now: float
+    live: Mapping[str, RegionLiveState]
+    policy: PolicyConfig
+
+    def judged(self, snapshot: FleetSnapshot) -> bool:
+        """Whether this delta describes ``snapshot``: it has the clock, live mapping and policy
+        the builder judged (a copy with others, such as a canary arm's under its own policy,
+        is judged afresh)."""
+        return self.now == snapshot.now and self.live is snapshot.live and self.policy is snapshot.policy
+
+
 @dataclass(frozen=True)
 class FleetSnapshot:
     """Everything a decision may look at, frozen at ``now``.
@@ -300,20 +343,14 @@ class FleetSnapshot:
     # Per candidate: queue wait the router's own dispatches add that the live state does not
     # show yet (scheduler.datalayer.pending); None: none pending.
     pending_wait_s: npt.NDArray[np.float64] | None = field(default=None, compare=False)
-    # Identifies the inputs of live-lifetime columns (now, carbon, live, policy, kill switch):
-    # snapshots that differ only in pending dispatches share it, and so share those columns.
+    # Identifies the snapshot's inputs but pending dispatches (now, carbon, live, policy, kill
+    # switch, store, probes): snapshots that differ only in pending dispatches share it, and so
+    # share every plugin's columns (scheduler.framework.state); a copy with other inputs gets
+    # a new one.
     live_key: object = field(default_factory=object, compare=False, repr=False)
-    # (the perf tuple of the builder's previous snapshot, the indices of the candidates whose
-    # ``CandidatePerf`` here is another object than there), as the snapshot builder found them:
-    # columns derived from that tuple are brought up to date at these indices alone
-    # (scheduler.framework.columns.perf_changes) instead of comparing every candidate. None:
-    # not known (the first build, a snapshot made otherwise).
-    perf_changes: tuple[tuple[CandidatePerf, ...], tuple[int, ...]] | None = field(
-        default=None, compare=False, repr=False)
-    # Columns the framework and plugins derive from snapshots, shared with the other snapshots
-    # of the same builder (a cache, not an input: every entry is checked against the snapshot
-    # parts it was computed from).
-    column_cache: MutableMapping[object, object] = field(default_factory=dict, compare=False, repr=False)
+    # What changed since the builder's previous snapshot, and the freshness it judged (None:
+    # not known, as for a snapshot made otherwise: every input counts as new).
+    delta: SnapshotDelta | None = field(default=None, compare=False, repr=False)
     # The policy's canary as applied now (None: the policy has none), and which of its arms this
     # snapshot decides for: "" (no canary), "control", or "canary" (``canary.snapshot``).
     canary: CanarySplit | None = field(default=None, compare=False, repr=False)

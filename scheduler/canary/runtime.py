@@ -283,7 +283,7 @@ class CanaryRuntime:
                             epoch=view.record.epoch if view is not None else "0", window_s=canary.rollback.window)
         arm_snapshot = None
         if enabled and arm is not None:
-            # Its own live_key: the columns and verdicts cached per live inputs are the arm's.
+            # Its own live_key: the plugin columns the framework keeps per inputs are the arm's.
             arm_snapshot = _copy(snapshot, policy=arm, live_key=object(), canary=split, canary_arm=CANARY)
         return _copy(snapshot, canary=dataclasses.replace(split, snapshot=arm_snapshot), canary_arm=CONTROL)
 

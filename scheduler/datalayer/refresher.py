@@ -288,7 +288,7 @@ class SnapshotRefresher:
             live_since=self._live_since,
             prefix_warm=self._fresh_warm(now),
             workflows=self._fresh_workflows(now),
-            # Health verdicts are cached per live_key: new inputs, a new key.
+            # The framework keeps plugin columns per live_key: new inputs, a new key.
             live_key=object(),
         )
         # Computed here, once: every dispatch's snapshot is a shallow copy of this one

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import is_not
+from operator import is_, is_not
 
 from scheduler.config.schema import PolicyConfig, PoolConfig, RegionConfig
 from scheduler.energy.cold_start import ColdStart, cold_start
@@ -29,7 +29,8 @@ from scheduler.energy.step import (
     mean_context,
     predict,
 )
-from scheduler.framework.columns import FRESH_POOLS, judge_fresh
+from scheduler.framework.columns import judge_fresh
+from scheduler.signal_check import CLOCK_SKEW_S, signal_problem
 from scheduler.types import (
     Candidate,
     CandidatePerf,
@@ -37,6 +38,7 @@ from scheduler.types import (
     PoolLiveState,
     RegionLiveState,
     Signal,
+    SnapshotDelta,
     build_frozen,
 )
 
@@ -156,10 +158,12 @@ class SnapshotBuilder:
     is another object, not equal to the last build's, and when no candidate's entry changed
     the last ``perf`` tuple itself is reused (then the framework's columns derived from it are
     too). Each snapshot says which candidates' entries changed since the last build's
-    (``FleetSnapshot.perf_changes``), so that the columns derived from that tuple are updated
-    there alone. (No memo of entries by pool state: the states a pool publishes rarely recur,
-    its arrival rates move at every publication, and such a memo's entries, four objects
-    each, made the garbage collector's passes cost more than the few hits saved.)
+    (``SnapshotDelta.perf``), so that the columns derived from that tuple are updated there
+    alone, and which inputs changed at all (``SnapshotDelta.changed``), so that the columns of
+    the plugins that read none of them are kept. (No memo of entries by pool state: the
+    states a pool publishes rarely recur, its arrival rates move at every publication, and
+    such a memo's entries, four objects each, made the garbage collector's passes cost more
+    than the few hits saved.)
     """
 
     regions: tuple[RegionConfig, ...]
@@ -177,7 +181,6 @@ class SnapshotBuilder:
 
     def __post_init__(self) -> None:
         self.candidates = enumerate_candidates(self.regions)
-        self.column_cache: dict[object, object] = {}
         self.rated: tuple[RatedCosts, ...] = tuple(
             self.energy_model.rated_costs(c.model, c.gpu, c.deployment.precision, c.deployment.tensor_parallel)
             for c in self.candidates
@@ -201,6 +204,12 @@ class SnapshotBuilder:
         self._points: dict[tuple[int, float, float], tuple[EnergyCoefficients, LatencyCoefficients]] = {}
         # the fresh pool states per region of the last build, and its perf tuple
         self._last: tuple[list[Mapping[str, PoolLiveState] | None], tuple[CandidatePerf, ...]] | None = None
+        self._zones = tuple(dict.fromkeys(region.grid_zone for region in self.regions))
+        # the last build's key, live mapping, and carbon signals per zone of ``_zones``
+        self._last_key: object | None = None
+        self._last_live: Mapping[str, RegionLiveState] = {}
+        self._last_carbon: _CarbonSeen | None = None
+        self._last_fresh: tuple[Mapping[str, PoolLiveState] | None, ...] = ()
 
     def build(
         self,
@@ -244,15 +253,15 @@ class SnapshotBuilder:
             perf = previous if changed is None else tuple(changed)
             changes = (previous, tuple(changed_at))
         self._last = (fresh, perf)
-        # The regions' freshness, for the plugins that judge it again (``fresh_pools``).
-        self.column_cache[FRESH_POOLS] = (live, now, self.policy, self.regions, judged)
+        carbon = dict(carbon or {})
+        delta = self._delta(now, carbon, live, judged, changes)
         snapshot: FleetSnapshot = build_frozen(FleetSnapshot, {
             "now": now,
             "policy": self.policy,
             "regions": self.regions,
             "candidates": self.candidates,
             "perf": perf,
-            "carbon": dict(carbon or {}),
+            "carbon": carbon,
             "live": live,
             "energy_routing_enabled": energy_routing_enabled,
             "carbon_bounds": dict(carbon_bounds or {}),
@@ -262,8 +271,7 @@ class SnapshotBuilder:
             "live_since": None,
             "pending_wait_s": None,
             "live_key": object(),
-            "perf_changes": changes,
-            "column_cache": self.column_cache,
+            "delta": delta,
             "config_version": self.config_version,
             # The router's refresher adds the policy's canary (scheduler.canary.runtime).
             "canary": None,
@@ -272,6 +280,36 @@ class SnapshotBuilder:
             "workflows": {},
         })
         return snapshot
+
+    def _delta(self, now: float, carbon: Mapping[str, Signal], live: Mapping[str, RegionLiveState],
+               judged: tuple[list[Mapping[str, PoolLiveState] | None], bool],
+               changes: tuple[tuple[CandidatePerf, ...], tuple[int, ...]] | None) -> SnapshotDelta:
+        """What changed since the last build (of ``SNAPSHOT_INPUTS``; ``changes``: the last
+        build's perf tuple and the candidates whose entry is another object, None: no last build)."""
+        fresh = tuple(judged[0])
+        since = self._last_key
+        carbon_seen = _CarbonSeen.of(self._zones, carbon, now, self.policy.max_age.carbon, self._last_carbon)
+        changed = {"clock"}
+        if since is None:
+            pools = tuple(range(len(fresh)))
+            changed.update(("perf", "pools", "live", "carbon"))
+        else:
+            pools = tuple(compress(range(len(fresh)), map(is_not, fresh, self._last_fresh)))
+            if changes is None or changes[1]:
+                changed.add("perf")
+            if pools:
+                changed.add("pools")
+            last_live = self._last_live
+            if len(live) != len(last_live) or any(state is not last_live.get(name) for name, state in live.items()):
+                changed.add("live")
+            if not carbon_seen.same_as_last:
+                changed.add("carbon")
+        key = object()
+        self._last_key, self._last_live, self._last_carbon, self._last_fresh = key, live, carbon_seen, fresh
+        return SnapshotDelta(key=key, since=since, changed=frozenset(changed),
+                             perf_since=None if changes is None else changes[0],
+                             perf=() if changes is None else changes[1], pools=pools, fresh_pools=fresh,
+                             all_fresh_and_healthy=judged[1], now=now, live=live, policy=self.policy)
 
     def _followed(self, candidate: Candidate) -> bool:
         """Whether ``candidate``'s entry follows its pool's live state (``models``)."""
@@ -365,3 +403,28 @@ class SnapshotBuilder:
             rated = self.rated[index]
             found = self._points[point] = predict(capped(rated, self.caps[index], batch, others), batch, others)
         return found
+
+
+@dataclass(frozen=True, slots=True)
+class _CarbonSeen:
+    """The carbon signals of a build, per grid zone, and whether every one was usable then."""
+
+    signals: tuple[Signal | None, ...]
+    all_usable: bool
+    oldest: float
+    newest: float
+    # every signal is the last build's object and usable, as was every one of the last build's
+    same_as_last: bool
+
+    @classmethod
+    def of(cls, zones: tuple[str, ...], carbon: Mapping[str, Signal], now: float, max_age: float,
+           last: _CarbonSeen | None) -> _CarbonSeen:
+        signals = tuple(map(carbon.get, zones))
+        if (last is not None and last.all_usable and all(map(is_, signals, last.signals))
+                and now - last.oldest <= max_age and -(now - last.newest) <= CLOCK_SKEW_S):
+            # The same signals, usable still: judged as signal_problem judges each (a float
+            # difference is monotonic in each operand: the oldest and the newest decide for all).
+            return cls(signals, True, last.oldest, last.newest, True)
+        usable = all(s is not None and signal_problem(s, now, max_age) is None for s in signals)
+        observed = [s.observed_at for s in signals if s is not None]
+        return cls(signals, usable, min(observed, default=now), max(observed, default=now), False)

@@ -15,13 +15,16 @@
   candidates are in the list.
 - ``Picker``: orders the survivors by cost into the ranked list.
 
-A plugin owns its math in two steps (llm-d's PreScore idea): ``prepare(snapshot)`` computes
-its per-candidate columns once (for the whole fleet); the framework caches them for the
-plugin's ``LIFETIME`` (``static``: while the candidates stay the same; ``perf``: while their
-performance coefficients do; ``live``: one snapshot; ``None``: the plugin has no columns)
-and hands each request the columns restricted to the candidates of its model. A field of
-the columns that is an array of one value per candidate (or a mapping of such arrays) is
-restricted; anything else is passed as is. Plugins never read rates, clocks or I/O.
+A plugin is pure math over columns it computes in two steps (llm-d's PreScore idea):
+``prepare(fleet)``, once per fleet and policy (it reads the snapshot's candidates, regions and
+policy alone), gives its state; ``update(snapshot, state, last)`` gives its per-candidate
+columns for a snapshot (``last``: those it gave for the previous one, None the first time).
+The framework owns both (scheduler.framework.state): it calls ``update`` only when the
+snapshot's delta (``SnapshotDelta.changed``) touches an input the plugin declares it reads
+(``READS``, of ``scheduler.types.SNAPSHOT_INPUTS``), and otherwise keeps ``last``; it hands
+each request the columns restricted to the candidates of its model, indexing the fields the
+columns class names ``PER_CANDIDATE``. A plugin holds no cache of its own. Plugins never read
+rates, clocks or I/O.
 
 A plugin's parameters are the fields of its (frozen dataclass) class: the registry
 validates a policy's ``parameters`` against them.
@@ -30,7 +33,7 @@ validates a policy's ``parameters`` against them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import ConfigDict
 
@@ -41,7 +44,6 @@ from scheduler.types import FleetSnapshot, Rejection, Request, build_frozen
 Reason = tuple[str, tuple[object, ...]]
 # Which of the view's candidates survive: an index array, or ``slice(None)`` for all of them.
 Positions = IndexArray | slice
-Lifetime = Literal["static", "perf", "live"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,21 +130,33 @@ class RequestView:
         })
 
 
-class CandidateSource(Protocol):
+class Prepares(Protocol):
+    """The two steps of a plugin's columns (the module docstring)."""
+
+    READS: ClassVar[frozenset[str]]
+
+    def prepare(self, fleet: FleetSnapshot) -> Any:
+        """The plugin's state for the fleet (once per fleet and policy)."""
+        ...
+
+    def update(self, snapshot: FleetSnapshot, state: Any, last: Any) -> Any:
+        """Per-candidate columns for the whole fleet (called when the snapshot's delta touches
+        one of ``READS``; ``last``: the previous snapshot's columns, None the first time)."""
+        ...
+
+
+class CandidateSource(Prepares, Protocol):
     TYPE: ClassVar[str]
 
-    def select(self, request: Request, snapshot: FleetSnapshot) -> tuple[IndexArray, tuple[Rejection, ...]]: ...
+    def select(self, request: Request, snapshot: FleetSnapshot, cols: Any) -> tuple[IndexArray, tuple[Rejection, ...]]:
+        """The candidates of the request's model, from the source's columns for the fleet."""
+        ...
 
 
-class Filter(Protocol):
+class Filter(Prepares, Protocol):
     """A hard filter or a matcher."""
 
     TYPE: ClassVar[str]
-    LIFETIME: ClassVar[Lifetime | None]
-
-    def prepare(self, snapshot: FleetSnapshot) -> Any:
-        """Per-candidate columns for the whole fleet (called once per ``LIFETIME``)."""
-        ...
 
     def keep(self, view: RequestView, cols: Any) -> BoolArray | None:
         """A mask over ``view.base`` (True: keep), or None to keep every candidate. The
@@ -154,7 +168,7 @@ class Filter(Protocol):
         ...
 
 
-class Scorer(Protocol):
+class Scorer(Prepares, Protocol):
     TYPE: ClassVar[str]
     # The quantity's unit (a name of scheduler.config.units.UNITS) and a short label for it.
     UNIT: ClassVar[str]
@@ -162,9 +176,6 @@ class Scorer(Protocol):
     # True for the energy/carbon layer: its abstention (or the kill switch) switches ranking
     # to the policy's fallback objective; such scorers may not appear in that objective.
     ENERGY_LAYER: ClassVar[bool]
-    LIFETIME: ClassVar[Lifetime | None]
-
-    def prepare(self, snapshot: FleetSnapshot) -> Any: ...
 
     def score(self, view: RequestView, cols: Any, positions: Positions) -> FloatArray | Bounded | Abstain:
         """The quantity per survivor (``positions`` index the view's arrays), in ``UNIT``."""
@@ -182,15 +193,17 @@ class Picker(Protocol):
 
 class Plugin:
     """Base of every plugin class: its dataclass fields are its parameters, which a policy's
-    ``parameters`` set (validated strictly: unknown names and wrong types are errors)."""
+    ``parameters`` set (validated strictly: unknown names and wrong types are errors). By
+    default a plugin reads no snapshot input: its columns are its state, prepared once per
+    fleet (None: it has none)."""
 
     __pydantic_config__ = ConfigDict(extra="forbid", strict=True)
+    READS: ClassVar[frozenset[str]] = frozenset()
 
-
-class NoColumns(Plugin):
-    """Base of the plugins that need no per-snapshot columns."""
-
-    LIFETIME: ClassVar[Lifetime | None] = None
-
-    def prepare(self, snapshot: FleetSnapshot) -> None:
+    def prepare(self, fleet: FleetSnapshot) -> Any:
         return None
+
+    def update(self, snapshot: FleetSnapshot, state: Any, last: Any) -> Any:
+        return state
+
+

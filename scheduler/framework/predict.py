@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.framework.columns import FloatArray, IndexArray, frame
+from scheduler.framework.columns import FloatArray, Frame, IndexArray, frame
 from scheduler.framework.network import rtt_s
 from scheduler.framework.plugin import RequestView
 from scheduler.types import FleetSnapshot, Request
@@ -86,8 +86,10 @@ def warm_positions(request: Request, snapshot: FleetSnapshot, base: IndexArray) 
     return out
 
 
-def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray) -> RequestView:
-    cols = frame(snapshot, request.model, base)
+def request_view(request: Request, snapshot: FleetSnapshot, base: IndexArray, columns: Frame | None = None) -> RequestView:
+    """The request's predictions over the candidates at ``base``, from the framework's
+    ``columns`` for them (None: made here from scratch)."""
+    cols = frame(snapshot, request.model, base) if columns is None else columns
     prompt = float(request.prompt_tokens)
     out = float(request.max_tokens)
     features = _features(prompt, float(request.cached_tokens), out)

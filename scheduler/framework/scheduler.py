@@ -42,17 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from scheduler.config.schema import WORKLOAD_CLASS_NAMES, PolicyConfig
-from scheduler.framework.columns import (
-    BoolArray,
-    FloatArray,
-    HashArray,
-    IndexArray,
-    anchor,
-    fleet_columns,
-    prepared,
-    restrict,
-    whole,
-)
+from scheduler.framework.columns import BoolArray, FloatArray, HashArray
 from scheduler.framework.plugin import (
     Abstain,
     Bounded,
@@ -61,10 +51,10 @@ from scheduler.framework.plugin import (
     Picker,
     Positions,
     RequestView,
-    Scorer,
 )
 from scheduler.framework.predict import request_view
 from scheduler.framework.registry import Plan, Registry, Term
+from scheduler.framework.state import PlanState
 from scheduler.types import Decision, Fallback, FleetSnapshot, Rejection, Request, build_frozen
 
 log = logging.getLogger(__name__)
@@ -182,12 +172,10 @@ class _Compiled:
     plan: Plan
     # (plugin, may leave nothing): the hard filters, then the policy's matchers
     narrowing: tuple[tuple[Filter, bool], ...]
-    # Every plugin whose columns a decision may read, in this order: the narrowing plugins,
-    # the primary objective's scorers, the fallback objective's; and the positions in it of
-    # those whose columns live one snapshot (LIFETIME "live") and one perf tuple ("perf").
-    prepares: tuple[Filter | Scorer, ...]
-    live_at: tuple[int, ...]
-    perf_at: tuple[int, ...]
+    # The candidate source's columns and those of every plugin a decision may read, in this
+    # order: the narrowing plugins, the primary objective's scorers, the fallback objective's
+    # (the state is the one mutable part: it follows the snapshots decided on under this policy).
+    state: PlanState
 
 
 @dataclass
@@ -238,54 +226,11 @@ class Scheduler:
                 self._compiled.clear()
             plan = self.registry.compile(policy)
             narrowing = (*((f, True) for f in self.filters), *((m, False) for m in plan.matchers))
-            prepares: tuple[Filter | Scorer, ...] = (
-                *(p for p, _ in narrowing), *(t.scorer for t in plan.primary), *(t.scorer for t in plan.fallback))
-            compiled = _Compiled(policy, plan, narrowing, prepares,
-                                 tuple(i for i, p in enumerate(prepares) if p.LIFETIME == "live"),
-                                 tuple(i for i, p in enumerate(prepares) if p.LIFETIME == "perf"))
+            state = PlanState(self.source, (*(p for p, _ in narrowing), *(t.scorer for t in plan.primary),
+                                            *(t.scorer for t in plan.fallback)))
+            compiled = _Compiled(policy, plan, narrowing, state)
             self._compiled[id(policy)] = compiled
         return compiled
-
-    def _columns(self, compiled: _Compiled, snapshot: FleetSnapshot, model: str, base: IndexArray) -> tuple[Any, ...]:
-        """Every plugin's columns for the model's candidates (``compiled.prepares`` order),
-        looked up once per snapshot inputs (``live_key``: a new build has a new one) and model."""
-        cache = snapshot.column_cache
-        key = ("plan-columns", id(compiled), model)
-        entry = cache.get(key)
-        if isinstance(entry, tuple) and entry[0] is compiled:
-            if entry[1] is snapshot.live_key:
-                columns: tuple[Any, ...] = entry[2]
-                return columns
-            if entry[3] is snapshot.candidates and entry[5] is base:
-                # Another build of the same fleet: only the columns whose inputs may differ,
-                # restricted to the model's candidates again only when the fleet's are new
-                # (a plugin may keep its columns while its inputs are unchanged).
-                # The last columns as they are while every such plugin gives the columns it gave
-                # (usually: the same signals, every region healthy and serving).
-                columns, fleet = entry[2], entry[6]
-                fresh: list[Any] | None = None
-                plugins = compiled.prepares
-                n = len(snapshot.candidates)
-                live_key, perf = snapshot.live_key, snapshot.perf
-                for i in compiled.live_at if entry[4] is perf else compiled.live_at + compiled.perf_at:
-                    plugin = plugins[i]
-                    # (``anchor``: live_key for the live plugins, the perf tuple for the others)
-                    full = fleet_columns(plugin, snapshot, live_key if plugin.LIFETIME == "live" else perf)
-                    if full is not fleet[i]:
-                        if fresh is None:
-                            fresh, fleet = list(columns), list(fleet)
-                        fleet[i] = full
-                        fresh[i] = full if whole(base, n) else restrict(full, base, n)
-                if fresh is not None:
-                    columns, fleet = tuple(fresh), tuple(fleet)
-                cache[key] = (compiled, live_key, columns, snapshot.candidates, perf, base, fleet)
-                return columns
-        columns = tuple(prepared(plugin, snapshot, model, base) for plugin in compiled.prepares)
-        if len(base):  # no entry per unserved model name (any name a client sends)
-            cache[key] = (compiled, snapshot.live_key, columns, snapshot.candidates, snapshot.perf, base,
-                          tuple(None if plugin.LIFETIME is None else fleet_columns(plugin, snapshot, anchor(plugin, snapshot))
-                                for plugin in compiled.prepares))
-        return columns
 
     def schedule(self, request: Request, snapshot: FleetSnapshot) -> Decision:
         policy = snapshot.policy
@@ -295,14 +240,17 @@ class Scheduler:
         timer = self.timer if decisions % self.timing_every == 0 else None
         timings: dict[str, int] = {}
         source = self.source
+        state = compiled.state
+        state.advance(snapshot)
         if timer is None:
-            base, eager_rejections = source.select(request, snapshot)
+            base, eager_rejections = source.select(request, snapshot, state.source_columns)
         else:
             start = timer()
-            base, eager_rejections = source.select(request, snapshot)
+            base, eager_rejections = source.select(request, snapshot, state.source_columns)
             timings[source.TYPE] = timer() - start
-        view = request_view(request, snapshot, base)
-        columns = self._columns(compiled, snapshot, request.model, base)
+        model = request.model
+        view = request_view(request, snapshot, base, state.frame(snapshot, model, base))
+        columns = state.restricted(model, base)
         lazy: list[LazyRejections] = []
 
         # None while every candidate is still alive (the common case: no mask work at all).

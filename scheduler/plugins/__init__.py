@@ -9,6 +9,7 @@ from scheduler.plugins.filters import (
     cold_pool,
     context_fits,
     model_available,
+    model_index,
     pool_served,
     region_health,
     residency,
@@ -22,7 +23,7 @@ from scheduler.plugins.scorers import affinity, carbon, energy, price, queue, sl
 
 def register_all(registry: Registry) -> Registry:
     # The model index narrows the fleet first; its precision rules then run as a filter.
-    registry.source(model_available.TYPE, model_available.ModelAvailableFilter)
+    registry.source(model_index.TYPE, model_index.ModelIndex)
     registry.filter(model_available.TYPE, model_available.ModelAvailableFilter)
     registry.filter(residency.TYPE, residency.ResidencyFilter)
     registry.filter(certifications.TYPE, certifications.CertificationFilter)

@@ -35,7 +35,7 @@ from scheduler.framework.scheduler import Scheduler
 from scheduler.http.server import HttpServer, ServerLimits
 from scheduler.ledger.budget import TenantBudget
 from scheduler.plugins import default_scheduler_registry
-from scheduler.plugins.filters.region_health import region_verdict
+from scheduler.plugins.health import region_verdict
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.config_reload.reloader import ConfigReloader

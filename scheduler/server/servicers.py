@@ -22,7 +22,7 @@ import grpc
 from scheduler import errors
 from scheduler.canary.runtime import CanaryRuntime
 from scheduler.datalayer.refresher import SnapshotRefresher
-from scheduler.plugins.filters.region_health import region_verdict
+from scheduler.plugins.health import region_verdict
 from scheduler.server import convert
 from scheduler.server.canary import no_canary, status_to_proto
 from scheduler.server.config_reload.reloader import ConfigReloader

@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from scheduler.framework.columns import BoolArray
-from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
+from scheduler.framework.plugin import Plugin, Reason, RequestView
 from scheduler.types import FleetSnapshot
 
 TYPE = "certification-filter"
@@ -21,6 +21,7 @@ TYPE = "certification-filter"
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("certification",)
     # certification -> which candidates' regions hold it
     certification: Mapping[str, BoolArray]
 
@@ -28,10 +29,9 @@ class Columns:
 @dataclass(frozen=True)
 class CertificationFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
-    LIFETIME: ClassVar[Lifetime | None] = "static"
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        cands = snapshot.candidates
+    def prepare(self, fleet: FleetSnapshot) -> Columns:
+        cands = fleet.candidates
         held = {cert for c in cands for cert in c.region.certifications}
         return Columns({k: np.asarray([k in c.region.certifications for c in cands], dtype=bool) for k in held})
 

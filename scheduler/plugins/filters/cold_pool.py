@@ -14,36 +14,37 @@ The rest of its TTFT (queue, prefill) is the SLO filter's to judge.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, FloatArray, perf_rows
-from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
-from scheduler.types import CandidatePerf, FleetSnapshot
+from scheduler.framework.columns import BoolArray, FloatArray, perf_column
+from scheduler.framework.plugin import Plugin, Reason, RequestView
+from scheduler.types import FleetSnapshot
 
 TYPE = "cold-pool"
+_COLD_START_S = attrgetter("cold_start_s")
 
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("cold_start_s",)
     # per candidate: seconds until a replica of its pool serves (0: warm)
     cold_start_s: FloatArray
     # whether any candidate of the fleet is cold or starting (else every one is kept at once)
     any_cold: bool
 
 
-def _cold_start_row(perf: CandidatePerf) -> tuple[float]:
-    return (perf.cold_start_s,)
-
-
 @dataclass(frozen=True)
 class ColdPoolFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
-    LIFETIME: ClassVar[Lifetime | None] = "perf"
+    READS: ClassVar[frozenset[str]] = frozenset({"perf"})
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        seconds = perf_rows(snapshot, ("cold-pool",), _cold_start_row, 1)[:, 0]
+    def update(self, snapshot: FleetSnapshot, state: None, last: Columns | None) -> Columns:
+        seconds = perf_column(snapshot, None if last is None else last.cold_start_s, _COLD_START_S)
+        if last is not None and np.array_equal(seconds, last.cold_start_s):
+            return last
         return Columns(cold_start_s=seconds, any_cold=bool(np.any(seconds > 0.0)))
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:

@@ -17,7 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from scheduler.framework.columns import BoolArray, FloatArray
-from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
+from scheduler.framework.plugin import Plugin, Reason, RequestView
 from scheduler.types import FleetSnapshot
 
 TYPE = "context-fits"
@@ -25,6 +25,7 @@ TYPE = "context-fits"
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("kv_capacity",)
     kv_capacity: FloatArray
 
     @cached_property
@@ -36,10 +37,9 @@ class Columns:
 @dataclass(frozen=True)
 class ContextFitsFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
-    LIFETIME: ClassVar[Lifetime | None] = "static"
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        return Columns(np.asarray([c.kv_capacity_tokens for c in snapshot.candidates], dtype=np.float64))
+    def prepare(self, fleet: FleetSnapshot) -> Columns:
+        return Columns(np.asarray([c.kv_capacity_tokens for c in fleet.candidates], dtype=np.float64))
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         need = view.request.prompt_tokens + view.request.max_tokens

@@ -1,31 +1,11 @@
-"""Health filter: the region is up, as its last published live state, its last-seen record
-and, whenever that state is not fresh, the router's own probe of it say.
+"""Health filter: the region may take requests, as scheduler.plugins.health judges it from
+its last published live state, its last-seen record and, whenever that state is not fresh (or
+the store is not steady), the router's own probe of it.
 
-While the store answers (or there is none: simulator, offline tools):
-  keep  iff  live[region] is fresh (age <= policy.max_age.region_state) and healthy,
-        or   it is stale and policy.unknown_region_state.stale == "assume-healthy",
-        or   its state key expired but its last-seen record (30 days) is there: stale, as above,
-        or   it was never seen and the router started at most unknown_region_state.missing_warmup
-             ago (or the snapshot has no router: live_since None),
-        or   it was never seen and unknown_region_state.missing == "assume-healthy".
-While the store is unreachable (snapshot.store_outage_s not None), and for max_age.region_state
-after it answers again (store.recovered_at) for a region that has not published since (its
-publisher may still be reconnecting), if the region has a probe no older than
-max_age.region_state:
-  drop  if   the probe failed (whatever the last known state says);
-  keep  if   the probe answered and the last known state said healthy (however old it is);
-  else       as above.
-While the store answers but the region's own state is not fresh (stale, expired or never seen:
-the region cannot publish, as when the store is full, read-only after a failover, or refuses
-its ACL user, while routers can still read) and that state would drop the region, a fresh probe
-that answers keeps it (if its last known state was healthy, or it was never seen: its /health
-answers 200 only while one of its pools' engines answers). Here a probe only rescues: a
-failing one never drops a region its state keeps. A store that refuses writes is then not a
-fleet outage.
-Reads: snapshot.live (observed_at, healthy), snapshot.last_seen, snapshot.probes,
-snapshot.store, snapshot.live_since, snapshot.now, policy.max_age.region_state,
-policy.unknown_region_state. Judged once per region per snapshot (prepare), spread to its
-candidates.
+keep c  iff  region_verdict(snapshot, c.region) is None
+Reads: as scheduler.plugins.health says, ``now`` among them: judged at every snapshot, once
+per region, and spread to its candidates; while the store is steady and every region's state
+fresh and healthy (as the snapshot builder found them) every region may take requests.
 """
 
 from __future__ import annotations
@@ -35,48 +15,40 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, IndexArray, fresh_pools, memo, region_positions
-from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
-from scheduler.types import FleetSnapshot, RegionLiveState
+from scheduler.framework.columns import BoolArray, IndexArray, fresh_pools, region_positions
+from scheduler.framework.plugin import Plugin, Reason, RequestView
+from scheduler.plugins.health import Verdict, region_verdicts, store_steady
+from scheduler.types import FleetSnapshot
 
 TYPE = "region-health"
-
-Verdict = Reason | None
 
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("healthy", "region")
     healthy: BoolArray
-    # per candidate: its region's position in ``verdicts``
-    region: IndexArray
-    # per region: None (may take requests) or why not
-    verdicts: tuple[Verdict, ...]
-    # every region may take requests
-    all_healthy: bool = False
+    region: IndexArray  # per candidate: its region's position in ``verdicts``
+    verdicts: tuple[Verdict, ...]  # per region: None (may take requests) or why not
+    all_healthy: bool = False  # every region may take requests
 
 
 @dataclass(frozen=True)
 class RegionHealthFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
-    LIFETIME: ClassVar[Lifetime | None] = "live"
+    READS: ClassVar[frozenset[str]] = frozenset({"clock"})
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        if not _all_fresh_and_healthy(snapshot):
-            judged = region_verdicts(snapshot)
-            if judged.count(None) != len(judged):
-                verdicts = tuple(judged)
-                region = region_positions(snapshot)
-                healthy = np.asarray([v is None for v in verdicts], dtype=bool)[region]
-                return Columns(healthy, region, verdicts, False)
-        # Every region may take requests: the same columns for every such snapshot of the fleet.
-        kept = snapshot.column_cache.get(("region-health-all",))
-        if isinstance(kept, tuple) and kept[0] is snapshot.candidates:
-            same: Columns = kept[1]
-            return same
-        every: Columns = memo(snapshot, ("region-health-all",), snapshot.candidates, lambda: Columns(
-            np.ones(len(snapshot.candidates), dtype=bool), region_positions(snapshot),
-            (None,) * len(snapshot.regions), True))
-        return every
+    def prepare(self, fleet: FleetSnapshot) -> Columns:
+        """The columns when every region may take requests (the same for every such snapshot)."""
+        return Columns(np.ones(len(fleet.candidates), dtype=bool), region_positions(fleet),
+                       (None,) * len(fleet.regions), True)
+
+    def update(self, snapshot: FleetSnapshot, every: Columns, last: Columns | None) -> Columns:
+        if store_steady(snapshot) and fresh_pools(snapshot)[1]:
+            return every
+        verdicts = tuple(region_verdicts(snapshot))
+        if verdicts.count(None) == len(verdicts):
+            return every
+        return Columns(np.asarray([v is None for v in verdicts], dtype=bool)[every.region], every.region, verdicts)
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         return None if cols.all_healthy else cols.healthy
@@ -84,102 +56,3 @@ class RegionHealthFilter(Plugin):
     def reason(self, view: RequestView, cols: Columns, position: int) -> Reason:
         verdict = cols.verdicts[int(cols.region[position])]
         return verdict if verdict is not None else ("healthy", ())
-
-
-def _all_fresh_and_healthy(snapshot: FleetSnapshot) -> bool:
-    """Whether every region may take requests by ``region_verdicts``' first rule alone: the
-    store answers, no recovery is recent, and every region's state is fresh and healthy (as
-    the snapshot builder found them, ``fresh_pools``)."""
-    store = snapshot.store
-    if snapshot.store_outage_s is not None or (
-        store is not None and store.reachable and store.recovered_at is not None
-        and snapshot.now - store.recovered_at <= snapshot.policy.max_age.region_state
-    ):
-        return False
-    return fresh_pools(snapshot)[1]
-
-
-def region_verdicts(snapshot: FleetSnapshot) -> list[Verdict]:
-    """``region_verdict`` of every region (``snapshot.regions`` order), with what they share
-    looked up once: while the store answers and no recovery is recent, a region whose state is
-    fresh and healthy may take requests, and any other is judged by ``region_verdict``."""
-    store = snapshot.store
-    now = snapshot.now
-    max_age = snapshot.policy.max_age.region_state
-    if snapshot.store_outage_s is not None or (
-        store is not None and store.reachable and store.recovered_at is not None and now - store.recovered_at <= max_age
-    ):
-        return [region_verdict(snapshot, r.name) for r in snapshot.regions]
-    get = snapshot.live.get
-    return [None if (state := get(r.name)) is not None and state.healthy and now - state.observed_at <= max_age
-            else region_verdict(snapshot, r.name) for r in snapshot.regions]
-
-
-def region_verdict(snapshot: FleetSnapshot, region: str) -> Verdict:
-    """None when ``region`` may take requests, else why not."""
-    policy = snapshot.policy
-    max_age = policy.max_age.region_state
-    state = snapshot.live.get(region)
-    outage_s = snapshot.store_outage_s
-    back_s = _back_without_news(snapshot, state, max_age)
-    if outage_s is not None or back_s is not None:
-        probe = snapshot.probes.get(region)
-        if probe is not None and snapshot.now - probe.checked_at <= max_age:
-            if not probe.ok:
-                if outage_s is not None:
-                    return ("state store unreachable for {:.0f} s and the router's probe failed: {}",
-                            (outage_s, probe.detail))
-                return ("no state since the store answered again {:.1f} s ago and the router's probe failed: {}",
-                        (back_s, probe.detail))
-            if state is not None and state.healthy:
-                return None
-        return _by_state(snapshot, region)
-    by_state = _by_state(snapshot, region)
-    if by_state is None or (state is not None and snapshot.now - state.observed_at <= max_age):
-        return by_state
-    # The store answers, but the region's state is not fresh and would drop it: its probe may
-    # still vouch for it (the region cannot publish). A probe only rescues here, so a slow
-    # probe never drops a region its state keeps (a never-seen one in the warm-up).
-    probe = snapshot.probes.get(region)
-    if probe is None or snapshot.now - probe.checked_at > max_age:
-        return by_state
-    if not probe.ok:
-        return (by_state[0] + "; the router's probe failed: {}", (*by_state[1], probe.detail))
-    return None if state is None or state.healthy else by_state
-
-
-def _back_without_news(snapshot: FleetSnapshot, state: RegionLiveState | None, max_age: float) -> float | None:
-    """Seconds since the store answered again after an outage, while that is at most
-    ``max_age`` ago and the region has published nothing since; else None."""
-    store = snapshot.store
-    if store is None or not store.reachable or store.recovered_at is None:
-        return None
-    back_s = snapshot.now - store.recovered_at
-    if back_s > max_age or (state is not None and state.observed_at >= store.recovered_at):
-        return None
-    return back_s
-
-
-def _by_state(snapshot: FleetSnapshot, region: str) -> Verdict:
-    """The verdict from the region's published state and last-seen record alone."""
-    policy = snapshot.policy
-    unknown = policy.unknown_region_state
-    max_age = policy.max_age.region_state
-    state = snapshot.live.get(region)
-    if state is None:
-        seen = snapshot.last_seen.get(region)
-        if seen is not None:
-            age = snapshot.now - seen
-            if unknown.stale == "assume-healthy":
-                return None
-            return ("no live state (its key expired); last seen {:.1f} s ago, limit {:.1f} s", (age, max_age))
-        if snapshot.live_since is None or snapshot.now - snapshot.live_since <= unknown.missing_warmup:
-            return None
-        if unknown.missing == "assume-healthy":
-            return None
-        return ("no live state seen in the {:.0f} s since the router started (warm-up {:.0f} s)",
-                (snapshot.now - snapshot.live_since, unknown.missing_warmup))
-    age = snapshot.now - state.observed_at
-    if age > max_age:
-        return None if unknown.stale == "assume-healthy" else ("live state {:.1f} s old > limit {:.1f} s", (age, max_age))
-    return None if state.healthy else ("region reports unhealthy", ())

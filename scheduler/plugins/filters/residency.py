@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from scheduler.framework.columns import BoolArray
-from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
+from scheduler.framework.plugin import Plugin, Reason, RequestView
 from scheduler.types import FleetSnapshot
 
 TYPE = "residency-filter"
@@ -22,6 +22,7 @@ TYPE = "residency-filter"
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("jurisdiction",)
     # jurisdiction -> which candidates' regions are in it
     jurisdiction: Mapping[str, BoolArray]
 
@@ -29,10 +30,9 @@ class Columns:
 @dataclass(frozen=True)
 class ResidencyFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
-    LIFETIME: ClassVar[Lifetime | None] = "static"
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        cands = snapshot.candidates
+    def prepare(self, fleet: FleetSnapshot) -> Columns:
+        cands = fleet.candidates
         return Columns({j: np.asarray([c.region.jurisdiction == j for c in cands], dtype=bool)
                         for j in {c.region.jurisdiction for c in cands}})
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from scheduler.framework.columns import BoolArray
-from scheduler.framework.plugin import NoColumns, Reason, RequestView
+from scheduler.framework.plugin import Plugin, Reason, RequestView
 from scheduler.framework.slo import tpot_budget_s
 
 TYPE = "slo-reachable"
 
 
 @dataclass(frozen=True)
-class SloReachableFilter(NoColumns):
+class SloReachableFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
 
     def keep(self, view: RequestView, cols: None) -> BoolArray | None:

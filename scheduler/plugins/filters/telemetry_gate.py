@@ -11,7 +11,7 @@ keep c  iff  policy.telemetry_gate is None or its modelled_only == "allow"
 A region never seen, a pool it does not list, and a plain vLLM region (its state is scraped
 without power) count as modelled. Without a canary, modelled pools take no traffic at all.
 Reads: policy.telemetry_gate, snapshot.live (pools, gpu_power_w), snapshot.canary_arm.
-Judged once per snapshot (prepare).
+Judged when a region's published state changed (``update``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from scheduler.canary.assign import CANARY
 from scheduler.framework.columns import BoolArray
-from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
+from scheduler.framework.plugin import Plugin, Reason, RequestView
 from scheduler.types import Candidate, FleetSnapshot
 
 TYPE = "telemetry-gate"
@@ -31,6 +31,7 @@ TYPE = "telemetry-gate"
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("kept",)
     # per candidate: may take this snapshot's requests (None: every candidate may)
     kept: BoolArray | None
 
@@ -41,9 +42,10 @@ _ALL = Columns(None)
 @dataclass(frozen=True)
 class TelemetryGateFilter(Plugin):
     TYPE: ClassVar[str] = TYPE
-    LIFETIME: ClassVar[Lifetime | None] = "live"
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
+    READS: ClassVar[frozenset[str]] = frozenset({"live"})
+
+    def update(self, snapshot: FleetSnapshot, state: None, last: Columns | None) -> Columns:
         gate = snapshot.policy.telemetry_gate
         if gate is None or gate.modelled_only == "allow" or snapshot.canary_arm == CANARY:
             return _ALL

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import Field
 
 from scheduler.framework.columns import BoolArray, FloatArray
-from scheduler.framework.plugin import Lifetime, Plugin, Reason, RequestView
+from scheduler.framework.plugin import Plugin, Reason, RequestView
 from scheduler.types import FleetSnapshot
 
 TYPE = "long-context-matcher"
@@ -24,19 +24,19 @@ TYPE = "long-context-matcher"
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("hbm_gb",)
     hbm_gb: FloatArray
 
 
 @dataclass(frozen=True)
 class LongContextMatcher(Plugin):
     TYPE: ClassVar[str] = TYPE
-    LIFETIME: ClassVar[Lifetime | None] = "static"
     # Prompts at or above this many tokens go to pools with at least min_hbm_gb of HBM.
     threshold_tokens: Annotated[int, Field(gt=0)] = 32768
     min_hbm_gb: Annotated[float, Field(gt=0)] = 141.0
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        return Columns(np.asarray([c.gpu.hbm_gb for c in snapshot.candidates], dtype=np.float64))
+    def prepare(self, fleet: FleetSnapshot) -> Columns:
+        return Columns(np.asarray([c.gpu.hbm_gb for c in fleet.candidates], dtype=np.float64))
 
     def keep(self, view: RequestView, cols: Columns) -> BoolArray | None:
         if view.request.prompt_tokens < self.threshold_tokens:

@@ -5,31 +5,18 @@ For a request with a workflow id whose last request this router sent to pool h (
 ``snapshot.workflows``, younger than the policy's ``max_age.prefix_cache``) with W_h prompt
 tokens, on a request of C prompt tokens:
 
-    W  = min(W_h, S, C)                  tokens of this request the home holds warm, S the
-                                         request's shared_prefix_tokens (a fan-out sibling
-                                         shares its system prompt, not its question; absent:
-                                         C, a chain's step extends the last one's prompt)
-    w0 = min(published_h, W)             of those, what the energy model already credits at h
-                                         (an engine-reported hit for the request's prefix key
-                                         there, snapshot.prefix_warm; scheduler.framework.predict)
-    lost(c) [J] = 0                                                          at c = h
-                = a_c x (W - w0) + b_c x (pairs(C - w0) - pairs(C - W))      elsewhere
-    pairs(U)    = U x (C - U / 2)        causal attention of U uncached tokens
-    a_c, b_c    = c's prefill J per token and per attention pair at its live batch
-                  (scheduler.energy.step.EnergyCoefficients: avoided_j's terms)
+    W  = min(W_h, S, C)           tokens of this request the home holds warm, S the request's
+                                  shared_prefix_tokens (a fan-out sibling shares its system prompt,
+                                  not its question; absent: C, a chain's step extends the last one's)
+    w0 = min(published_h, W)      of those, what the energy model already credits at h (an engine-
+                                  reported hit for the prefix key there, snapshot.prefix_warm)
+    lost(c) [J] = 0 at c = h, else a_c x (W - w0) + b_c x (pairs(C - w0) - pairs(C - W))
+    pairs(U)    = U x (C - U / 2)   causal attention of U uncached tokens
+    a_c, b_c    = c's prefill J per token and per attention pair at its live batch (EnergyCoefficients)
 
-i.e. ``avoided_j(C, W) - avoided_j(C, w0)`` on c: the rebuild happens on c. The energy model
-credits hits the regions published (the same for every request of that prefix); this term
-adds the workflow's own warmth at its home, which no region has confirmed yet, once: the
-cost of leaving home for c is then the cache it holds, priced at the policy's rate per joule.
-A workflow moves when what c saves in the other terms (carbon, price, latency) exceeds it.
-The home is visible to the very next request of the workflow (the data layer records it at
-dispatch, scheduler.datalayer.refresher), so a fan-out's siblings sent together follow the
-first one to its pool; a sibling whose deadline the home cannot meet is rejected there by
-the SLO filter (the home's queue counts this router's pending dispatches) and goes elsewhere.
-Reads: request.workflow_id, request.prefix_key, request.shared_prefix_tokens,
-snapshot.workflows, snapshot.prefix_warm, each candidate's energy coefficients. Never abstains
-(without a home every candidate is 0).
+i.e. ``avoided_j(C, W) - avoided_j(C, w0)`` on c: the workflow's own warmth at its home, which no region has
+confirmed yet, priced once (docs/affinity.md). Never abstains (without a home every candidate is 0).
+Reads: request.workflow_id, .prefix_key, .shared_prefix_tokens, snapshot.workflows, .prefix_warm, .perf.
 """
 
 from __future__ import annotations
@@ -40,21 +27,18 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.framework.columns import FloatArray, perf_rows
-from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
-from scheduler.types import CandidatePerf, FleetSnapshot
+from scheduler.framework.columns import FloatArray
+from scheduler.framework.plugin import Abstain, Plugin, Positions, RequestView
+from scheduler.types import FleetSnapshot
 
 TYPE = "affinity-scorer"
 
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("place",)
     # per candidate: "region/pool"
     place: npt.NDArray[np.str_]
-
-
-def _prefill_coefficients(perf: CandidatePerf) -> tuple[float, float]:
-    return perf.energy.prefill_j_per_token, perf.energy.prefill_j_per_pair
 
 
 def _pairs(uncached: float, prompt: float) -> float:
@@ -67,13 +51,9 @@ class AffinityScorer(Plugin):
     UNIT: ClassVar[str] = "J"
     QUANTITY: ClassVar[str] = "lost cache"
     ENERGY_LAYER: ClassVar[bool] = True
-    # The prefill coefficients a lost cache is priced with depend on the pools' live batch;
-    # they are looked up (per perf tuple, ``perf_rows``) only for a request whose workflow has
-    # a home, so a snapshot's other requests never pay for them.
-    LIFETIME: ClassVar[Lifetime | None] = "static"
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        return Columns(place=np.asarray([c.key for c in snapshot.candidates], dtype=np.str_))
+    def prepare(self, fleet: FleetSnapshot) -> Columns:
+        return Columns(place=np.asarray([c.key for c in fleet.candidates], dtype=np.str_))
 
     def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:
         request, snapshot = view.request, view.snapshot
@@ -89,8 +69,11 @@ class AffinityScorer(Plugin):
                           if w.region == home.region and w.pool == home.pool), 0)
         credited = float(min(published, warm))
         tokens, pairs = warm - credited, _pairs(prompt - credited, prompt) - _pairs(prompt - warm, prompt)
-        # per survivor: prefill J per uncached token and per attention pair
-        coefficients = perf_rows(snapshot, ("affinity-prefill",), _prefill_coefficients, 2)[view.base[positions]]
-        lost: FloatArray = coefficients[:, 0] * tokens + coefficients[:, 1] * pairs
+        # per survivor: prefill J per uncached token and per attention pair at its live batch
+        # (looked up only for a request whose workflow has a home)
+        energy = [snapshot.perf[i].energy for i in view.base[positions].tolist()]
+        per_token = np.asarray([e.prefill_j_per_token for e in energy], dtype=np.float64)
+        per_pair = np.asarray([e.prefill_j_per_pair for e in energy], dtype=np.float64)
+        lost: FloatArray = per_token * tokens + per_pair * pairs
         lost[place == home.place] = 0.0
         return lost

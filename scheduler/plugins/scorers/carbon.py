@@ -1,35 +1,25 @@
 """Carbon scorer: grams of CO2e this request would cost on each candidate pool.
 
 g [gCO2e] = E [J] x intensity(zone) [gCO2e/kWh] x region.pue / 3.6e6 [J/kWh]
-Reads: view.energy_j; per region (prepare, per snapshot): the snapshot's carbon signal for
-its grid zone (value, observed_at), its PUE, snapshot.now, policy.max_age.carbon and
-snapshot.carbon_bounds.
-
-A zone whose signal is missing or unusable (scheduler.signal_check: not a finite value within
-physical bounds, dated in the future beyond the clock-skew tolerance, or older than
-policy.max_age.carbon from its observed_at) is priced at a conservative bound instead:
-
-    intensity(zone) = snapshot.carbon_bounds[zone]   the zone's highest accepted value over the
-                                                      policy's trailing window (data layer)
-                    | UPPER_BOUND_G_PER_KWH          none known (1,100: no grid averages more)
-
-so such a value never lowers a cost, its candidates stay in the ranking (``Bounded``, each
-zone named), and a candidate's grams never depend on the others'. Abstains only when no
-survivor's zone has a usable signal.
+A zone whose signal is missing or unusable (scheduler.signal_check: invalid, in the future beyond the clock-skew
+tolerance, older than policy.max_age.carbon) is priced at a conservative bound instead (``carbon_bound``: the
+zone's highest accepted value over the policy's trailing window, else 1,100, more than any grid averages): it
+never lowers a cost, its candidates stay ranked (``Bounded``, each zone named), and a candidate's grams never
+depend on the others'. Abstains when no survivor's signal is usable. Reads: view.energy_j; per region
+(``update``, on a carbon change): its zone's signal, PUE, snapshot.now, max_age.carbon, snapshot.carbon_bounds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
-from operator import is_
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 
-from scheduler.framework.columns import BoolArray, FloatArray, IndexArray, memo, region_positions
-from scheduler.framework.plugin import Abstain, Bounded, Lifetime, Plugin, Positions, RequestView
-from scheduler.signal_check import CLOCK_SKEW_S, UPPER_BOUND_G_PER_KWH, signal_problem
+from scheduler.config.schema import RegionConfig
+from scheduler.framework.columns import BoolArray, FloatArray, IndexArray, region_positions
+from scheduler.framework.plugin import Abstain, Bounded, Plugin, Positions, RequestView
+from scheduler.signal_check import carbon_bound, signal_problem
 from scheduler.types import FleetSnapshot
 from scheduler.units import J_PER_KWH
 
@@ -38,19 +28,13 @@ TYPE = "carbon-scorer"
 
 @dataclass(frozen=True)
 class Columns:
-    # grams per joule (intensity x PUE / 3.6e6); at the zone's bound where unusable
-    g_per_j: FloatArray
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("g_per_j", "usable", "region")
+    g_per_j: FloatArray  # intensity x PUE / 3.6e6; at the zone's bound where unusable
     usable: BoolArray
-    # per candidate: its region's position in ``why``; per region: why its signal is unusable
-    # (None: usable), and then what its candidates are priced at (a note naming the bound)
-    region: IndexArray
-    why: tuple[Abstain | None, ...]
-    priced: tuple[Abstain | None, ...]
-
-    @cached_property
-    def all_usable(self) -> bool:
-        """Every one of these candidates' signals is usable (so any survivors' are)."""
-        return bool(self.usable.all())
+    region: IndexArray  # per candidate: its region's position in the per-region ``why`` and ``priced``
+    why: tuple[Abstain | None, ...]  # why its signal is unusable (None: usable)
+    priced: tuple[Abstain | None, ...]  # the note on the bound it is then priced at
+    all_usable: bool  # every candidate's signal of the fleet is usable (so any survivors' are)
 
 
 @dataclass(frozen=True)
@@ -59,75 +43,37 @@ class CarbonScorer(Plugin):
     UNIT: ClassVar[str] = "gCO2e"
     QUANTITY: ClassVar[str] = "carbon"
     ENERGY_LAYER: ClassVar[bool] = True
-    LIFETIME: ClassVar[Lifetime | None] = "live"
+    READS: ClassVar[frozenset[str]] = frozenset({"carbon"})
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        max_age = snapshot.policy.max_age.carbon
-        now = snapshot.now
-        cache = snapshot.column_cache
-        # Every signal usable: the columns are those of the last snapshot with the same signal
-        # objects (the hourly values stay while the hour does), while the oldest of them is not
-        # stale and the newest not dated in the future, judged as signal_problem judges each
-        # (a float difference is monotonic in each operand: the oldest and the newest decide
-        # for all of them).
-        kept = cache.get(("carbon-usable", self))
-        if (isinstance(kept, tuple) and kept[0] is snapshot.candidates and kept[1] is snapshot.regions
-                and all(map(is_, kept[2], map(snapshot.carbon.get, kept[3]))) and now - kept[4] <= max_age
-                and -(now - kept[5]) <= CLOCK_SKEW_S):
-            same: Columns = kept[6]
-            return same
-        zones = memo(snapshot, ("carbon-zones",), snapshot.regions,
-                     lambda: tuple(region.grid_zone for region in snapshot.regions))
-        signals = tuple(map(snapshot.carbon.get, zones))
-        factors: list[float] = []
-        why: list[Abstain | None] = []
-        priced: list[Abstain | None] = []
-        window_h = snapshot.policy.stale_bounds.carbon_window / 3600.0
-        for region, signal in zip(snapshot.regions, signals, strict=True):
-            zone = region.grid_zone
-            problem: Abstain | None = None
-            if signal is None:
-                problem = Abstain("carbon", None, max_age, f"no carbon signal for zone {zone}", key=zone)
-            elif (found := signal_problem(signal, now, max_age)) is not None:
-                problem = Abstain("carbon", found.age_s, max_age, f"zone {zone}: {found.reason}", key=zone)
-            note: Abstain | None = None
-            if problem is None:
-                assert signal is not None
-                factors.append(signal.value * region.pue / J_PER_KWH)
-            else:
-                known = snapshot.carbon_bounds.get(zone)
-                bound = UPPER_BOUND_G_PER_KWH if known is None else known
-                basis = (f"the zone's highest in the last {window_h:g} h" if known is not None
-                         else "the fleet-wide bound (no accepted value of the zone in the window)")
-                note = Abstain(problem.signal, problem.age_s, max_age,
-                               f"{problem.detail}; priced at {bound:g} gCO2e/kWh, {basis}",
-                               key=zone, bound=bound, bound_unit="gCO2e/kWh")
-                factors.append(bound * region.pue / J_PER_KWH)
-            why.append(problem)
-            priced.append(note)
-        region_of = region_positions(snapshot)
-        usable = np.asarray([w is None for w in why], dtype=bool)[region_of]
-        columns = Columns(np.asarray(factors, dtype=np.float64)[region_of], usable, region_of, tuple(why),
-                          tuple(priced))
-        if all(w is None for w in why):
-            observed = [s.observed_at for s in signals if s is not None]
-            cache[("carbon-usable", self)] = (snapshot.candidates, snapshot.regions, signals, zones,
-                                              min(observed, default=now), max(observed, default=now), columns)
-        return columns
+    def prepare(self, fleet: FleetSnapshot) -> IndexArray:
+        return region_positions(fleet)
+
+    def update(self, snapshot: FleetSnapshot, region_of: IndexArray, last: Columns | None) -> Columns:
+        judged = [_judge(snapshot, region) for region in snapshot.regions]
+        factors, why, priced = zip(*judged, strict=True) if judged else ((), (), ())  # per region
+        usable = np.asarray([w is None for w in why], dtype=bool)
+        g_per_j = np.asarray(factors, dtype=np.float64)[region_of]
+        return Columns(g_per_j, usable[region_of], region_of, why, priced, bool(usable.all()))
 
     def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Bounded | Abstain:
         grams: FloatArray = view.energy_j[positions] * cols.g_per_j[positions]
-        if cols.all_usable:
+        if cols.all_usable or (usable := cols.usable[positions]).all():
             return grams
-        usable = cols.usable[positions]
-        if usable.all():
-            return grams
-        regions = cols.region[positions]
         bounded = np.flatnonzero(~usable)
-        at = regions[bounded].tolist()
-        if len(bounded) == len(usable):
-            # no survivor has a usable signal: nothing to rank the bounds against
-            problem: Abstain | None = cols.why[at[0]]
-            assert problem is not None
-            return problem
+        at = cols.region[positions][bounded].tolist()
+        if len(bounded) == len(usable):  # no survivor's signal is usable: nothing to rank the bounds against
+            return cast(Abstain, cols.why[at[0]])  # (an unusable zone's signal has a reason)
         return Bounded(grams, bounded, tuple(note for r in at if (note := cols.priced[r]) is not None))
+
+
+def _judge(snapshot: FleetSnapshot, region: RegionConfig) -> tuple[float, Abstain | None, Abstain | None]:
+    zone, max_age = region.grid_zone, snapshot.policy.max_age.carbon
+    signal = snapshot.carbon.get(zone)
+    found = None if signal is None else signal_problem(signal, snapshot.now, max_age)
+    if signal is not None and found is None:
+        return signal.value * region.pue / J_PER_KWH, None, None
+    age, detail = (None, f"no carbon signal for zone {zone}") if found is None else (found.age_s, f"zone {zone}: {found.reason}")
+    bound, basis = carbon_bound(zone, snapshot.carbon_bounds, snapshot.policy.stale_bounds.carbon_window)
+    note = f"{detail}; priced at {bound:g} gCO2e/kWh, {basis}"
+    return bound * region.pue / J_PER_KWH, Abstain("carbon", age, max_age, detail, key=zone), Abstain(
+        "carbon", age, max_age, note, key=zone, bound=bound, bound_unit="gCO2e/kWh")

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from scheduler.framework.columns import FloatArray
-from scheduler.framework.plugin import Abstain, NoColumns, Positions, RequestView
+from scheduler.framework.plugin import Abstain, Plugin, Positions, RequestView
 
 TYPE = "energy-scorer"
 
 
 @dataclass(frozen=True)
-class EnergyScorer(NoColumns):
+class EnergyScorer(Plugin):
     TYPE: ClassVar[str] = TYPE
     UNIT: ClassVar[str] = "J"
     QUANTITY: ClassVar[str] = "energy"

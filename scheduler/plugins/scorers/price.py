@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from scheduler.framework.columns import FloatArray
-from scheduler.framework.plugin import Abstain, Lifetime, Plugin, Positions, RequestView
+from scheduler.framework.plugin import Abstain, Plugin, Positions, RequestView
 from scheduler.types import FleetSnapshot
 from scheduler.units import J_PER_KWH
 
@@ -22,6 +22,7 @@ TYPE = "price-scorer"
 
 @dataclass(frozen=True)
 class Columns:
+    PER_CANDIDATE: ClassVar[tuple[str, ...]] = ("usd_per_j",)
     usd_per_j: FloatArray
 
 
@@ -31,10 +32,9 @@ class PriceScorer(Plugin):
     UNIT: ClassVar[str] = "USD"
     QUANTITY: ClassVar[str] = "electricity"
     ENERGY_LAYER: ClassVar[bool] = False
-    LIFETIME: ClassVar[Lifetime | None] = "static"
 
-    def prepare(self, snapshot: FleetSnapshot) -> Columns:
-        return Columns(np.asarray([c.region.pue * c.region.price_per_kwh / J_PER_KWH for c in snapshot.candidates],
+    def prepare(self, fleet: FleetSnapshot) -> Columns:
+        return Columns(np.asarray([c.region.pue * c.region.price_per_kwh / J_PER_KWH for c in fleet.candidates],
                                   dtype=np.float64))
 
     def score(self, view: RequestView, cols: Columns, positions: Positions) -> FloatArray | Abstain:

@@ -16,13 +16,13 @@ from typing import ClassVar
 import numpy as np
 
 from scheduler.framework.columns import FloatArray
-from scheduler.framework.plugin import Abstain, Bounded, NoColumns, Positions, RequestView
+from scheduler.framework.plugin import Abstain, Bounded, Plugin, Positions, RequestView
 
 TYPE = "queue-scorer"
 
 
 @dataclass(frozen=True)
-class QueueScorer(NoColumns):
+class QueueScorer(Plugin):
     TYPE: ClassVar[str] = TYPE
     UNIT: ClassVar[str] = "ms"
     QUANTITY: ClassVar[str] = "queue"

@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import Field
 
 from scheduler.framework.columns import FloatArray
-from scheduler.framework.plugin import Abstain, NoColumns, Positions, RequestView
+from scheduler.framework.plugin import Abstain, Plugin, Positions, RequestView
 
 TYPE = "slo-risk-scorer"
 
@@ -46,7 +46,7 @@ def normal_sf(z: FloatArray) -> FloatArray:
 
 
 @dataclass(frozen=True)
-class SloRiskScorer(NoColumns):
+class SloRiskScorer(Plugin):
     TYPE: ClassVar[str] = TYPE
     UNIT: ClassVar[str] = "miss"
     QUANTITY: ClassVar[str] = "slo risk"

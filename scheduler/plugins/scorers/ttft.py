@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from scheduler.framework.columns import FloatArray
-from scheduler.framework.plugin import Abstain, NoColumns, Positions, RequestView
+from scheduler.framework.plugin import Abstain, Plugin, Positions, RequestView
 
 TYPE = "ttft-scorer"
 
 
 @dataclass(frozen=True)
-class TtftScorer(NoColumns):
+class TtftScorer(Plugin):
     TYPE: ClassVar[str] = TYPE
     UNIT: ClassVar[str] = "ms"
     QUANTITY: ClassVar[str] = "ttft"

@@ -40,8 +40,8 @@ def test_a_dispatch_adds_its_prefill_over_the_replicas_to_its_pool_only() -> Non
     pending.record(snap, small, req, at=T0 + 0.2)
     assert np.array_equal(after.pending_wait_s, kept)
     assert pending.apply(snap).pending_wait_s[small.index] == pytest.approx(2 * expected)
-    # Everything but the pending wait is shared, the cached columns included.
-    assert after.live_key is snap.live_key and after.column_cache is snap.column_cache
+    # Everything but the pending wait is shared, the inputs' key and delta included.
+    assert after.live_key is snap.live_key and after.delta is snap.delta
 
 
 def test_the_regions_next_state_settles_what_it_shows() -> None:

@@ -56,9 +56,9 @@ def test_incremental_builds_equal_builds_from_scratch(default_policy) -> None:  
         assert snapshot.perf == fresh.perf
 
 
-def test_perf_changes_name_exactly_the_candidates_whose_entry_is_another_object(default_policy) -> None:  # type: ignore[no-untyped-def]
+def test_the_delta_names_exactly_the_candidates_whose_entry_is_another_object(default_policy) -> None:  # type: ignore[no-untyped-def]
     # What the builder records is what a scan of the two perf tuples finds: the columns derived
-    # from the last tuple are updated at those indices alone (scheduler.framework.columns).
+    # from the last tuple are updated at those indices alone (scheduler.framework.state).
     rng = random.Random(5)
     regions = _regions(5)
     builder = SnapshotBuilder(regions, default_policy)
@@ -79,9 +79,11 @@ def test_perf_changes_name_exactly_the_candidates_whose_entry_is_another_object(
                         pools[p.name] = PoolLiveState(running=rng.choice((0, 3)), arrival_rate=rng.choice((0.0, 1.5)))
                 live[r.name] = RegionLiveState(r.name, True, now, pools)
         snapshot = builder.build(now, live=dict(live))
-        assert snapshot.perf_changes is not None and snapshot.perf_changes[0] is previous
+        delta = snapshot.delta
+        assert delta is not None and delta.perf_since is previous
         scanned = [i for i, (a, b) in enumerate(zip(previous, snapshot.perf, strict=True)) if a is not b]
-        assert list(snapshot.perf_changes[1]) == scanned
+        assert list(delta.perf) == scanned
+        assert ("perf" in delta.changed) == bool(scanned)
         assert (snapshot.perf is previous) == (not scanned)
         previous = snapshot.perf
 
@@ -131,8 +133,9 @@ def test_a_builder_for_some_models_follows_their_candidates_alone(default_policy
 
 def test_the_freshness_the_builder_records_is_what_the_plugins_would_judge(default_policy) -> None:  # type: ignore[no-untyped-def]
     # ``fresh_pools`` hands the region-health and pool-served plugins the builder's judgement of
-    # each region's freshness: it must be what judging the snapshot itself gives, and a copy of
-    # the snapshot with another clock, live mapping or policy must be judged again.
+    # each region's freshness (``SnapshotDelta``): it must be what judging the snapshot itself
+    # gives, and a copy of the snapshot with another clock, live mapping or policy must be
+    # judged again.
     rng = random.Random(5)
     regions = _regions(5)
     builder = SnapshotBuilder(regions, default_policy)

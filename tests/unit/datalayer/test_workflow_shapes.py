@@ -12,11 +12,11 @@ import pytest
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.framework.columns import prepared
 from scheduler.framework.predict import request_view
 from scheduler.framework.scheduler import Scheduler
+from scheduler.framework.state import prepared, selected
 from scheduler.plugins import default_scheduler_registry
-from scheduler.plugins.filters.model_available import ModelAvailableFilter
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.plugins.filters.slo_reachable import TYPE as SLO_FILTER
 from scheduler.plugins.scorers.affinity import AffinityScorer
 from scheduler.state import codec, keys
@@ -122,9 +122,9 @@ async def test_the_shared_prefix_bounds_what_leaving_home_costs(shipped) -> None
     snapshot = refresher.current()
 
     def lost_at_west(request: Request) -> float:
-        base, _ = ModelAvailableFilter().select(request, snapshot)
+        base, _ = selected(ModelIndex(), request, snapshot)
         scorer = AffinityScorer()
-        lost = scorer.score(request_view(request, snapshot, base), prepared(scorer, snapshot, request.model, base),
+        lost = scorer.score(request_view(request, snapshot, base), prepared(scorer, snapshot, base),
                             slice(None))
         by_key = dict(zip((snapshot.candidates[i].key for i in base), list(lost), strict=True))  # type: ignore[arg-type]
         assert by_key["north/h200"] == 0.0

@@ -15,8 +15,9 @@ from scheduler.framework.columns import frame
 from scheduler.framework.plugin import RequestView
 from scheduler.framework.predict import request_view
 from scheduler.framework.scheduler import Scheduler
+from scheduler.framework.state import selected
 from scheduler.plugins import default_scheduler_registry
-from scheduler.plugins.filters.model_available import ModelAvailableFilter
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.types import Decision, GeoPoint, PoolLiveState, RegionLiveState, Request
 from tests.literals import NOW, carbon, pool, region
 
@@ -46,7 +47,7 @@ def test_a_decision_has_every_field_the_constructor_sets(scheduler, make_snapsho
 
 def test_a_request_view_is_what_its_constructor_makes(make_snapshot) -> None:  # type: ignore[no-untyped-def]
     snapshot = make_snapshot([region("a"), region("b", lat=10.0)])
-    base, _ = ModelAvailableFilter().select(req(), snapshot)
+    base, _ = selected(ModelIndex(), req(), snapshot)
     view = request_view(req(), snapshot, base)
     assert {f.name for f in dataclasses.fields(RequestView)} == set(vars(view))
     rebuilt = RequestView(**fields_of(view))  # type: ignore[arg-type]
@@ -73,7 +74,7 @@ def test_a_frame_updated_from_the_last_perf_tuple_equals_a_rebuilt_one(default_p
             changed = regions[rng.randrange(len(regions))].name
             states = {**states, changed: live()[changed]}  # a few change: updated in place
         snapshot = builder.build(NOW, live=states)
-        base, _ = ModelAvailableFilter().select(req(), snapshot)
+        base, _ = selected(ModelIndex(), req(), snapshot)
         cols = frame(snapshot, "llama-3.1-8b", base)
         fresh = SnapshotBuilder(tuple(regions), default_policy).build(NOW, live=states)
         expected = frame(fresh, "llama-3.1-8b", base)

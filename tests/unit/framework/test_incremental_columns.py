@@ -1,29 +1,35 @@
 """Columns kept or updated from the last snapshot's equal those computed afresh.
 
-Each test walks a random sequence of snapshots of one builder (its column cache shared, as in
-the router and the simulator: a few pools, signals or clocks change at each step) and
-compares what the framework and the plugins give on each with what they give on the same
-inputs built by a new builder (an empty cache: nothing to reuse)."""
+Each test walks a random sequence of snapshots of one builder (each with its delta from the
+last, as in the router and the simulator: a few pools, signals or clocks change at each step)
+through the framework's state (``PlanState``: it keeps a plugin's columns while the delta
+touches none of the inputs the plugin reads) and compares what it gives on each with what the
+plugins give on the same inputs built by a new builder, computed from scratch (``prepared``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pytest
 
-from scheduler.config.schema import PolicyConfig, RegionConfig
+from scheduler.config.schema import PolicyConfig, RegionConfig, TelemetryGate
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.framework.columns import by_model, frame, perf_rows, prepared
+from scheduler.framework.columns import by_model, frame
+from scheduler.framework.plugin import Prepares
 from scheduler.framework.scheduler import Scheduler
+from scheduler.framework.state import PlanState, prepared
 from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.plugins.filters.pool_served import PoolServedFilter
 from scheduler.plugins.scorers.affinity import AffinityScorer
 from scheduler.plugins.scorers.carbon import CarbonScorer
 from scheduler.signal_check import CLOCK_SKEW_S
-from scheduler.types import Candidate, CandidatePerf, FleetSnapshot, GeoPoint, PoolLiveState, RegionLiveState, Request, Signal
+from scheduler.types import Candidate, FleetSnapshot, GeoPoint, PoolLiveState, RegionLiveState, Request, Signal
 from tests.literals import NOW, pool, region
 
 MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.2-3b")
@@ -48,27 +54,35 @@ def random_pool_state(rng: random.Random) -> PoolLiveState:
 
 
 def columns_equal(a: Any, b: Any) -> bool:
-    if a is None or b is None:
-        return a is b
-    for f in dataclasses.fields(a):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, np.ndarray):
-            if x.shape != y.shape or not np.array_equal(x, y):
-                return False
-        elif x != y:
-            return False
-    return True
+    """Equal columns: arrays of one shape and values, in mappings and tuples alike."""
+    if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
+        return all(columns_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.shape == b.shape and bool(np.array_equal(a, b))
+    if isinstance(a, Mapping):
+        return isinstance(b, Mapping) and a.keys() == b.keys() and all(columns_equal(a[k], b[k]) for k in a)
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and len(a) == len(b) and all(map(columns_equal, a, b))
+    return bool(a == b)
 
 
 def fresh(regions: tuple[RegionConfig, ...], policy: PolicyConfig, snapshot: FleetSnapshot) -> FleetSnapshot:
-    """The same inputs built by a new builder (an empty column cache)."""
+    """The same inputs built by a new builder (no previous build: a delta of every input)."""
     return SnapshotBuilder(regions, policy).build(snapshot.now, carbon=snapshot.carbon, live=snapshot.live)
+
+
+def kept_columns(state: PlanState, snapshot: FleetSnapshot, index: Any, plugin: Prepares) -> Any:
+    """``plugin``'s columns for the candidates at ``index`` as ``state`` keeps them across snapshots."""
+    state.advance(snapshot)
+    model = snapshot.candidates[int(index[0])].deployment.name
+    return state.restricted(model, index)[state.plugins.index(plugin)]
 
 
 def test_a_frame_updated_from_the_last_one_equals_a_rebuilt_one_on_a_multi_model_fleet(default_policy) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(3)
     regions = fleet()
     builder = SnapshotBuilder(regions, default_policy)
+    plan = PlanState(ModelIndex(), ())
     states = {r.name: RegionLiveState(r.name, True, NOW, {p.name: PoolLiveState() for p in r.pools}) for r in regions}
     for step in range(60):
         # one to three pools change (sometimes only pools of models other than the one asked)
@@ -79,35 +93,52 @@ def test_a_frame_updated_from_the_last_one_equals_a_rebuilt_one_on_a_multi_model
             states = {**states, r.name: RegionLiveState(r.name, True, NOW, pools)}
         snapshot = builder.build(NOW, live=states)
         rebuilt = fresh(regions, default_policy, snapshot)
+        plan.advance(snapshot)
         for model in rng.sample(MODELS, 2):
-            index = by_model(snapshot)[model]
-            got, expected = frame(snapshot, model, index), frame(rebuilt, model, by_model(rebuilt)[model])
+            index = by_model(snapshot.candidates)[model]
+            got, expected = plan.frame(snapshot, model, index), frame(rebuilt, model, by_model(rebuilt.candidates)[model])
             assert np.array_equal(got.index, expected.index)
             for name in ("prediction", "queue_wait_s", "live", "key_hash", "lat_rad"):
                 assert np.array_equal(getattr(got, name), getattr(expected, name)), (step, model, name)
 
 
-def test_perf_rows_updated_from_the_last_perf_tuple_equal_rows_computed_afresh(default_policy) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("gated", [False, True], ids=["default", "telemetry-gated"])
+def test_every_plugins_columns_kept_by_the_framework_equal_columns_computed_afresh(default_policy, gated) -> None:  # type: ignore[no-untyped-def]
+    """Pools change, go cold or stale, start or stop metering, regions drop out and come back,
+    signals move: every registered plugin's columns as the framework keeps them (by the inputs
+    it declares it reads) equal its columns computed from scratch on the same inputs."""
     rng = random.Random(5)
     regions = fleet()
-    builder = SnapshotBuilder(regions, default_policy)
-
-    def row(p: CandidatePerf) -> tuple[float, float, float]:
-        return p.energy.prefill_j_per_token, p.latency.tpot_s, p.queue_wait_s
-
+    policy = default_policy.model_copy(update={"telemetry_gate": TelemetryGate(modelled_only="canary-only")}
+                                       ) if gated else default_policy
+    builder = SnapshotBuilder(regions, policy)
+    registry = default_scheduler_registry()
+    plugins: tuple[Prepares, ...] = tuple(make() for kind in (registry.sources, registry.filters, registry.matchers,
+                                                              registry.scorers) for make in kind.values())
+    plan = PlanState(ModelIndex(), plugins)
     states: dict[str, RegionLiveState] = {}
-    for step in range(60):
+    signals: dict[str, Signal] = {}
+    now = NOW
+    for step in range(80):
+        now += rng.choice((0.0, 1.0, 30.0, 900.0))
         r = rng.choice(regions)
         if step % 13 == 0:
             states = {}  # every pool back to nominal: most rows change
-        else:
-            states = {**states, r.name: RegionLiveState(r.name, True, NOW, {
-                p.name: random_pool_state(rng) for p in r.pools})}
-        snapshot = builder.build(NOW, live=states)
-        got = perf_rows(snapshot, ("test-rows",), row, 3)
-        expected = np.asarray([row(p) for p in snapshot.perf], dtype=np.float64)
-        assert np.array_equal(got, expected), step
-        assert perf_rows(snapshot, ("test-rows",), row, 3) is got  # once per perf tuple
+        elif rng.random() < 0.2:
+            signals[r.grid_zone] = Signal("carbon_intensity", r.grid_zone, rng.uniform(20, 800), "gCO2eq/kWh", now,
+                                          now, "test")
+        else:  # some pools cold (no warm replica), or with one starting
+            states = {**states, r.name: RegionLiveState(r.name, rng.random() < 0.9, now, {
+                p.name: dataclasses.replace(random_pool_state(rng), replicas=rng.choice((None, 0, 2)),
+                                            starting_replicas=rng.choice((0, 1)),
+                                            gpu_power_w=rng.choice((None, 400.0))) for p in r.pools})}
+        snapshot = builder.build(now, carbon=dict(signals), live=states)
+        rebuilt = fresh(regions, policy, snapshot)
+        plan.advance(snapshot)
+        for model in MODELS:
+            index = by_model(snapshot.candidates)[model]
+            for plugin, got in zip(plugins, plan.restricted(model, index), strict=True):
+                assert columns_equal(got, prepared(plugin, rebuilt, index)), (step, model, plugin.TYPE)
 
 
 def test_carbon_columns_kept_across_snapshots_equal_fresh_ones_at_every_clock(default_policy) -> None:  # type: ignore[no-untyped-def]
@@ -118,6 +149,7 @@ def test_carbon_columns_kept_across_snapshots_equal_fresh_ones_at_every_clock(de
     builder = SnapshotBuilder(regions, default_policy)
     max_age = default_policy.max_age.carbon
     scorer = CarbonScorer()
+    plan = PlanState(ModelIndex(), (scorer,))
     signals = {r.grid_zone: Signal("carbon_intensity", r.grid_zone, 100.0 + i, "gCO2eq/kWh", NOW - 600 * i,
                                    NOW - 600 * i, "test") for i, r in enumerate(regions)}
     now = NOW
@@ -139,10 +171,10 @@ def test_carbon_columns_kept_across_snapshots_equal_fresh_ones_at_every_clock(de
         now = rng.choice((now + rng.uniform(0, 900), limit, math.nextafter(limit, math.inf),
                           math.nextafter(limit, -math.inf)))
         snapshot = builder.build(now, carbon=dict(signals))
-        base = by_model(snapshot)["llama-3.1-8b"]
+        base = by_model(snapshot.candidates)["llama-3.1-8b"]
         rebuilt = fresh(regions, default_policy, snapshot)
-        got = prepared(scorer, snapshot, "llama-3.1-8b", base)
-        expected = prepared(scorer, rebuilt, "llama-3.1-8b", by_model(rebuilt)["llama-3.1-8b"])
+        got = kept_columns(plan, snapshot, base, scorer)
+        expected = prepared(scorer, rebuilt, base)
         assert columns_equal(got, expected), step
 
 
@@ -152,6 +184,7 @@ def test_pool_served_columns_kept_across_snapshots_equal_fresh_ones(default_poli
     regions = fleet(6)
     builder = SnapshotBuilder(regions, default_policy)
     plugin = PoolServedFilter()
+    plan = PlanState(ModelIndex(), (plugin,))
     states: dict[str, RegionLiveState] = {}
     now = NOW
     for step in range(120):
@@ -178,8 +211,8 @@ def test_pool_served_columns_kept_across_snapshots_equal_fresh_ones(default_poli
                   for name, state in states.items()}
         snapshot = builder.build(now, live=states)
         for model in MODELS:
-            index = by_model(snapshot)[model]
-            got = prepared(plugin, snapshot, model, index)
+            index = by_model(snapshot.candidates)[model]
+            got = kept_columns(plan, snapshot, index, plugin)
             expected = [served_rule(snapshot, snapshot.candidates[i]) for i in index.tolist()]
             assert got.served.tolist() == [served for served, _ in expected], (step, model)
             assert got.live_context.tolist() == [context for _, context in expected], (step, model)
@@ -202,8 +235,8 @@ def served_rule(snapshot: FleetSnapshot, c: Candidate) -> tuple[bool, float]:
 
 
 def test_decisions_on_a_chain_of_snapshots_equal_decisions_on_fresh_ones(default_policy) -> None:  # type: ignore[no-untyped-def]
-    """The whole decision, on a builder whose caches carry over from snapshot to snapshot, is
-    the decision on the same inputs with nothing carried over."""
+    """The whole decision, by a scheduler whose columns carry over from snapshot to snapshot,
+    is the decision on the same inputs with nothing carried over."""
     rng = random.Random(17)
     regions = fleet()
     builder = SnapshotBuilder(regions, default_policy)
@@ -250,8 +283,8 @@ def test_the_affinity_scorer_prices_a_home_with_the_snapshot_prefill_coefficient
         live = {r.name: RegionLiveState(r.name, True, NOW, {p.name: random_pool_state(rng) for p in r.pools})}
         snapshot = builder.build(NOW, live=live).with_workflows(
             {"wf-1": WarmPrefix(regions[0].name, "h100", 2000, NOW, source="workflow")})
-        base = by_model(snapshot)["llama-3.1-8b"]
-        lost = scorer.score(request_view(request, snapshot, base), prepared(scorer, snapshot, "llama-3.1-8b", base),
+        base = by_model(snapshot.candidates)["llama-3.1-8b"]
+        lost = scorer.score(request_view(request, snapshot, base), prepared(scorer, snapshot, base),
                             slice(None))
         assert isinstance(lost, np.ndarray)
         for position, index in enumerate(base.tolist()):

@@ -10,7 +10,8 @@ import pytest
 
 from scheduler.config.synthetic import synthetic_fleet
 from scheduler.framework.predict import request_view
-from scheduler.plugins.filters.model_available import ModelAvailableFilter
+from scheduler.framework.state import selected
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.types import PoolLiveState, RegionLiveState, Request
 from tests.literals import NOW
 
@@ -25,7 +26,7 @@ def test_matrix_predictions_match_the_models(make_snapshot, seed: int) -> None: 
     snapshot = make_snapshot(regions, live=live)
     prompt = rng.randint(1, 30000)
     request = Request("p", "llama-3.1-8b", prompt, rng.randint(1, 2000), cached_tokens=rng.randint(0, prompt))
-    base, _ = ModelAvailableFilter().select(request, snapshot)
+    base, _ = selected(ModelIndex(), request, snapshot)
     view = request_view(request, snapshot, base)
     for position, index in enumerate(base.tolist()):
         perf = snapshot.perf[index]

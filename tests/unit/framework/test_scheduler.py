@@ -14,7 +14,7 @@ import pytest
 from scheduler.config.loader import validate
 from scheduler.config.schema import PolicyConfig
 from scheduler.framework.columns import FloatArray
-from scheduler.framework.plugin import Abstain, NoColumns, Positions, RequestView
+from scheduler.framework.plugin import Abstain, Plugin, Positions, RequestView
 from scheduler.framework.registry import Registry
 from scheduler.framework.scheduler import KILL_SWITCH, Scheduler
 from scheduler.plugins import default_scheduler_registry, register_all
@@ -172,21 +172,21 @@ def test_nonsense_carbon_values_are_priced_at_the_bound_never_used(scheduler, ma
     assert not decision.energy_ranking and decision.fallbacks[0].bound is None
 
 
-def test_unserved_model_names_do_not_grow_the_caches(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
+def test_unserved_model_names_do_not_grow_the_framework_state(scheduler, make_snapshot) -> None:  # type: ignore[no-untyped-def]
     snapshot = make_snapshot([NEAR_DIRTY, FAR_CLEAN], carbon_signals=[carbon("ND", 700), carbon("FC", 20)])
     scheduler.schedule(req(), snapshot)
-    size = len(snapshot.column_cache)
+    state = scheduler._compile(snapshot.policy).state
+    models, frames = set(state.models), set(state.frames)
+    assert models and frames
     for i in range(200):
         decision = scheduler.schedule(req(model=f"no-such-model-{i}"), snapshot)
         assert not decision.schedulable
-    assert len(snapshot.column_cache) <= size + 200  # one bounded memo entry per name at most
-    assert not any(isinstance(k, tuple) and k[0] in ("frame", "plugin", "plan-columns") and "no-such" in str(k)
-                   for k in snapshot.column_cache)
+    assert set(state.models) == models and set(state.frames) == frames
 
 
 
 @dataclass(frozen=True)
-class NotFiniteScorer(NoColumns):
+class NotFiniteScorer(Plugin):
     """The TTFT in ms, but NaN on the last survivor."""
 
     TYPE: ClassVar[str] = "not-finite-scorer"

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from scheduler.config.schema import GatePass, PolicyConfig, TelemetryGate
-from scheduler.framework.columns import prepared
 from scheduler.framework.predict import request_view
-from scheduler.plugins.filters.model_available import ModelAvailableFilter
+from scheduler.framework.state import prepared, selected
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.plugins.filters.telemetry_gate import TelemetryGateFilter
 from scheduler.types import PoolLiveState, RegionLiveState, Request
 from tests.literals import NOW, region
@@ -66,12 +66,12 @@ def policy_with(policy: PolicyConfig, gate: TelemetryGate | None) -> PolicyConfi
 def test_telemetry_gate(case: Case, make_snapshot, default_policy: PolicyConfig) -> None:  # type: ignore[no-untyped-def]
     snapshot = make_snapshot([region("metered"), region("modelled")], live=case.live,
                              policy=policy_with(default_policy, case.gate))
-    snapshot = dataclasses.replace(snapshot, canary_arm=case.arm, live_key=object(), column_cache={})
+    snapshot = dataclasses.replace(snapshot, canary_arm=case.arm, live_key=object())
     request = Request(request_id="t", model="llama-3.1-8b", prompt_tokens=500, max_tokens=100)
-    base, _ = ModelAvailableFilter().select(request, snapshot)
+    base, _ = selected(ModelIndex(), request, snapshot)
     plugin = TelemetryGateFilter()
     view = request_view(request, snapshot, base)
-    cols = prepared(plugin, snapshot, request.model, base)
+    cols = prepared(plugin, snapshot, base)
     keep = plugin.keep(view, cols)
     mask = np.ones(len(base), dtype=bool) if keep is None else keep
     keys = [snapshot.candidates[i].key for i in base]

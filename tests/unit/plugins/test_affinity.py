@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from scheduler.framework.columns import prepared
 from scheduler.framework.plugin import Abstain
 from scheduler.framework.predict import request_view
-from scheduler.plugins.filters.model_available import ModelAvailableFilter
+from scheduler.framework.state import prepared, selected
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.plugins.scorers.affinity import AffinityScorer
 from scheduler.types import FleetSnapshot, Request, WarmPrefix
 from tests.literals import NOW, carbon, pool, region
@@ -34,16 +34,16 @@ def with_warmth(snapshot: FleetSnapshot, warm: dict[str, tuple[WarmPrefix, ...]]
 
 
 def lost(snapshot: FleetSnapshot, request: Request) -> dict[str, float]:
-    base, _ = ModelAvailableFilter().select(request, snapshot)
+    base, _ = selected(ModelIndex(), request, snapshot)
     view = request_view(request, snapshot, base)
     scorer = AffinityScorer()
-    result = scorer.score(view, prepared(scorer, snapshot, request.model, base), slice(None))
+    result = scorer.score(view, prepared(scorer, snapshot, base), slice(None))
     assert not isinstance(result, Abstain)
     return dict(zip((snapshot.candidates[i].key for i in base), np.asarray(result).tolist(), strict=True))
 
 
 def energy(snapshot: FleetSnapshot, request: Request) -> dict[str, float]:
-    base, _ = ModelAvailableFilter().select(request, snapshot)
+    base, _ = selected(ModelIndex(), request, snapshot)
     view = request_view(request, snapshot, base)
     return dict(zip((snapshot.candidates[i].key for i in base), view.energy_j.tolist(), strict=True))
 

@@ -14,11 +14,11 @@ from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.energy.cold_start import ColdStart, cold_start
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.models import MODEL_CATALOGUE
-from scheduler.framework.columns import prepared
 from scheduler.framework.explain import explain_dict, explain_table
 from scheduler.framework.predict import request_view
+from scheduler.framework.state import prepared, selected
 from scheduler.plugins.filters.cold_pool import ColdPoolFilter
-from scheduler.plugins.filters.model_available import ModelAvailableFilter
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.types import GeoPoint, PoolLiveState, RegionLiveState, Request
 from tests.literals import NOW, carbon, pool, region
 
@@ -91,9 +91,9 @@ CASES = [
 def test_cold_pool_filter(case: Case, make_snapshot) -> None:  # type: ignore[no-untyped-def]
     snapshot = make_snapshot(case.regions, live=case.live)
     plugin = ColdPoolFilter()
-    base, _ = ModelAvailableFilter().select(case.request, snapshot)
+    base, _ = selected(ModelIndex(), case.request, snapshot)
     view = request_view(case.request, snapshot, base)
-    cols = prepared(plugin, snapshot, case.request.model, base)
+    cols = prepared(plugin, snapshot, base)
     keep = plugin.keep(view, cols)
     mask = np.ones(len(base), dtype=bool) if keep is None else keep
     keys = [snapshot.candidates[i].key for i in base]

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from scheduler.framework.columns import prepared
 from scheduler.framework.predict import request_view
+from scheduler.framework.state import prepared, selected
 from scheduler.plugins.filters.certifications import CertificationFilter
 from scheduler.plugins.filters.context_fits import ContextFitsFilter
 from scheduler.plugins.filters.model_available import ModelAvailableFilter
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.plugins.filters.pool_served import PoolServedFilter
 from scheduler.plugins.filters.region_health import RegionHealthFilter
 from scheduler.plugins.filters.residency import ResidencyFilter
@@ -39,9 +40,9 @@ class Case:
 
 def run(plugin, case: Case, make_snapshot) -> tuple[set[str], dict[str, str]]:  # type: ignore[no-untyped-def]
     snapshot = make_snapshot(case.regions, live=case.live)
-    base, _ = ModelAvailableFilter().select(case.request, snapshot)
+    base, _ = selected(ModelIndex(), case.request, snapshot)
     view = request_view(case.request, snapshot, base)
-    cols = prepared(plugin, snapshot, case.request.model, base)
+    cols = prepared(plugin, snapshot, base)
     keep = plugin.keep(view, cols)
     mask = np.ones(len(base), dtype=bool) if keep is None else keep
     keys = [snapshot.candidates[i].key for i in base]
@@ -190,7 +191,7 @@ def test_model_source_rejects_pools_without_the_model_once_each(make_snapshot) -
     other = pool("qwen", "H100-80GB", models=[{"name": "qwen3-32b", "max_context": 32768},
                                               {"name": "llama-3.1-70b", "max_context": 32768, "tensor_parallel": 2}])
     snapshot = make_snapshot([region("r", pools=[other, H200])])
-    base, rejected = ModelAvailableFilter().select(req(), snapshot)
+    base, rejected = selected(ModelIndex(), req(), snapshot)
     assert [snapshot.candidates[i].key for i in base] == ["r/h200"]
     assert [(r.candidate.key, r.plugin) for r in rejected] == [("r/qwen", "model-filter")]
     assert rejected[0].reason == "serves no llama-3.1-8b (serves qwen3-32b, llama-3.1-70b)"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from scheduler.framework.scheduler import STATE_STORE, Scheduler
-from scheduler.plugins.filters.region_health import region_verdict
+from scheduler.plugins.health import region_verdict
 from scheduler.types import FleetSnapshot, PoolLiveState, ProbeResult, RegionLiveState, Request, StoreStatus
 from tests.conftest import SnapshotFactory
 from tests.literals import NOW, region

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from scheduler.framework.columns import prepared
 from scheduler.framework.plugin import Abstain, Bounded
 from scheduler.framework.predict import request_view
-from scheduler.plugins.filters.model_available import ModelAvailableFilter
+from scheduler.framework.state import prepared, selected
+from scheduler.plugins.filters.model_index import ModelIndex
 from scheduler.plugins.pickers.lowest_cost import LowestCostPicker
 from scheduler.plugins.scorers.carbon import CarbonScorer
 from scheduler.plugins.scorers.energy import EnergyScorer
@@ -87,9 +87,9 @@ CASES = [
 def scored(scorer, regions, request, signals, live_states, make_snapshot, bounds=None):  # type: ignore[no-untyped-def]
     """The scorer's answer, and the candidates' keys in its order."""
     snapshot = make_snapshot(regions, carbon_signals=signals, live=live_states, carbon_bounds=bounds)
-    base, _ = ModelAvailableFilter().select(request, snapshot)
+    base, _ = selected(ModelIndex(), request, snapshot)
     view = request_view(request, snapshot, base)
-    result = scorer.score(view, prepared(scorer, snapshot, request.model, base), slice(None))
+    result = scorer.score(view, prepared(scorer, snapshot, base), slice(None))
     return result, [snapshot.candidates[i].key for i in base]
 
 
@@ -149,9 +149,9 @@ def test_a_stale_zone_is_priced_at_its_bound_and_named(make_snapshot, bounds, ex
 
 def test_carbon_is_energy_times_intensity_times_pue(make_snapshot) -> None:  # type: ignore[no-untyped-def]
     snapshot = make_snapshot([region("a", zone="A", pue=1.3)], carbon_signals=[carbon("A", 250)])
-    base, _ = ModelAvailableFilter().select(req(), snapshot)
+    base, _ = selected(ModelIndex(), req(), snapshot)
     view = request_view(req(), snapshot, base)
-    grams = CarbonScorer().score(view, prepared(CarbonScorer(), snapshot, "llama-3.1-8b", base), slice(None))
+    grams = CarbonScorer().score(view, prepared(CarbonScorer(), snapshot, base), slice(None))
     assert not isinstance(grams, Abstain)
     assert float(grams[0]) == pytest.approx(float(view.energy_j[0]) * 250 * 1.3 / 3.6e6)
     assert CarbonScorer.UNIT == "gCO2e" and EnergyScorer.UNIT == "J" and TtftScorer.UNIT == "ms"
@@ -184,7 +184,7 @@ def test_picker_breaks_exact_ties_by_the_tiebreak_key() -> None:
 
 def test_slo_risk_is_the_chance_of_a_miss(make_snapshot) -> None:  # type: ignore[no-untyped-def]
     snapshot = make_snapshot([region("a")])
-    base, _ = ModelAvailableFilter().select(req(), snapshot)
+    base, _ = selected(ModelIndex(), req(), snapshot)
     ttft_ms = float(request_view(req(), snapshot, base).ttft_s[0]) * 1000
     for budget_ms, expected in ((ttft_ms, 0.5), (ttft_ms * np.exp(0.3), 1 - 0.8413447), (ttft_ms * np.exp(-0.6), 0.9772499)):
         request = req(ttft_slo_ms=budget_ms)
