@@ -63,7 +63,7 @@ from scheduler.sim.report import J_PER_KWH, PolicyResult
 from scheduler.sim.scenario import ScenarioSpec
 from scheduler.sim.truth import HeldOutResiduals, TruthModel
 from scheduler.sim.workload import Workload, build_workload, load_trace
-from scheduler.types import WORKLOAD_CLASSES, GeoPoint
+from scheduler.types import WORKLOAD_CLASSES, Candidate, GeoPoint
 
 # Upper ends of the size bands (prompt + output tokens) requests are grouped by.
 SIZE_BANDS = (256, 512, 1024, 2048, 4096, 8192, 16384, 1 << 62)
@@ -82,6 +82,8 @@ class BoundPool:
     kv_capacity_tokens: int
     costs: StepCosts
     replicas: int
+    # the pool's model deployment, whose autoscaling and cold start the bound takes
+    candidate: Candidate
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ def bound_pools(regions: tuple[RegionConfig, ...], policy: PolicyConfig, model: 
         rated = builder.energy_model.rated_costs(c.model, c.gpu, d.precision, d.tensor_parallel).costs
         pools[place] = BoundPool(place, c.region.jurisdiction, c.region.grid_zone, c.region.pue,
                                  c.region.location.lat, c.region.location.lon, c.kv_capacity_tokens,
-                                 truth.costs(rated, c.gpu.name, seed, place, residuals), replicas_of(c))
+                                 truth.costs(rated, c.gpu.name, seed, place, residuals), replicas_of(c), c)
     return list(pools.values())
 
 
@@ -208,11 +210,15 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
                          for h in range(hours)])
     idle_w = np.asarray([p.costs.idle_w for p in pools])
     fixed = autoscaling is None
-    settings = autoscaling or AutoscalingSettings()
-    low = np.asarray([p.replicas if fixed else settings.bounds(p.replicas)[0] for p in pools], dtype=float)
-    high = np.asarray([p.replicas if fixed else settings.bounds(p.replicas)[1] for p in pools], dtype=float)
-    initial = np.asarray([p.replicas if fixed else settings.initial(p.replicas) for p in pools], dtype=float)
-    cold_j = np.asarray([settings.start_energy_j(p.costs.idle_w) for p in pools])
+    # each pool's own autoscaling and cold start, as the simulator runs it (scheduler.sim.autoscale)
+    settings = [(autoscaling or AutoscalingSettings()).for_pool(p.candidate, p.costs.max_num_seqs) for p in pools]
+    low = np.asarray([p.replicas if fixed else s.bounds(p.replicas)[0] for p, s in zip(pools, settings, strict=True)],
+                     dtype=float)
+    high = np.asarray([p.replicas if fixed else s.bounds(p.replicas)[1] for p, s in zip(pools, settings, strict=True)],
+                      dtype=float)
+    initial = np.asarray([p.replicas if fixed else s.initial(p.replicas) for p, s in zip(pools, settings, strict=True)],
+                         dtype=float)
+    cold_j = np.asarray([s.cold_start_j for s in settings])
 
     # variables: y (groups x pools, allowed only), n (hours x pools), u (hours x pools)
     y_index = -np.ones((groups, len(pools)), dtype=np.int64)
