@@ -423,6 +423,7 @@ class Simulation:
                 for replica, then in subject.ready(now):
                     heapq.heappush(heap, (then, seq_no, _STEP, replica, replica.version))
                     seq_no += 1
+                data.replicas_changed(subject)
                 return
             if kind == _ARRIVE:
                 assert isinstance(subject, int)
@@ -539,6 +540,7 @@ class Simulation:
                                           autoscaler.settings.cold_start_j):
                 heapq.heappush(heap, (ready_at, seq_no, _READY, pool, 0))
                 seq_no += 1
+            data.replicas_changed(pool)
 
         def planned_bounds(pool: PoolSim, autoscaler: PoolAutoscaler, now: float) -> None:
             """The plan's (min, max) replicas of the hour as the autoscaler's bounds (a max of 0,
