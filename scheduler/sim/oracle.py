@@ -97,6 +97,12 @@ class Bound:
     pool_share: dict[str, float]
     variables: int
     solve_s: float
+    # fleet_gco2e split as the simulator's report splits a policy's: the requests' own energy,
+    # the warm replicas' idle time, the cold starts [g]; and the warm replica-hours
+    charged_gco2e: float = 0.0
+    idle_gco2e: float = 0.0
+    cold_start_gco2e: float = 0.0
+    warm_replica_h: float = 0.0
 
     @property
     def fleet_gco2e_per_request(self) -> float:
@@ -105,7 +111,9 @@ class Bound:
     def to_json(self) -> dict[str, Any]:
         return {"fleet_gco2e_per_request": self.fleet_gco2e_per_request, "fleet_gco2e": self.fleet_gco2e,
                 "fleet_kwh": self.fleet_kwh, "requests": self.requests, "unplaced": self.unplaced,
-                "pool_share": self.pool_share, "variables": self.variables, "solve_s": round(self.solve_s, 3)}
+                "pool_share": self.pool_share, "variables": self.variables, "solve_s": round(self.solve_s, 3),
+                "charged_gco2e": self.charged_gco2e, "idle_gco2e": self.idle_gco2e,
+                "cold_start_gco2e": self.cold_start_gco2e, "warm_replica_h": self.warm_replica_h}
 
     def describe(self) -> str:
         shares = ", ".join(f"{place} {share * 100:.1f}%" for place, share in
@@ -267,6 +275,8 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
     cold = cold_j * x[u_at].sum(axis=0)
     pue = np.asarray([p.pue for p in pools])
     per_pool = (shares * counts[:, None]).sum(axis=0)
+    charged_g = float((w_gp * group_energy[g_idx, p_idx] * shares[g_idx, p_idx]).sum())
+    cold_g = float((weight * cold_j * x[u_at]).sum())
     return Bound(
         fleet_gco2e=float(result.fun),
         fleet_kwh=float(((charged + idle + cold) * pue).sum() / J_PER_KWH),
@@ -275,6 +285,10 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
         pool_share={p.place: float(per_pool[j] / max(1, placed.sum())) for j, p in enumerate(pools)},
         variables=size,
         solve_s=time.perf_counter() - began,
+        charged_gco2e=charged_g,
+        idle_gco2e=float(result.fun) - charged_g - cold_g,
+        cold_start_gco2e=cold_g,
+        warm_replica_h=float((warm * length[:, None]).sum() / 3600.0),
     )
 
 
