@@ -20,8 +20,11 @@ Per group g and pool p, from the pool's true step costs (``scheduler.sim.truth``
     T[g,p]   = the same with the time coefficients (a replica's busy seconds they take)
 
 Variables: y[g,p] >= 0, the share of group g on pool p (sum over p = 1); n[h,p], the pool's warm
-replicas in hour h (min_replicas <= n <= its replicas; fixed sizes: n = its replicas); u[h,p] >=
-n[h,p] - n[h-1,p], u >= 0, the replicas started (n before the first hour: the initial ones).
+replicas in hour h (its autoscaler's min_replicas <= n <= max_replicas, within the replicas its
+GPUs hold; fixed sizes: n = those); u[h,p] >= n[h,p] - n[h-1,p], u >= 0, the replicas started
+(n before the first hour: the initial ones). Each pool's bounds and cold_start_j are the ones the
+simulator runs it with (``AutoscalingSettings.for_pool``: its region file or the Ray Serve app's
+default, the router's cold start).
 With w[h,p] = PUE x the zone's true intensity in hour h / 3.6e6 [g/J] and L[h] the seconds of
 hour h between the first and the last arrival:
 
