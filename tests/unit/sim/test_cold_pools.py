@@ -16,7 +16,7 @@ from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.cold_start import cold_start
 from scheduler.framework.scheduler import Scheduler
 from scheduler.plugins import default_scheduler_registry
-from scheduler.sim.autoscale import AutoscalingSettings
+from scheduler.sim.autoscale import AutoscalingSettings, PoolAutoscaler
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.engine import Scenario, Simulation
 from scheduler.sim.workload import WorkloadConfig, build_workload, load_trace
@@ -193,6 +193,12 @@ def test_a_region_files_autoscaling_block_reaches_the_simulated_autoscaler(files
     span = workload.arrival_s[-1] - workload.arrival_s[0]
     assert scalers["blocked"].warm_s >= 2 * span
     assert span <= scalers["plain"].warm_s < 2 * span
+    # the autoscaler runs on them: 100 requests in flight at a target of 7 want 15 replicas; the
+    # wish is taken after the 15 s upscale delay (samples every 5 s) and capped at max 3
+    scaler = PoolAutoscaler(blocked, replicas=4)
+    assert scaler.target == 2
+    decisions = [scaler.decide(t, 2, scaler.observe(t, 100.0)) for t in (0.0, 5.0, 10.0, 15.0)]
+    assert decisions == [2, 2, 2, 3]
     # a run-wide override replaces the block's value, the rest stays the block's
     low = AutoscalingSettings(min_replicas=0).for_pool(SnapshotBuilder(regions, pol).candidates[0], 256)
     assert (low.min_replicas, low.initial_replicas, low.max_replicas, low.target_ongoing_requests) == (0, 0, 3, 7.0)
