@@ -25,45 +25,57 @@ bounds of ``ray/serve/_private/autoscaling_state.py`` (``apply_bounds``):
 starting), ``ongoing`` the requests on the pool's replicas (waiting + running) plus those
 held for a replica to start, averaged over the samples of the last ``look_back_period_s``
 (Ray's aggregation function ``mean``). The simulator takes a sample and a decision every
-``metrics_interval_s`` (Ray's replicas push their metrics every 10 s and its controller
+``metrics_interval_s`` of the pool (at the first tick of the engine's once that has passed; the
+engine ticks at the shortest interval of the fleet's pools) (Ray's replicas push their metrics every 10 s and its controller
 decides every 0.1 s on the latest: between two pushes its inputs do not change, so the delays
 are kept to within one interval here).
 
-A replica the autoscaler adds is cold for ``cold_start_s`` (weights loaded, engine started):
-it takes no request and draws ``cold_start_j`` over that time. A replica it removes takes no
-new request, finishes those it holds, and stops (Ray Serve's graceful shutdown); starting
-replicas are removed first, then the warm ones with the fewest requests.
+A replica the autoscaler adds is cold for the pool's ``cold_start_s`` (weights loaded, engine
+started): it takes no request and draws ``cold_start_j`` over that time. A replica it removes
+takes no new request, finishes those it holds, and stops (Ray Serve's graceful shutdown);
+starting replicas are removed first, then the warm ones with the fewest requests.
 
-``AutoscalingSettings`` uses the names of the region schema's per-pool ``autoscaling:`` block
-(min_replicas, max_replicas, target_ongoing_requests, upscale_delay_s, downscale_delay_s) and
-pool fields (``cold_start_s``, ``cold_start_j``), so that a region file's values can be
-passed in as they are.
+Where each pool's settings come from (``AutoscalingSettings.for_pool``), the same sources as
+in production:
+
+    autoscaler   the model's ``autoscaling:`` block in the pool's region file, else the default
+                 of ``scheduler.config.autoscaling.replica_ranges``; turned into Ray Serve's
+                 ``autoscaling_config`` by ``ReplicaRange.ray_config`` at the engine's
+                 max_num_seqs, the function the Ray Serve app (scheduler.serve.app) builds its
+                 deployments' config with
+    cold start   ``scheduler.energy.cold_start.cold_start`` for the pool's GPU, model, precision
+                 and tensor_parallel, with the pool's ``cold_start_s`` / ``cold_start_j`` where
+                 the region file gives them: the function the router prices cold pools with
+
+A field of ``AutoscalingSettings`` that is set overrides it on every pool (``simulate
+--min-replicas``, tests); None keeps the pool's own. Ray Serve's fields that neither the
+schema nor the default sets (factors 1, no separate downscale-to-zero delay) keep Ray's
+defaults.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
 
+from scheduler.config.autoscaling import replica_ranges
+from scheduler.energy.cold_start import cold_start
+from scheduler.types import Candidate
+
 
 @dataclass(frozen=True)
-class AutoscalingSettings:
-    """One pool's autoscaling config and cold-start cost. Defaults: Ray Serve's
-    ``AutoscalingConfig`` where it has one for the field (metrics interval 10 s, look-back 30 s,
-    upscale delay 30 s, downscale delay 600 s, factors 1, min_replicas 1, initial replicas =
-    min_replicas); ``max_replicas`` None: every replica the pool's GPUs hold (count /
-    tensor_parallel); ``target_ongoing_requests`` 32 (Ray Serve's default of 2 would keep a
-    vLLM replica at batch 2; Ray Serve LLM's, 1e9, never scales up on load): a replica with
-    32 requests in flight runs decode batches of 32, well inside vLLM's 256 sequences;
-    ``cold_start_s`` 60 s (an 8B model's weights from local disk, engine start and CUDA graph
-    capture; not measured here); ``cold_start_j`` None: the replica's idle power over
-    ``cold_start_s``, a floor (loading and graph capture run above idle)."""
+class PoolAutoscaling:
+    """One pool's autoscaling config (Ray Serve's ``autoscaling_config`` fields) and the cost of
+    one replica's cold start [s, J]. ``initial_replicas`` None: ``min_replicas`` (Ray's)."""
 
-    min_replicas: int = 1
-    max_replicas: int | None = None
+    min_replicas: int
+    max_replicas: int
+    target_ongoing_requests: float
+    cold_start_s: float
+    cold_start_j: float
     initial_replicas: int | None = None
-    target_ongoing_requests: float = 32.0
     metrics_interval_s: float = 10.0
     look_back_period_s: float = 30.0
     upscale_delay_s: float = 30.0
@@ -71,24 +83,22 @@ class AutoscalingSettings:
     downscale_to_zero_delay_s: float | None = None
     upscaling_factor: float = 1.0
     downscaling_factor: float = 1.0
-    cold_start_s: float = 60.0
-    cold_start_j: float | None = None
 
     def __post_init__(self) -> None:
-        if self.min_replicas < 0 or (self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas)):
+        if self.min_replicas < 0 or self.max_replicas < max(1, self.min_replicas):
             raise ValueError(f"autoscaling needs 0 <= min_replicas <= max_replicas and max_replicas >= 1, got "
                              f"{self.min_replicas} and {self.max_replicas}")
         for name in ("target_ongoing_requests", "metrics_interval_s", "look_back_period_s", "upscaling_factor",
                      "downscaling_factor"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"autoscaling {name} must be positive, got {getattr(self, name)}")
-        for name in ("upscale_delay_s", "downscale_delay_s", "cold_start_s"):
+        for name in ("upscale_delay_s", "downscale_delay_s", "cold_start_s", "cold_start_j"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"autoscaling {name} must be >= 0, got {getattr(self, name)}")
 
     def bounds(self, replicas: int) -> tuple[int, int]:
         """(min, max) replicas of a pool whose GPUs hold ``replicas``."""
-        top = replicas if self.max_replicas is None else min(self.max_replicas, replicas)
+        top = min(self.max_replicas, replicas)
         return min(self.min_replicas, top), top
 
     def initial(self, replicas: int) -> int:
@@ -96,9 +106,45 @@ class AutoscalingSettings:
         low, high = self.bounds(replicas)
         return max(low, min(high, self.min_replicas if self.initial_replicas is None else self.initial_replicas))
 
-    def start_energy_j(self, idle_w: float) -> float:
-        """Energy of one replica's cold start [J]."""
-        return self.cold_start_s * idle_w if self.cold_start_j is None else self.cold_start_j
+
+@dataclass(frozen=True)
+class AutoscalingSettings:
+    """What every pool's autoscaling takes from the run rather than from its region file (the
+    module docstring): each field that is not None replaces the pool's own."""
+
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    initial_replicas: int | None = None
+    target_ongoing_requests: float | None = None
+    metrics_interval_s: float | None = None
+    look_back_period_s: float | None = None
+    upscale_delay_s: float | None = None
+    downscale_delay_s: float | None = None
+    downscale_to_zero_delay_s: float | None = None
+    upscaling_factor: float | None = None
+    downscaling_factor: float | None = None
+    cold_start_s: float | None = None
+    cold_start_j: float | None = None
+
+    def for_pool(self, candidate: Candidate, max_num_seqs: int) -> PoolAutoscaling:
+        """``candidate``'s pool's settings for its model (the module docstring's sources), for
+        an engine admitting ``max_num_seqs`` sequences, with this object's overrides."""
+        pool, deployment = candidate.pool, candidate.deployment
+        ray = replica_ranges(pool)[deployment.name].ray_config(max_num_seqs)
+        start = cold_start(candidate.gpu, candidate.model, deployment.precision, deployment.tensor_parallel,
+                           pool.cold_start_s if self.cold_start_s is None else self.cold_start_s,
+                           pool.cold_start_j if self.cold_start_j is None else self.cold_start_j)
+        own = PoolAutoscaling(
+            min_replicas=ray["min_replicas"], max_replicas=ray["max_replicas"],
+            target_ongoing_requests=ray["target_ongoing_requests"], cold_start_s=start.seconds,
+            cold_start_j=start.joules, initial_replicas=ray["initial_replicas"],
+            metrics_interval_s=ray["metrics_interval_s"], look_back_period_s=ray["look_back_period_s"],
+            upscale_delay_s=ray["upscale_delay_s"], downscale_delay_s=ray["downscale_delay_s"])
+        overrides = {f.name: value for f in dataclasses.fields(self)
+                     if f.name not in ("cold_start_s", "cold_start_j") and (value := getattr(self, f.name)) is not None}
+        if self.min_replicas is not None and self.initial_replicas is None:
+            overrides["initial_replicas"] = self.min_replicas  # Ray's initial replicas: the minimum
+        return dataclasses.replace(own, **overrides)
 
 
 class PoolAutoscaler:
@@ -107,13 +153,21 @@ class PoolAutoscaler:
 
     __slots__ = ("_samples", "_wish_direction", "_wish_since", "high", "low", "settings", "target")
 
-    def __init__(self, settings: AutoscalingSettings, replicas: int) -> None:
+    # Slack on the metrics interval: ticks at float multiples of it fall a hair early or late.
+    _TICK_SLACK_S = 1e-6
+
+    def __init__(self, settings: PoolAutoscaling, replicas: int) -> None:
         self.settings = settings
         self.low, self.high = settings.bounds(replicas)
         self.target = settings.initial(replicas)
         self._samples: deque[tuple[float, float]] = deque()
         self._wish_direction = 0
         self._wish_since: float | None = None
+
+    def due(self, now: float) -> bool:
+        """Whether the pool's ``metrics_interval_s`` has passed since its last sample."""
+        samples = self._samples
+        return not samples or now - samples[-1][0] + self._TICK_SLACK_S >= self.settings.metrics_interval_s
 
     def observe(self, now: float, ongoing: float) -> float:
         """Record a sample of the pool's ongoing requests; returns the mean over the look-back."""

@@ -248,8 +248,9 @@ def register(sub: Any) -> None:
     simulate.add_argument("--fixed-sizes", action="store_true",
                           help="every pool runs all its replicas throughout (default: each pool scales by Ray "
                                "Serve's autoscaling policy, with cold starts; docs/simulation.md, 'Autoscaling')")
-    simulate.add_argument("--min-replicas", type=int, default=AutoscalingSettings().min_replicas, metavar="N",
-                          help="every pool's autoscaling min_replicas (0: pools scale to zero; default: Ray Serve's 1)")
+    simulate.add_argument("--min-replicas", type=int, default=None, metavar="N",
+                          help="every pool's autoscaling min_replicas (0: pools scale to zero; default: each pool's own, "
+                               "its region file's autoscaling block, else 1)")
     simulate.add_argument("--plan", type=Path, default=None, metavar="PLAN.json",
                           help="a capacity plan (`scheduler plan --json`): the pools it names keep its hourly "
                                "min and max replicas as their autoscaler's bounds, by time of day "
@@ -302,7 +303,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     policies = [p.strip() for p in args.compare.split(",") if p.strip()]
     try:
-        if args.min_replicas < 0:
+        if args.min_replicas is not None and args.min_replicas < 0:
             raise ValueError(f"--min-replicas must be >= 0, got {args.min_replicas}")
         if args.plan is not None and args.fixed_sizes:
             raise ValueError("--plan sets the autoscaler's bounds: it cannot run with --fixed-sizes")

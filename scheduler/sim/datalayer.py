@@ -226,6 +226,15 @@ class SimDataLayer:
         if self.affinity is not None:
             self.affinity.record_dispatch(candidate, request, now)
 
+    def replicas_changed(self, pool: PoolSim) -> None:
+        """The autoscaler started, readied or retired replicas of ``pool``: it publishes its new
+        replica counts at the next snapshot, even where no request has been sent to it since it
+        went quiet (a pool scaled to zero while idle must be seen cold)."""
+        if pool not in self._active:
+            region, name = pool.candidate.region.name, pool.candidate.pool.name
+            pool.published_quiet(self._last_publish[region])
+            self._active[pool] = (region, name)
+
     def _handed_out(self, snap: FleetSnapshot, now: float) -> FleetSnapshot:
         applied = self.pending.apply(snap)
         return applied if self.affinity is None else self.affinity.attach(applied, now)

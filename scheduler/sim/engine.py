@@ -25,9 +25,11 @@ predicted (``scheduler.sim.predicted``) and the true age of every fallback's sig
 Fleet idle energy: idle_w x (warm replica time - busy time) per pool, span from the first
 arrival to the last event; with fixed sizes every replica is warm for the whole span.
 
-Autoscaling (``Scenario.autoscaling``, ``scheduler.sim.autoscale``): every
-``metrics_interval_s`` (ticks at whole multiples of it in epoch time, so that hours begin on
-one) each pool that is up samples its ongoing requests and its autoscaler decides; replicas it
+Autoscaling (``Scenario.autoscaling``, ``scheduler.sim.autoscale``; each pool's settings from
+its region file or the Ray Serve app's default, its cold start from the router's function):
+ticks every shortest ``metrics_interval_s`` of the pools (at whole multiples of it in epoch
+time, so that hours begin on one where it divides an hour); at a tick each pool that is up and
+whose own interval has passed samples its ongoing requests and its autoscaler decides; replicas it
 starts are events (``_READY``) after their cold start. A request sent to a pool with no warm
 replica waits for one (and wakes a pool at zero at once, Ray Serve's cold-start fast path).
 
@@ -119,8 +121,8 @@ class Scenario:
     deferral: Deferral | None = None
     # The router's and the pools' prefix and workflow affinity (module docstring).
     affinity: bool = False
-    # Every pool's replicas scale by Ray Serve's policy on these settings (None: fixed sizes,
-    # every replica warm throughout).
+    # Every pool's replicas scale by Ray Serve's policy on its own settings (region file, else the
+    # default), these overriding them where set (None: fixed sizes, every replica warm throughout).
     autoscaling: AutoscalingSettings | None = None
     # A capacity plan (``scheduler plan``): the pools it names keep its min and max replicas of
     # each hour as their autoscaler's bounds, applied by time of day (None: the settings' own).
@@ -286,7 +288,7 @@ class Simulation:
                 d = c.deployment
                 rated = builder.energy_model.rated_costs(c.model, c.gpu, d.precision, d.tensor_parallel).costs
                 costs = truth.costs(rated, c.gpu.name, self.seed, f"{key[0]}/{key[1]}", residuals)
-                settings = autoscaling
+                settings = None if autoscaling is None else autoscaling.for_pool(c, costs.max_num_seqs)
                 if settings is not None and plan is not None and key in plan.replicas:
                     # The plan's hour at the start: its warm replicas are up from the first request.
                     low, high = warm_replicas_at(plan, *key, first_arrival)
@@ -421,6 +423,7 @@ class Simulation:
                 for replica, then in subject.ready(now):
                     heapq.heappush(heap, (then, seq_no, _STEP, replica, replica.version))
                     seq_no += 1
+                data.replicas_changed(subject)
                 return
             if kind == _ARRIVE:
                 assert isinstance(subject, int)
@@ -509,7 +512,9 @@ class Simulation:
         idle_by_hour: dict[tuple[int, int], float] = {}
         cold_by_hour: dict[tuple[int, int], float] = {}
         last_booking = first_arrival
-        tick_s = 3600.0 if autoscaling is None else autoscaling.metrics_interval_s
+        # the shortest metrics interval of the fleet's autoscalers (each pool samples on its own)
+        tick_s = min((p.autoscaler.settings.metrics_interval_s for p in pools if p.autoscaler is not None),
+                     default=3600.0)
 
         def book(now: float) -> None:
             """Book each pool's idle and cold-start energy since the last booking to that
@@ -529,11 +534,13 @@ class Simulation:
 
         def scale(pool: PoolSim, now: float, target: int) -> None:
             nonlocal seq_no
-            assert autoscaling is not None
-            for ready_at in pool.scale_to(target, now, autoscaling.cold_start_s,
-                                          autoscaling.start_energy_j(pool.costs.idle_w)):
+            autoscaler = pool.autoscaler
+            assert autoscaler is not None
+            for ready_at in pool.scale_to(target, now, autoscaler.settings.cold_start_s,
+                                          autoscaler.settings.cold_start_j):
                 heapq.heappush(heap, (ready_at, seq_no, _READY, pool, 0))
                 seq_no += 1
+            data.replicas_changed(pool)
 
         def planned_bounds(pool: PoolSim, autoscaler: PoolAutoscaler, now: float) -> None:
             """The plan's (min, max) replicas of the hour as the autoscaler's bounds (a max of 0,
@@ -554,7 +561,7 @@ class Simulation:
                     autoscaler = pool.autoscaler
                     assert autoscaler is not None
                     pool.stop_drained(now)
-                    if pool.down:
+                    if pool.down or not autoscaler.due(now):
                         continue
                     if plan is not None:
                         planned_bounds(pool, autoscaler, now)

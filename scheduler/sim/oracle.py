@@ -20,8 +20,11 @@ Per group g and pool p, from the pool's true step costs (``scheduler.sim.truth``
     T[g,p]   = the same with the time coefficients (a replica's busy seconds they take)
 
 Variables: y[g,p] >= 0, the share of group g on pool p (sum over p = 1); n[h,p], the pool's warm
-replicas in hour h (min_replicas <= n <= its replicas; fixed sizes: n = its replicas); u[h,p] >=
-n[h,p] - n[h-1,p], u >= 0, the replicas started (n before the first hour: the initial ones).
+replicas in hour h (its autoscaler's min_replicas <= n <= max_replicas, within the replicas its
+GPUs hold; fixed sizes: n = those); u[h,p] >= n[h,p] - n[h-1,p], u >= 0, the replicas started
+(n before the first hour: the initial ones). Each pool's bounds and cold_start_j are the ones the
+simulator runs it with (``AutoscalingSettings.for_pool``: its region file or the Ray Serve app's
+default, the router's cold start).
 With w[h,p] = PUE x the zone's true intensity in hour h / 3.6e6 [g/J] and L[h] the seconds of
 hour h between the first and the last arrival:
 
@@ -63,7 +66,7 @@ from scheduler.sim.report import PolicyResult
 from scheduler.sim.scenario import ScenarioSpec
 from scheduler.sim.truth import HeldOutResiduals, TruthModel
 from scheduler.sim.workload import Workload, build_workload, load_trace
-from scheduler.types import WORKLOAD_CLASSES, GeoPoint
+from scheduler.types import WORKLOAD_CLASSES, Candidate, GeoPoint
 from scheduler.units import J_PER_KWH
 
 # Upper ends of the size bands (prompt + output tokens) requests are grouped by.
@@ -83,6 +86,8 @@ class BoundPool:
     kv_capacity_tokens: int
     costs: StepCosts
     replicas: int
+    # the pool's model deployment, whose autoscaling and cold start the bound takes
+    candidate: Candidate
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,12 @@ class Bound:
     pool_share: dict[str, float]
     variables: int
     solve_s: float
+    # fleet_gco2e split as the simulator's report splits a policy's: the requests' own energy,
+    # the warm replicas' idle time, the cold starts [g]; and the warm replica-hours
+    charged_gco2e: float = 0.0
+    idle_gco2e: float = 0.0
+    cold_start_gco2e: float = 0.0
+    warm_replica_h: float = 0.0
 
     @property
     def fleet_gco2e_per_request(self) -> float:
@@ -104,7 +115,9 @@ class Bound:
     def to_json(self) -> dict[str, Any]:
         return {"fleet_gco2e_per_request": self.fleet_gco2e_per_request, "fleet_gco2e": self.fleet_gco2e,
                 "fleet_kwh": self.fleet_kwh, "requests": self.requests, "unplaced": self.unplaced,
-                "pool_share": self.pool_share, "variables": self.variables, "solve_s": round(self.solve_s, 3)}
+                "pool_share": self.pool_share, "variables": self.variables, "solve_s": round(self.solve_s, 3),
+                "charged_gco2e": self.charged_gco2e, "idle_gco2e": self.idle_gco2e,
+                "cold_start_gco2e": self.cold_start_gco2e, "warm_replica_h": self.warm_replica_h}
 
     def describe(self) -> str:
         shares = ", ".join(f"{place} {share * 100:.1f}%" for place, share in
@@ -146,7 +159,7 @@ def bound_pools(regions: tuple[RegionConfig, ...], policy: PolicyConfig, model: 
         rated = builder.energy_model.rated_costs(c.model, c.gpu, d.precision, d.tensor_parallel).costs
         pools[place] = BoundPool(place, c.region.jurisdiction, c.region.grid_zone, c.region.pue,
                                  c.region.location.lat, c.region.location.lon, c.kv_capacity_tokens,
-                                 truth.costs(rated, c.gpu.name, seed, place, residuals), replicas_of(c))
+                                 truth.costs(rated, c.gpu.name, seed, place, residuals), replicas_of(c), c)
     return list(pools.values())
 
 
@@ -209,11 +222,15 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
                          for h in range(hours)])
     idle_w = np.asarray([p.costs.idle_w for p in pools])
     fixed = autoscaling is None
-    settings = autoscaling or AutoscalingSettings()
-    low = np.asarray([p.replicas if fixed else settings.bounds(p.replicas)[0] for p in pools], dtype=float)
-    high = np.asarray([p.replicas if fixed else settings.bounds(p.replicas)[1] for p in pools], dtype=float)
-    initial = np.asarray([p.replicas if fixed else settings.initial(p.replicas) for p in pools], dtype=float)
-    cold_j = np.asarray([settings.start_energy_j(p.costs.idle_w) for p in pools])
+    # each pool's own autoscaling and cold start, as the simulator runs it (scheduler.sim.autoscale)
+    settings = [(autoscaling or AutoscalingSettings()).for_pool(p.candidate, p.costs.max_num_seqs) for p in pools]
+    low = np.asarray([p.replicas if fixed else s.bounds(p.replicas)[0] for p, s in zip(pools, settings, strict=True)],
+                     dtype=float)
+    high = np.asarray([p.replicas if fixed else s.bounds(p.replicas)[1] for p, s in zip(pools, settings, strict=True)],
+                      dtype=float)
+    initial = np.asarray([p.replicas if fixed else s.initial(p.replicas) for p, s in zip(pools, settings, strict=True)],
+                         dtype=float)
+    cold_j = np.asarray([s.cold_start_j for s in settings])
 
     # variables: y (groups x pools, allowed only), n (hours x pools), u (hours x pools)
     y_index = -np.ones((groups, len(pools)), dtype=np.int64)
@@ -262,6 +279,8 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
     cold = cold_j * x[u_at].sum(axis=0)
     pue = np.asarray([p.pue for p in pools])
     per_pool = (shares * counts[:, None]).sum(axis=0)
+    charged_g = float((w_gp * group_energy[g_idx, p_idx] * shares[g_idx, p_idx]).sum())
+    cold_g = float((weight * cold_j * x[u_at]).sum())
     return Bound(
         fleet_gco2e=float(result.fun),
         fleet_kwh=float(((charged + idle + cold) * pue).sum() / J_PER_KWH),
@@ -270,6 +289,10 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
         pool_share={p.place: float(per_pool[j] / max(1, placed.sum())) for j, p in enumerate(pools)},
         variables=size,
         solve_s=time.perf_counter() - began,
+        charged_gco2e=charged_g,
+        idle_gco2e=float(result.fun) - charged_g - cold_g,
+        cold_start_gco2e=cold_g,
+        warm_replica_h=float((warm * length[:, None]).sum() / 3600.0),
     )
 
 

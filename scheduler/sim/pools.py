@@ -24,6 +24,10 @@ What the pool publishes (its replicas summed, as vLLM's metrics are summed over 
     queue_depth    = sum of waiting requests
     running        = sum of running sequences (prefilling or decoding)
     kv_cache_usage = sum of KV tokens held / (R x KV capacity per replica)
+    replicas       = the warm replicas taking requests (R without autoscaling), and
+    starting_replicas = those in their cold start: as Ray Serve's deployment status reports
+                   them to the region's publisher (scheduler.serve.warmth), so that the router
+                   sees a pool at zero as cold or starting and prices its cold start
     prefix_cache_hit_rate = hits / lookups of the replicas' prefix caches since the start
     arrival_rate, prompt_tokens_rate = requests and their prompt tokens sent to the pool per
                    second, averaged exponentially over ``RATE_WINDOW_S`` (one publication
@@ -50,7 +54,7 @@ from collections.abc import Callable
 
 from scheduler.datalayer.snapshot import replicas_of
 from scheduler.energy.step import StepCosts
-from scheduler.sim.autoscale import AutoscalingSettings, PoolAutoscaler
+from scheduler.sim.autoscale import PoolAutoscaler, PoolAutoscaling
 from scheduler.sim.replica import PREFIX_ENTRIES_PER_REPLICA, KvKnee, Replica, Seq, Totals
 from scheduler.sim.slots import slot_setters
 from scheduler.types import Candidate, Decision, PoolLiveState, Request
@@ -86,7 +90,7 @@ class PoolSim:
 
     def __init__(self, candidate: Candidate, costs: StepCosts, on_done: Callable[[Seq], None], seed: int = 0,
                  prefix_aware: bool = False, number: int = 0, knee: KvKnee | None = None,
-                 autoscaling: AutoscalingSettings | None = None, start: float = 0.0) -> None:
+                 autoscaling: PoolAutoscaling | None = None, start: float = 0.0) -> None:
         """``costs`` and ``knee``: the true step costs and KV knee of one replica of this pool;
         ``number``: its index among the simulation's pools; ``autoscaling``: the pool's
         autoscaler settings (None: every replica warm throughout); ``start``: when its
@@ -214,6 +218,8 @@ class PoolSim:
             self._live = _pool_state(
                 totals.waiting,
                 totals.running,
+                len(self.replicas),
+                len(self.starting),
                 # a pool at zero has no KV cache in use (vLLM reports none); a replica without
                 # room for any KV is full
                 round(totals.kv_held / capacity, 3) if capacity else (1.0 if warm else 0.0),
@@ -254,6 +260,8 @@ class PoolSim:
         for the share of ``cold_start_s`` it ran."""
         have = len(self.replicas) + len(self.starting)
         started: list[float] = []
+        if target != have:
+            self.totals.changed = True  # the published replica counts change
         if target > have:
             for _ in range(target - have):
                 replica = Replica(self.costs, self._on_done, self.totals, knee=self._knee)
@@ -292,6 +300,7 @@ class PoolSim:
         self.mark(now)
         self.starting = [(at, r) for at, r in self.starting if at > now]
         self.replicas.extend(come)
+        self.totals.changed = True  # the published replica counts change
         steps: list[tuple[Replica, float]] = []
         held, self.held = self.held, []
         self.totals.waiting -= len(held)
@@ -315,10 +324,10 @@ class PoolSim:
  _SET_STARTING_REPLICAS, _SET_MODEL_REPLICAS) = slot_setters(PoolLiveState)
 
 
-def _pool_state(queue_depth: int, running: int, kv_cache_usage: float, prefix_cache_hit_rate: float,
-                arrival_rate: float, prompt_tokens_rate: float) -> PoolLiveState:
+def _pool_state(queue_depth: int, running: int, replicas: int, starting_replicas: int, kv_cache_usage: float,
+                prefix_cache_hit_rate: float, arrival_rate: float, prompt_tokens_rate: float) -> PoolLiveState:
     """``PoolLiveState`` with these fields, the others at their defaults (a simulated pool
-    reports no power, model list or replica count)."""
+    reports no power or model list)."""
     state = object.__new__(PoolLiveState)
     _SET_QUEUE_DEPTH(state, queue_depth)
     _SET_RUNNING(state, running)
@@ -329,8 +338,8 @@ def _pool_state(queue_depth: int, running: int, kv_cache_usage: float, prefix_ca
     _SET_ARRIVAL_RATE(state, arrival_rate)
     _SET_PROMPT_TOKENS_RATE(state, prompt_tokens_rate)
     _SET_MODELS(state, None)
-    _SET_REPLICAS(state, None)
-    _SET_STARTING_REPLICAS(state, None)
+    _SET_REPLICAS(state, replicas)
+    _SET_STARTING_REPLICAS(state, starting_replicas)
     _SET_MODEL_REPLICAS(state, None)
     return state
 

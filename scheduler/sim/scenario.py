@@ -61,8 +61,9 @@ class ScenarioSpec:
     refresh_s: float = 1.0
     # Workflows instead of independent requests, each run with and without affinity (None: neither).
     workflow: WorkflowSpec | None = None
-    # Every pool scales by Ray Serve's autoscaling policy on these settings (None: fixed sizes;
-    # ``scheduler simulate`` autoscales unless given --fixed-sizes).
+    # Every pool scales by Ray Serve's autoscaling policy on its region file's settings or the
+    # default, these overriding them where set (None: fixed sizes; ``scheduler simulate``
+    # autoscales unless given --fixed-sizes).
     autoscaling: AutoscalingSettings | None = None
     # A capacity plan file (``scheduler plan --json``) whose hourly min/max replicas bound the
     # autoscaler of the pools it names (None: none).

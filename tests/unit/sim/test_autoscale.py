@@ -11,15 +11,16 @@ from typing import Any
 import pytest
 
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.sim.autoscale import AutoscalingSettings, PoolAutoscaler
+from scheduler.sim.autoscale import AutoscalingSettings, PoolAutoscaler, PoolAutoscaling
 from scheduler.sim.pools import PoolSim
 from scheduler.sim.replica import Seq
 from tests.unit.sim.kit import PARIS, policy, region
 
 pytestmark = pytest.mark.timeout(120)
 
-SETTINGS = AutoscalingSettings(min_replicas=1, max_replicas=8, target_ongoing_requests=10.0, metrics_interval_s=10.0,
-                               look_back_period_s=30.0, upscale_delay_s=30.0, downscale_delay_s=60.0)
+SETTINGS = PoolAutoscaling(min_replicas=1, max_replicas=8, target_ongoing_requests=10.0, cold_start_s=60.0,
+                           cold_start_j=6000.0, metrics_interval_s=10.0, look_back_period_s=30.0, upscale_delay_s=30.0,
+                           downscale_delay_s=60.0)
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,9 @@ def test_decisions_follow_a_hand_worked_trace() -> None:
 
 
 def test_scale_to_zero_waits_its_own_delay_and_wakes_at_once() -> None:
-    settings = AutoscalingSettings(min_replicas=0, max_replicas=4, target_ongoing_requests=10.0,
-                                   downscale_delay_s=60.0, downscale_to_zero_delay_s=300.0, initial_replicas=1)
+    settings = PoolAutoscaling(min_replicas=0, max_replicas=4, target_ongoing_requests=10.0, cold_start_s=60.0,
+                               cold_start_j=6000.0, downscale_delay_s=60.0, downscale_to_zero_delay_s=300.0,
+                               initial_replicas=1)
     scaler = PoolAutoscaler(settings, replicas=4)
     assert scaler.decide(0.0, 1, 0.0) == 1       # 1 -> 0 wished from t = 0
     assert scaler.decide(290.0, 1, 0.0) == 1
@@ -71,7 +73,7 @@ def test_scale_to_zero_waits_its_own_delay_and_wakes_at_once() -> None:
     assert scaler.decide(311.0, 0, 3.0) == 1     # a request at a pool at zero: the cold-start fast path
 
 
-def _ray_decisions(settings: AutoscalingSettings, trace: list[tuple[float, int, float]], replicas: int) -> list[int]:
+def _ray_decisions(settings: PoolAutoscaling, trace: list[tuple[float, int, float]], replicas: int) -> list[int]:
     """Ray Serve 2.60's own code on ``trace``: its default policy wrapped as its controller wraps
     it (``_apply_autoscaling_config``), its clock at each step's time, then ``apply_bounds``."""
     from ray.serve import autoscaling_policy
@@ -111,8 +113,8 @@ def _ray_decisions(settings: AutoscalingSettings, trace: list[tuple[float, int, 
 @pytest.mark.parametrize("seed", range(6))
 def test_same_decisions_as_ray_serves_policy_code(seed: int) -> None:
     rng = random.Random(seed)
-    settings = AutoscalingSettings(
-        min_replicas=rng.choice((0, 1, 2)), max_replicas=rng.choice((4, 16)),
+    settings = PoolAutoscaling(
+        cold_start_s=60.0, cold_start_j=6000.0, min_replicas=rng.choice((0, 1, 2)), max_replicas=rng.choice((4, 16)),
         target_ongoing_requests=rng.choice((2.0, 8.0, 32.0)), upscale_delay_s=rng.choice((0.0, 30.0)),
         downscale_delay_s=rng.choice((20.0, 600.0)), downscale_to_zero_delay_s=rng.choice((None, 50.0)),
         upscaling_factor=rng.choice((1.0, 0.5, 2.0)), downscaling_factor=rng.choice((1.0, 0.3)))
@@ -141,7 +143,8 @@ def _pool(settings: AutoscalingSettings) -> PoolSim:
     candidate = SnapshotBuilder((region("r", "CLEAN", PARIS, gpus=4),), policy()).candidates[0]
     builder = SnapshotBuilder((region("r", "CLEAN", PARIS, gpus=4),), policy())
     costs = builder.energy_model.rated_costs(candidate.model, candidate.gpu, "bf16", 1).costs
-    return PoolSim(candidate, costs, lambda seq: None, autoscaling=settings, start=0.0)
+    return PoolSim(candidate, costs, lambda seq: None, autoscaling=settings.for_pool(candidate, costs.max_num_seqs),
+                   start=0.0)
 
 
 def test_a_pools_warm_time_and_cold_start_energy_as_replicas_come_and_go() -> None:

@@ -137,6 +137,11 @@ def test_the_bound_on_two_pools_by_hand(files: Files, tmp_path: Path, residency:
     assert bound.pool_share[target.place] == pytest.approx(1.0)
     assert bound.fleet_gco2e == pytest.approx(grams, rel=1e-6)
     assert bound.fleet_kwh == pytest.approx((energy.sum() + 5000.0 * replicas) * 1.2 / 3.6e6, rel=1e-6)
+    # split: the requests' grams, no idle time (replicas exactly as busy as needed), the cold starts
+    assert bound.charged_gco2e == pytest.approx(energy.sum() * 1.2 * intensity / 3.6e6, rel=1e-6)
+    assert bound.idle_gco2e == pytest.approx(0.0, abs=1e-6 * grams)
+    assert bound.cold_start_gco2e == pytest.approx(5000.0 * replicas * 1.2 * intensity / 3.6e6, rel=1e-6)
+    assert bound.warm_replica_h == pytest.approx(replicas * length / 3600.0, rel=1e-6)
 
 
 def test_the_bound_with_fixed_sizes_pays_every_replicas_idle_power(files: Files) -> None:
@@ -158,6 +163,8 @@ def test_the_bound_with_fixed_sizes_pays_every_replicas_idle_power(files: Files)
                              + 500.0 * pools[0].costs.idle_w * 2 * length)
     assert bound.pool_share[clean.place] == pytest.approx(1.0)
     assert bound.fleet_gco2e == pytest.approx(grams, rel=1e-6)
+    assert bound.idle_gco2e == pytest.approx(grams - 1.2 / 3.6e6 * 20.0 * energy.sum(), rel=1e-6)
+    assert bound.warm_replica_h == pytest.approx(5 * length / 3600.0, rel=1e-6)
 
 
 def test_a_capacity_plan_bounds_the_autoscaler_by_the_hour(files: Files, tmp_path: Path) -> None:

@@ -80,8 +80,8 @@ def test_published_states_are_the_ones_the_constructor_makes() -> None:
     _healthy_states({"r1": pools, "r2": {}}, 12.5, made)
     assert made == {"r1": RegionLiveState("r1", True, 12.5, pools), "r2": RegionLiveState("r2", True, 12.5, {})}
     assert made["r1"].pools is pools
-    state = _pool_state(4, 7, 0.25, 0.5, 1.5, 300.0)
-    assert state == PoolLiveState(queue_depth=4, running=7, kv_cache_usage=0.25, prefix_cache_hit_rate=0.5,
-                                  arrival_rate=1.5, prompt_tokens_rate=300.0)
-    assert hash(state) == hash(PoolLiveState(queue_depth=4, running=7, kv_cache_usage=0.25, prefix_cache_hit_rate=0.5,
-                                             arrival_rate=1.5, prompt_tokens_rate=300.0))
+    state = _pool_state(4, 7, 2, 1, 0.25, 0.5, 1.5, 300.0)
+    expected = PoolLiveState(queue_depth=4, running=7, kv_cache_usage=0.25, prefix_cache_hit_rate=0.5,
+                             arrival_rate=1.5, prompt_tokens_rate=300.0, replicas=2, starting_replicas=1)
+    assert state == expected
+    assert hash(state) == hash(expected)
