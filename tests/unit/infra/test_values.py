@@ -128,7 +128,8 @@ def test_an_overlay_changing_every_value_leaves_no_default_behind(tmp_path: Path
         args = _serve_args(rayservice)
         assert args["region"]["endpoint"] == endpoints[rayservice["metadata"]["name"]]
         assert args["namespace"] == "fleet-b"
-        assert all(pool["model_dir"].startswith("/mnt/weights/") for pool in args["pools"].values())
+        assert all(entry["model_dir"].startswith("/mnt/weights/")
+                   for entries in args["pools"].values() for entry in entries)
     policies = [o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-ray")]
     assert policies and all({"ipBlock": {"cidr": "10.30.0.0/16"}} in rule.get("from", [])
                             for p in policies for rule in p["spec"]["ingress"][-1:])
