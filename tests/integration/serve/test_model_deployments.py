@@ -28,7 +28,8 @@ from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.explain import explain_table
 from scheduler.framework.scheduler import Scheduler
-from scheduler.plugins import default_scheduler_registry, load_checked_fleet
+from scheduler.plugins import default_scheduler_registry
+from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.serve.app import EngineOptions, build_region_app
 from scheduler.serve.stack import LocalStack
 from scheduler.state.factory import open_store
