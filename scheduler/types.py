@@ -306,6 +306,21 @@ class SnapshotDelta:
         return self.now == snapshot.now and self.live is snapshot.live and self.policy is snapshot.policy
 
 
+# Per region: its fresh pool mapping or None; and whether every region is fresh and healthy.
+FreshPools = tuple[list[Mapping[str, PoolLiveState] | None], bool]
+
+
+def judge_fresh(live: Mapping[str, RegionLiveState], names: Sequence[str], now: float, max_age: float) -> FreshPools:
+    """Per region of ``names``: the pool mapping of its live state when that is fresh (age <=
+    ``max_age``), else None; and whether every one of them is fresh and every state in
+    ``live`` healthy (False also when some region's pool mapping is None). The snapshot builder
+    records these verdicts in ``SnapshotDelta``; the framework judges a snapshot it did not build."""
+    get = live.get
+    pools: list[Mapping[str, PoolLiveState] | None] = [
+        None if (state := get(name)) is None or now - state.observed_at > max_age else state.pools for name in names]
+    return pools, None not in pools and all(state.healthy for state in live.values())
+
+
 @dataclass(frozen=True)
 class FleetSnapshot:
     """Everything a decision may look at, frozen at ``now``.

@@ -29,7 +29,6 @@ from scheduler.energy.step import (
     mean_context,
     predict,
 )
-from scheduler.framework.columns import judge_fresh
 from scheduler.signal_check import CLOCK_SKEW_S, signal_problem
 from scheduler.types import (
     Candidate,
@@ -40,6 +39,7 @@ from scheduler.types import (
     Signal,
     SnapshotDelta,
     build_frozen,
+    judge_fresh,
 )
 
 

@@ -21,13 +21,19 @@ import dataclasses
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.types import Candidate, CandidatePerf, FleetSnapshot, PoolLiveState, RegionLiveState, build_frozen
+from scheduler.types import (
+    Candidate,
+    CandidatePerf,
+    FleetSnapshot,
+    FreshPools,
+    build_frozen,
+    judge_fresh,
+)
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -214,22 +220,6 @@ def region_positions(snapshot: FleetSnapshot) -> IndexArray:
     plugins that judge regions and spread the verdicts)."""
     position = {r.name: i for i, r in enumerate(snapshot.regions)}
     return np.asarray([position[c.region.name] for c in snapshot.candidates], dtype=np.intp)
-
-
-FreshPools = tuple[list[Mapping[str, PoolLiveState] | None], bool]
-
-
-def judge_fresh(live: Mapping[str, RegionLiveState], names: Sequence[str], now: float, max_age: float) -> FreshPools:
-    """Per region of ``names``: the pool mapping of its live state when that is fresh (age <=
-    ``max_age``), else None; and whether every one of them is fresh and every state in
-    ``live`` healthy (False also when some region's pool mapping is None)."""
-    get = live.get
-    pools: list[Mapping[str, PoolLiveState] | None] = [
-        None if (state := get(name)) is None or now - state.observed_at > max_age else state.pools for name in names]
-    return pools, None not in pools and all(map(_HEALTHY, live.values()))
-
-
-_HEALTHY = attrgetter("healthy")
 
 
 def fresh_pools(snapshot: FleetSnapshot) -> FreshPools:

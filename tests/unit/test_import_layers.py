@@ -61,6 +61,10 @@ def test_the_core_does_not_import_the_layers_above_it() -> None:
     assert not graph["scheduler.energy"] & {"scheduler.types", "scheduler.framework", "scheduler.config"}
     assert not graph["scheduler.framework"] & {"scheduler.plugins", "scheduler.datalayer", "scheduler.server"}
     assert not graph["scheduler.ledger"] & {"scheduler.server"}
+    # The data layer builds snapshots (and their delta) from the stores; it needs nothing of the
+    # framework that decides on them (their columns and caches are the framework's own).
+    assert graph["scheduler.datalayer"], "the walk found no imports in scheduler.datalayer"
+    assert not graph["scheduler.datalayer"] & {"scheduler.framework", "scheduler.server"}
 
 
 # The router's parts: the SDK (scheduler.client, shipped alone as carbon-scheduler-sdk) and the

@@ -9,8 +9,8 @@ import random
 
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.framework.columns import fresh_pools, judge_fresh
-from scheduler.types import FleetSnapshot, PoolLiveState, RegionLiveState
+from scheduler.framework.columns import fresh_pools
+from scheduler.types import FleetSnapshot, PoolLiveState, RegionLiveState, judge_fresh
 from tests.literals import NOW, carbon, pool, region
 
 
