@@ -37,9 +37,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scheduler.energy.hardware import GPU_CATALOGUE, GpuSpec
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.power_cap import PowerCap, efficient_cap, floor_w, throttle
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.energy.step import StepCosts
 from scheduler.serve.power_caps import PowerCapper, matches
 

@@ -45,11 +45,11 @@ from typing import Any
 from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.energy import validate
 from scheduler.energy.attribution import ONLINE_RULE
+from scheduler.energy.energy_model import EnergyCoefficients, EnergyModel
 from scheduler.energy.hardware import GPU_CATALOGUE, GpuSpec
-from scheduler.energy.model import EnergyCoefficients, EnergyModel
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.power_cap import capped, power_cap
-from scheduler.energy.profile_model import ProfileEnergyModel, shipped_fit
+from scheduler.energy.profile_energy_model import ProfileEnergyModel, shipped_fit
 from scheduler.energy.step import predict
 from scheduler.serve.inflight import RequestShare
 from scheduler.serve.sse import Usage

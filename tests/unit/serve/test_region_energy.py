@@ -7,8 +7,8 @@ import pytest
 
 from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.serve.energy_report import PoolEnergyProfile, energy_object
 from scheduler.serve.inflight import MeasuredEnergy, RequestShare
 from scheduler.serve.sse import Usage

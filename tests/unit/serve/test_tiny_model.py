@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.serve.tiny_model import ensure_tiny_model
 
 
