@@ -52,7 +52,7 @@ from scheduler.energy.power_cap import capped, power_cap
 from scheduler.energy.profile_energy_model import ProfileEnergyModel, shipped_fit
 from scheduler.energy.step import predict
 from scheduler.serve.inflight import RequestShare
-from scheduler.serve.sse import Usage
+from scheduler.serve.stream_assembler import Usage
 
 MODEL_RULE = "model-v1"
 

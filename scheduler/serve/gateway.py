@@ -75,7 +75,7 @@ from scheduler.serve.power_caps import PowerCapper, RegionCapReport, apply_regio
 from scheduler.serve.prefix_publisher import PrefixWarmPublisher
 from scheduler.serve.publisher import RegionStatePublisher
 from scheduler.serve.replica_report import ReplicaReport
-from scheduler.serve.sse import StreamAssembler, Usage, sse_event
+from scheduler.serve.stream_assembler import StreamAssembler, Usage, sse_event
 from scheduler.serve.warmth import DeploymentReplicas, deployment_replicas
 from scheduler.state import codec
 from scheduler.state.prefix_warm import PrefixHits

@@ -11,7 +11,7 @@ from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.serve.energy_report import PoolEnergyProfile, energy_object
 from scheduler.serve.inflight import MeasuredEnergy, RequestShare
-from scheduler.serve.sse import Usage
+from scheduler.serve.stream_assembler import Usage
 
 PHASES = {"waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j"}
 KEYS = {"energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence",

@@ -28,7 +28,7 @@ from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.serve.energy_report import PoolEnergyProfile, energy_object
 from scheduler.serve.inflight import InFlight, RequestShare
 from scheduler.serve.replica_report import ReplicaReport, RunningIntegral
-from scheduler.serve.sse import Usage
+from scheduler.serve.stream_assembler import Usage
 from scheduler.types import PoolLiveState
 
 POOL, MODEL = "h100-chat", "llama-3.1-8b"
