@@ -64,7 +64,7 @@ from ray.exceptions import ActorDiedError, RayTaskError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from scheduler import region_receipt, tickets
+from scheduler import signed_region_receipt, tickets
 from scheduler.config.schema import PoolConfig, RegionConfig
 from scheduler.energy.nvml import NvmlMeter
 from scheduler.serve.energy_report import PoolEnergyProfile, RegionPricing, energy_object
@@ -624,7 +624,7 @@ class RegionGateway:
         """The receipt of a dispatch: signed into the outbox (a router books it), and returned
         (direct mode: for the client's final event)."""
         assert self._keys is not None
-        claims = region_receipt.receipt_claims(
+        claims = signed_region_receipt.receipt_claims(
             ticket, pue=self._settings.region.pue, energy=energy,
             usage=None if usage is None else {"prompt_tokens": usage.prompt_tokens,
                                               "completion_tokens": usage.completion_tokens,
@@ -648,7 +648,7 @@ class RegionGateway:
         assert self._keys is not None
         if len(self._outbox) == self._outbox.maxlen:
             log.error("region %s: receipt outbox full: dropping the oldest receipt", self._settings.region.name)
-        self._outbox.append(region_receipt.sign_receipt(self._keys, claims))
+        self._outbox.append(signed_region_receipt.sign_receipt(self._keys, claims))
         self._outbox_wake.set()
 
     def _on_idle(self, pool: str, joules: float) -> None:
@@ -673,7 +673,7 @@ class RegionGateway:
             self._outbox_wake.clear()
             while self._outbox:
                 try:
-                    await self._store.xadd(region_receipt.STREAM, self._outbox[0], region_receipt.STREAM_MAXLEN)
+                    await self._store.xadd(signed_region_receipt.STREAM, self._outbox[0], signed_region_receipt.STREAM_MAXLEN)
                 except StateUnavailable as exc:
                     log.warning("region %s: %d receipts wait for the store (%s)", self._settings.region.name,
                                 len(self._outbox), exc)

@@ -55,7 +55,7 @@ from scheduler.server.metrics import (
     http_samples,
 )
 from scheduler.server.rate_limit import SharedRateLimiter
-from scheduler.server.region_receipts import RegionReceiptIngest
+from scheduler.server.region_receipt_ingest import RegionReceiptIngest
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
 from scheduler.server.stalls import StalledWrites
 from scheduler.server.stream_slots import StreamSlots

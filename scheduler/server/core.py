@@ -33,7 +33,7 @@ from scheduler.server import convert
 from scheduler.server.auth import Principal, scope_jurisdictions
 from scheduler.server.canary import stream_outcome, ttft_budget_ms
 from scheduler.server.dispatch import RegionStream, TextDelta
-from scheduler.server.receipt import ReceiptInputs, build_receipt
+from scheduler.server.receipt_builder import ReceiptInputs, build_receipt
 from scheduler.server.router_parts import Proxying
 from scheduler.server.tracing import NO_TRACE, RequestTrace, decision_attributes, receipt_attributes, request_attributes
 from scheduler.types import Candidate, Decision, EnergyReceipt, FleetSnapshot, Request

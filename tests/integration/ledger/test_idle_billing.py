@@ -27,7 +27,7 @@ from scheduler.ledger.ledger import Ledger
 from scheduler.ledger.service import LedgerService
 from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
-from scheduler.server.region_receipts import RegionReceiptIngest
+from scheduler.server.region_receipt_ingest import RegionReceiptIngest
 from scheduler.state.redis_store import RedisStore
 from scheduler.tickets import COMPLETIONS, HEADER, MAX_TICKET_TTL_S, Ticket, TicketKeyRing, body_digest
 from tests.integration.ledger.conftest import SHARED_REDIS
