@@ -288,7 +288,7 @@ def with_services(
     """Add what a production router runs beside the servicers: the carbon pollers (one
     router polls each provider and zone, through the store's lock) and the tenant ledger
     (every receipt recorded; hard budgets enforced before dispatch)."""
-    from scheduler.datalayer.carbon.pollers import CarbonPollers
+    from scheduler.datalayer.carbon.carbon_pollers import CarbonPollers
     from scheduler.ledger.ledger import ENTRY_TTL_S, Ledger
     from scheduler.ledger.service import LedgerService
 
