@@ -39,8 +39,8 @@ from scheduler.plugins.health import region_verdict
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.config_reload.reloader import ConfigReloader
+from scheduler.server.deferral_api import Deferrals
 from scheduler.server.deferral_settings import DeferralSettings
-from scheduler.server.deferred import Deferrals
 from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
 from scheduler.server.http_api import MAX_BODY_BYTES, build_http_server, server_ssl_context
@@ -200,7 +200,7 @@ class RouterDeps:
     # files to reload, e.g. one built in-process; RouterAdmin/ReloadConfig then says so). It is
     # also in ``background`` (scheduler.server.config_reload).
     config: ConfigReloader | None = None
-    # The deferral queue's submit, fetch and release loop (scheduler.server.deferred; None: this
+    # The deferral queue's submit, fetch and release loop (scheduler.server.deferral_api; None: this
     # router neither holds nor releases deferred requests). Started last, stopped first: a
     # release cut short by the stop books its partial receipt while the ledger still runs.
     deferrals: Deferrals | None = None
