@@ -360,7 +360,7 @@ class RouterCore:
         client_deadline = None if remaining_s is None else started + remaining_s
         # The stream's deadline: the client's, capped by the router's max_stream_s.
         # The prefix key and workflow go along: the region publishes the keys its cache served
-        # (scheduler.serve.prefix_warm), which is how the router learns where a prefix is warm.
+        # (scheduler.region.prefix_warm), which is how the router learns where a prefix is warm.
         hints = {"decision_id": decision_id, "tenant": tenant}
         if incoming.request.prefix_key:
             hints["prefix_key"] = incoming.request.prefix_key

@@ -18,8 +18,8 @@ import pytest
 
 from scheduler.client import AsyncSchedulerClient
 from scheduler.ledger.ledger import month_of, parse_month
-from scheduler.serve.stack import LocalStack
-from scheduler.serve.tiny_model import TINY_MODEL
+from scheduler.region.stack import LocalStack
+from scheduler.region.tiny_model import TINY_MODEL
 from scheduler.state import keys
 from scheduler.state.factory import open_store
 from scheduler.tickets import HEADER as TICKET_HEADER
