@@ -7,7 +7,7 @@ What it writes (every file starts with a "generated" header; do not edit them by
 
 - ``infra/kuberay/regions/<region>.yaml``: per region, a KubeRay ``RayService`` and its
   ``NetworkPolicy``. The RayService has a CPU head and one GPU worker group per pool of the
-  region; its Serve application, built by ``scheduler.serve.app:region_app_builder`` from the
+  region; its Serve application, built by ``scheduler.region.app:region_app_builder`` from the
   ``args`` written here, runs one Ray Serve LLM deployment per pool behind the region's gateway.
   The NetworkPolicy admits the gateway port from routers and direct-mode clients, and Ray's own
   ports only from the region's Ray pods and from ops namespaces (docs/security.md).
@@ -83,7 +83,7 @@ RAY_ACCELERATOR_TYPE: Mapping[str, str] = {
     "B200": "B200",
 }
 # The Serve application builder each RayService imports (see docs/deploying.md).
-APP_BUILDER = "scheduler.serve.app:region_app_builder"
+APP_BUILDER = "scheduler.region.app:region_app_builder"
 SERVE_PORT = 8000
 RAY_METRICS_PORT = 8080
 DASHBOARD_PORT = 8265

@@ -26,7 +26,7 @@ COMMAND_MODULES = (
     "scheduler.client_cli.config_reload",
     "scheduler.client_cli.admin",
     "scheduler.canary.cli",
-    "scheduler.serve.cli",
+    "scheduler.region.cli",
     "scheduler.sim.cli",
     "scheduler.capacity.cli",
     "scheduler.deferral.cli",

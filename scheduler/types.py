@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from scheduler.config.schema import ModelDeployment, PolicyConfig, PoolConfig, RegionConfig
 from scheduler.energy.hardware import GpuSpec
-from scheduler.energy.models import ModelSpec
+from scheduler.energy.model_catalogue import ModelSpec
 from scheduler.energy.step import EnergyCoefficients, EnergyEstimate, LatencyCoefficients
 
 # The records the SDK carries too live in scheduler.wire (the SDK must not need this module's

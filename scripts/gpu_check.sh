@@ -12,4 +12,4 @@ nvidia-smi --query-gpu=name,driver_version,power.draw --format=csv,noheader || {
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q -e "$here[gpu]"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0
-exec "$venv/bin/python" -m scheduler.serve.gpu_check
+exec "$venv/bin/python" -m scheduler.region.gpu_check

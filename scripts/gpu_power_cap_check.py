@@ -4,7 +4,7 @@ load the GPU under it, compare with the energy model, put the old limit back.
 
     python scripts/gpu_power_cap_check.py [--device 0] [--cap W] [--load-s 8] [--no-load] [--json]
 
-1. NVML through the real ``PowerCapper`` (``scheduler.serve.power_caps``): the device's name,
+1. NVML through the real ``PowerCapper`` (``scheduler.region.power_caps``): the device's name,
    limit, [min, max] constraints. Without a GPU: exit 2 (nothing to check).
 2. The target: ``--cap``, else the efficient cap the energy model gives the device's GPU type
    (``scheduler.energy.power_cap.efficient_cap``, Llama 3.1 8B BF16).
@@ -37,11 +37,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scheduler.energy.hardware import GPU_CATALOGUE, GpuSpec
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.power_cap import PowerCap, efficient_cap, floor_w, throttle
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.energy.step import StepCosts
-from scheduler.serve.power_caps import PowerCapper, matches
+from scheduler.region.power_caps import PowerCapper, matches
 
 POWER_TOLERANCE = 0.05
 POWER_SLACK_W = 5.0

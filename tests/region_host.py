@@ -187,7 +187,7 @@ class _Remote:
 def gateway_class() -> type:
     """``RegionGateway`` as written (Serve's decorator undone), stopped by ``stop()`` rather
     than by the garbage collector (its ``__del__`` is a coroutine Serve awaits)."""
-    from scheduler.serve.gateway import RegionGateway
+    from scheduler.region.gateway import RegionGateway
 
     base: type = RegionGateway.func_or_class
 
@@ -206,7 +206,7 @@ async def start_gateway(region_name: str, engines: dict[str, StubEngine], store_
     """A started gateway for the shipped region ``region_name``, one stub engine per pool;
     ``settings``: other ``GatewaySettings`` fields."""
     from scheduler.config.loader import load_fleet
-    from scheduler.serve.gateway import GatewaySettings, PoolEngine
+    from scheduler.region.gateway import GatewaySettings, PoolEngine
 
     region = next(r for r in load_fleet().regions if r.name == region_name)
     settings = GatewaySettings(region=region, pools={name: (PoolEngine("stub-engine", 32768),) for name in engines},

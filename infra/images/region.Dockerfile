@@ -1,5 +1,5 @@
 # The region image (KubeRay head and GPU workers): Ray 2.60 + the CUDA build of vLLM (the
-# `gpu` extra) + this package, whose scheduler.serve module the RayService imports.
+# `gpu` extra) + this package, whose scheduler.region module the RayService imports.
 # docker build -f infra/images/region.Dockerfile -t carbon-scheduler-region .
 FROM rayproject/ray:2.60.0-py311-cu128
 ENV PIP_NO_CACHE_DIR=1

@@ -11,7 +11,7 @@
     python infra/monitoring/dashboards.py --check   # exit 1 when a file differs from what this writes
 
 Every query names metrics the router (scheduler/server/metrics.py and the gauges of its /metrics)
-or the region gateway (scheduler/serve/metrics.py, ``ray_`` prefixed by Ray) exports, or the
+or the region gateway (scheduler/region/metrics.py, ``ray_`` prefixed by Ray) exports, or the
 platform's (kube-state-metrics, redis_exporter, Ray Serve); tests/unit/infra/test_monitoring.py
 checks each name against a real router's /metrics. Several router replicas each serve the same
 fleet gauges (they read one store): panels take ``max by`` of those and ``sum`` of counters.

@@ -306,7 +306,7 @@ def completions_url(base: str) -> str:
 
 async def http_stream(client: HttpClient, url: str, body: bytes) -> float:
     """One streamed completion over HTTP/SSE; the seconds to the first text."""
-    from scheduler.sse import DONE, SseParser
+    from scheduler.sse_parser import DONE, SseParser
 
     parser = SseParser()
     first = None

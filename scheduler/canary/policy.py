@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from scheduler.config.schema import WORKLOAD_CLASS_NAMES, PolicyConfig
-from scheduler.energy.models import PRECISION_RANK
+from scheduler.energy.model_catalogue import PRECISION_RANK
 
 # What the arm brings: its objective. Everything else is the control's (or the stricter).
 OBJECTIVE_FIELDS = ("name", "description", "scorers", "matchers", "fallback")

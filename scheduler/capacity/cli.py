@@ -85,7 +85,7 @@ def _plan(args: argparse.Namespace) -> int:
     from scheduler.capacity.planner import PlanningError, plan_day
     from scheduler.capacity.report import backtest, backtest_table, plan_file, plot, table
     from scheduler.config.loader import load_fleet
-    from scheduler.energy.profile_model import ProfileEnergyModel
+    from scheduler.energy.profile_energy_model import ProfileEnergyModel
     from scheduler.plan.schedule import PlanError, autoscaling_document, dump_plan, read_plan
     from scheduler.sim.fleets import scale_fleet
     from scheduler.sim.workload import DEFAULT_CONTINENTS, TraceError, load_trace

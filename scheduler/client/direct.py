@@ -17,7 +17,7 @@ import grpc
 import orjson
 
 from scheduler.client.errors import InvalidArgumentError, SchedulerRpcError, UnavailableError
-from scheduler.sse import DONE, MalformedEvent, SseParser, choice_text, openai_error, parse_event
+from scheduler.sse_parser import DONE, MalformedEvent, SseParser, choice_text, openai_error, parse_event
 from scheduler.v1 import messages_pb2 as pb
 from scheduler.v1 import router_pb2
 from scheduler.wire.claims import RegionReceipt

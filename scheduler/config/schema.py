@@ -28,7 +28,7 @@ from pydantic import (
 from scheduler.config.autoscaling import replica_ranges
 from scheduler.config.units import Rate, parse_rate
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE, PRECISION_BYTES
 
 CARBON_PROVIDERS = ("csv", "electricitymaps", "watttime", "ukci", "casdk")
 

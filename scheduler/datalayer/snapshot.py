@@ -16,11 +16,11 @@ from operator import is_, is_not
 
 from scheduler.config.schema import PolicyConfig, PoolConfig, RegionConfig
 from scheduler.energy.cold_start import ColdStart, cold_start
+from scheduler.energy.energy_model import EnergyModel
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.model import EnergyModel
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.power_cap import PoolCap, PowerCap, capped, pool_cap, power_cap
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.energy.step import (
     GPU_MEMORY_UTILIZATION,
     EnergyCoefficients,

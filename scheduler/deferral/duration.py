@@ -1,5 +1,5 @@
 """What a released request needs before its deadline, the same in the router
-(scheduler.server.deferred) and the simulator (scheduler.sim.deferral):
+(scheduler.server.deferral_api) and the simulator (scheduler.sim.deferral):
 
     needs_s  = DURATION_FACTOR x predicted completion + GUARD_S
     decode_s = N x TPOT at the mid-output context          (N = max_tokens)

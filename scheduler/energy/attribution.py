@@ -4,7 +4,7 @@ Two forms. Every receipt and ledger entry stores the version of the rule that ma
 that old bills can be recomputed.
 
 **Online, rule "predicted-share-v1"** (``split_interval``; the region's gateway applies it
-while requests run, ``scheduler.serve.inflight``). For every meter interval of every GPU,
+while requests run, ``scheduler.region.inflight``). For every meter interval of every GPU,
 with measured joules J and the requests on the replicas that run on that GPU, request i
 weighed by the step model's energy of the tokens it processed in the interval
 (``scheduler.energy.step``, at its replica's running batch B):

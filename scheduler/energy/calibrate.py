@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from scheduler.energy.fit import CalibrationFit, SweepPoint, fit_step_costs
 from scheduler.energy.hardware import GpuSpec
-from scheduler.energy.models import ModelSpec
+from scheduler.energy.model_catalogue import ModelSpec
 from scheduler.energy.nvml import NvmlMeter, delta_mj
 from scheduler.energy.profiles import EnergyProfile, Residuals, Source
 from scheduler.energy.step import kv_tokens_per_replica

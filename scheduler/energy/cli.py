@@ -12,7 +12,7 @@ from typing import Any
 
 from scheduler import exit_codes
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE, PRECISION_BYTES
 from scheduler.energy.profiles import EMBEDDED_PROFILES, ProfileError, ProfileLibrary
 
 
@@ -60,7 +60,7 @@ def register(sub: Any) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from scheduler.energy.profile_model import ProfileEnergyModel
+    from scheduler.energy.profile_energy_model import ProfileEnergyModel
 
     model, gpu = MODEL_CATALOGUE.get(args.model), GPU_CATALOGUE.get(args.gpu)
     if model is None or gpu is None:

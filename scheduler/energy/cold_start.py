@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduler.energy.hardware import GpuSpec
-from scheduler.energy.models import ModelSpec
+from scheduler.energy.model_catalogue import ModelSpec
 
 ENGINE_START_S = 30.0
 LOAD_BYTES_PER_S = 2e9

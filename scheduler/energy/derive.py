@@ -29,7 +29,7 @@ import yaml
 
 from scheduler.energy.fit import fit_physics, leave_one_out, relative_error
 from scheduler.energy.hardware import GPU_CATALOGUE, GpuSpec
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.profiles import EMBEDDED_PROFILES, EnergyProfile, Residuals, Source, write_profile
 from scheduler.energy.published import POINTS_FILE, Published, load_points
 from scheduler.energy.step import PhysicsAssumptions, physics_step_costs

@@ -17,7 +17,7 @@ reading may be counted on either side of it:
 
     boundary_error_j = power_w x READING_LAG_S[method] + COUNTER_QUANTUM_J     per GPU and reading
 
-``python -m scheduler.serve.gpu_check`` prints the update period a GPU really shows.
+``python -m scheduler.region.gpu_check`` prints the update period a GPU really shows.
 
 Without a GPU (no driver, no library: ``NVMLError_LibraryNotFound`` and friends) the meter
 is simply unavailable: ``read()`` returns None, and one log line says that energy is

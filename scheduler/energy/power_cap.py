@@ -66,10 +66,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from scheduler.energy.energy_model import EnergyModel
 from scheduler.energy.hardware import GpuSpec
-from scheduler.energy.model import EnergyModel
-from scheduler.energy.models import ModelSpec
-from scheduler.energy.profile_model import shipped_fit
+from scheduler.energy.model_catalogue import ModelSpec
+from scheduler.energy.profile_energy_model import shipped_fit
 from scheduler.energy.step import RatedCosts, StepCosts, predict
 
 DVFS_EXPONENT = 3.0

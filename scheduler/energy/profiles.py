@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE, PRECISION_BYTES
 from scheduler.energy.step import PhysicsAssumptions, StepCosts
 
 EMBEDDED_PROFILES = Path(__file__).parent / "profiles"

@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scheduler.energy.hardware import GPU_CATALOGUE, GpuSpec
-from scheduler.energy.models import MODEL_CATALOGUE, PRECISION_BYTES, ModelSpec
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE, PRECISION_BYTES, ModelSpec
 from scheduler.energy.step import RatedCosts, StepCosts, predict, prefill_budget
 
 POINTS_FILE = Path(__file__).parent / "published" / "points.yaml"

@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass, fields
 
 from scheduler.energy.hardware import GpuSpec
-from scheduler.energy.models import PRECISION_BYTES, ModelSpec
+from scheduler.energy.model_catalogue import PRECISION_BYTES, ModelSpec
 
 # vLLM's defaults: sequences one replica runs at most, and the chunked-prefill token budget
 # per step (max_num_batched_tokens for the OpenAI server on large-memory GPUs).

@@ -10,7 +10,7 @@ Both speak the OpenAI streaming API; the receipt comes differently:
   region and pool, the config version and the measurement source;
 - a region's gateway (``--pool`` names the pool; it must run with tickets disabled, as a
   local or staging region does, since only a router can sign tickets): the ``energy`` object
-  of the final usage chunk (scheduler.serve.energy_report); the region's name comes from its
+  of the final usage chunk (scheduler.region.energy_report); the region's name comes from its
   ``GET /state`` once, the pool from the ``x-scheduler-pool`` header.
 
 A stream that fails, or ends without energy or without output tokens, is no sample: it is

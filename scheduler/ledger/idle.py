@@ -1,11 +1,11 @@
 """Idle energy on the tenants' bills: warm GPUs that ran no request, shared by use.
 
 A region's gateway meters every interval of each GPU; an interval with no request on its GPU is
-idle and goes to the pool that holds the GPU (``scheduler.serve.inflight``). The gateway adds
+idle and goes to the pool that holds the GPU (``scheduler.region.inflight``). The gateway adds
 those joules up per pool and billing window (an hour by default), prices them at the grid
 intensity the routers last signed into its tickets, counts the energy each tenant's requests
 were billed on that pool in the same window, and signs one record per pool and window into the
-``receipts`` stream (``scheduler.serve.idle_windows``). The router that books the region's
+``receipts`` stream (``scheduler.region.idle_windows``). The router that books the region's
 receipts books the record here: each tenant that used the pool in the window gets its share of
 the idle joules and grams,
 

@@ -39,8 +39,8 @@ from scheduler.plugins.health import region_verdict
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.config_reload.reloader import ConfigReloader
+from scheduler.server.deferral_api import Deferrals
 from scheduler.server.deferral_settings import DeferralSettings
-from scheduler.server.deferred import Deferrals
 from scheduler.server.dispatch import RegionDispatcher
 from scheduler.server.edge import EdgeInterceptor
 from scheduler.server.http_api import MAX_BODY_BYTES, build_http_server, server_ssl_context
@@ -55,7 +55,7 @@ from scheduler.server.metrics import (
     http_samples,
 )
 from scheduler.server.rate_limit import SharedRateLimiter
-from scheduler.server.region_receipts import RegionReceiptIngest
+from scheduler.server.region_receipt_ingest import RegionReceiptIngest
 from scheduler.server.servicers import GlobalRouterService, RouterAdminService
 from scheduler.server.stalls import StalledWrites
 from scheduler.server.stream_slots import StreamSlots
@@ -200,7 +200,7 @@ class RouterDeps:
     # files to reload, e.g. one built in-process; RouterAdmin/ReloadConfig then says so). It is
     # also in ``background`` (scheduler.server.config_reload).
     config: ConfigReloader | None = None
-    # The deferral queue's submit, fetch and release loop (scheduler.server.deferred; None: this
+    # The deferral queue's submit, fetch and release loop (scheduler.server.deferral_api; None: this
     # router neither holds nor releases deferred requests). Started last, stopped first: a
     # release cut short by the stop books its partial receipt while the ledger still runs.
     deferrals: Deferrals | None = None
@@ -288,7 +288,7 @@ def with_services(
     """Add what a production router runs beside the servicers: the carbon pollers (one
     router polls each provider and zone, through the store's lock) and the tenant ledger
     (every receipt recorded; hard budgets enforced before dispatch)."""
-    from scheduler.datalayer.carbon.pollers import CarbonPollers
+    from scheduler.datalayer.carbon.carbon_pollers import CarbonPollers
     from scheduler.ledger.ledger import ENTRY_TTL_S, Ledger
     from scheduler.ledger.service import LedgerService
 

@@ -38,7 +38,7 @@ from scheduler import errors
 from scheduler.deferral.queue import DONE, HELD, RUNNING
 from scheduler.server import openai_front
 from scheduler.server.auth import Principal
-from scheduler.server.deferred import Deferrals
+from scheduler.server.deferral_api import Deferrals
 from scheduler.server.openai_front import deferred_request
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tickets import CHAT_COMPLETIONS, COMPLETIONS

@@ -33,7 +33,7 @@ from scheduler.server import convert
 from scheduler.server.auth import Principal, scope_jurisdictions
 from scheduler.server.canary import stream_outcome, ttft_budget_ms
 from scheduler.server.dispatch import RegionStream, TextDelta
-from scheduler.server.receipt import ReceiptInputs, build_receipt
+from scheduler.server.receipt_builder import ReceiptInputs, build_receipt
 from scheduler.server.router_parts import Proxying
 from scheduler.server.tracing import NO_TRACE, RequestTrace, decision_attributes, receipt_attributes, request_attributes
 from scheduler.types import Candidate, Decision, EnergyReceipt, FleetSnapshot, Request
@@ -360,7 +360,7 @@ class RouterCore:
         client_deadline = None if remaining_s is None else started + remaining_s
         # The stream's deadline: the client's, capped by the router's max_stream_s.
         # The prefix key and workflow go along: the region publishes the keys its cache served
-        # (scheduler.serve.prefix_warm), which is how the router learns where a prefix is warm.
+        # (scheduler.region.prefix_warm), which is how the router learns where a prefix is warm.
         hints = {"decision_id": decision_id, "tenant": tenant}
         if incoming.request.prefix_key:
             hints["prefix_key"] = incoming.request.prefix_key

@@ -45,7 +45,7 @@ import orjson
 from scheduler import errors
 from scheduler.http.client import HttpClient, HttpError, Response
 from scheduler.server.tracing import NO_TRACE, RequestTrace, attempt_failed, attempt_span, usage_attributes
-from scheduler.sse import DONE_BYTES, MalformedEvent, SseParser, choice_text, openai_error, parse_event
+from scheduler.sse_parser import DONE_BYTES, MalformedEvent, SseParser, choice_text, openai_error, parse_event
 from scheduler.tickets import HEADER as TICKET_HEADER
 from scheduler.types import Candidate, Decision
 

@@ -57,7 +57,7 @@ from scheduler.server import convert, openai_front
 from scheduler.server.auth import Principal
 from scheduler.server.batches import Batches
 from scheduler.server.core import TRANSIENT_PLUGINS, ProxyRun, RouterCore
-from scheduler.server.deferred import Deferrals
+from scheduler.server.deferral_api import Deferrals
 from scheduler.server.dispatch import merge_fields
 from scheduler.server.edge import GUARDED_DESERIALIZERS, admit, authenticate
 from scheduler.server.openai_front import deferred_request

@@ -15,7 +15,7 @@ to the other. A system prompt shorter than K is hashed whole. No prompt text lea
 function.
 
 Keys are per tenant, as the engines' caches are: the regions salt each tenant's prefix cache
-(vLLM's ``cache_salt``, scheduler.serve.gateway), so one tenant's KV never serves another's
+(vLLM's ``cache_salt``, scheduler.region.gateway), so one tenant's KV never serves another's
 request and a tenant cannot probe another's cached prefixes through ``cached_tokens``. A key a
 client names is scoped the same way (``scoped``), and so is a workflow id.
 """

@@ -27,7 +27,7 @@ from scheduler.server import convert
 from scheduler.server.canary import no_canary, status_to_proto
 from scheduler.server.config_reload.reloader import ConfigReloader
 from scheduler.server.core import RouterCore
-from scheduler.server.deferred import CANCELLED, FAILED, Deferrals, replayed
+from scheduler.server.deferral_api import CANCELLED, FAILED, Deferrals, replayed
 from scheduler.server.edge import current_principal, current_trace
 from scheduler.server.router_parts import Proxying, SharedState
 from scheduler.state import keys
@@ -76,7 +76,7 @@ class GlobalRouterService(router_pb2_grpc.GlobalRouterServicer):
         if run.failure is not None:
             raise run.failure
 
-    # --- deferral (docs/deferral.md; scheduler.server.deferred) ----------------------------------
+    # --- deferral (docs/deferral.md; scheduler.server.deferral_api) ------------------------------
 
     def _deferrals(self) -> Deferrals:
         if self.deps.deferrals is None:

@@ -24,7 +24,7 @@ from scheduler import errors
 from scheduler.server.auth import Principal
 from scheduler.server.metrics import Sample
 
-# Requests one region gateway replica takes at once (scheduler.serve.gateway's Serve deployment;
+# Requests one region gateway replica takes at once (scheduler.region.gateway's Serve deployment;
 # not imported from there, which would import Ray into the router).
 GATEWAY_MAX_ONGOING = 256
 # The streams one tenant may hold by default: a quarter of one gateway replica.

@@ -1,5 +1,5 @@
 """A small OpenAI-compatible streaming server standing in for a region: the router benchmark's
-baseline and the router's fast tests (the real region is ``scheduler.serve``).
+baseline and the router's fast tests (the real region is ``scheduler.region``).
 
 It follows OpenAI's documented streaming format: ``POST /v1/completions`` or
 ``/v1/chat/completions`` with ``"stream": true`` answers ``text/event-stream`` chunks

@@ -495,7 +495,7 @@ class Simulation:
                 hold(i, request, t, snap, decision, budget[i])
             elif decision.schedulable:
                 if deferrable and deferring:
-                    reasons["chain"] += 1  # the router's release reason for it (scheduler.server.deferred)
+                    reasons["chain"] += 1  # the router's release reason for it (scheduler.server.deferral_api)
                 dispatch(job(i, request, t, decision), t, snap)
             else:
                 counters["unschedulable"] += 1

@@ -7,7 +7,7 @@ Ray Serve's default request router does: two distinct replicas drawn at random (
 per pool), the one with fewer requests waiting + running wins (the first drawn on a tie).
 
 With ``prefix_aware`` (the simulator's affinity runs) the pool routes prefix-aware, an
-approximation of the region app's ``PrefixKeyRouter`` (scheduler.serve.prefix_router, which
+approximation of the region app's ``PrefixKeyRouter`` (scheduler.region.prefix_router, which
 sends a key to its rendezvous home unless that replica is overloaded): it remembers the
 replica it last sent each prefix key to (at most ``PREFIX_ENTRIES_PER_REPLICA`` x R keys,
 least recently sent dropped first), and a request with that key goes there when that

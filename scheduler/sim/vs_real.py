@@ -2,7 +2,7 @@
 and through the simulator's replica, with step costs measured on the same engine settings.
 
 1. Engines: the calibration runs on vLLM's ``AsyncLLM`` in this process, with the engine
-   settings of a local region (``scheduler.serve.app.EngineOptions``: the tiny model,
+   settings of a local region (``scheduler.region.app.EngineOptions``: the tiny model,
    max_model_len 2048, 32 sequences, eager mode, prefix caching, 64 MiB of KV cache): only
    there does vLLM report its own first-token time (its request stats), which separates a
    prefill's step time from the path around it, and prompts go in as token ids, so token counts
@@ -206,8 +206,8 @@ class Engine:
     """A vLLM CPU engine serving the tiny model with a local region's engine settings."""
 
     def __init__(self) -> None:
-        from scheduler.serve.app import EngineOptions, engine_env
-        from scheduler.serve.tiny_model import ensure_tiny_model
+        from scheduler.region.app import EngineOptions, engine_env
+        from scheduler.region.tiny_model import ensure_tiny_model
 
         options = EngineOptions()
         os.environ.update(engine_env(options))
@@ -340,9 +340,9 @@ async def local_region(endpoint: str | None, model: str, engine: Engine,
     """``endpoint``'s region (tickets signed with ``ticket_keys`` for the region's first local
     pool), or one local region (Ray Serve + vLLM CPU) started and stopped here."""
     from scheduler.plugins.checked_fleet import load_checked_fleet
-    from scheduler.serve import DEFAULT_LOCAL_REGIONS
-    from scheduler.serve.app import local_pools
-    from scheduler.serve.stack import LocalStack, StackOptions
+    from scheduler.region import DEFAULT_LOCAL_REGIONS
+    from scheduler.region.app import local_pools
+    from scheduler.region.stack import LocalStack, StackOptions
 
     stack = None
     if endpoint is None:

@@ -1,4 +1,4 @@
-"""Reading a region's receipt claims (``scheduler.region_receipt`` writes them): into the
+"""Reading a region's receipt claims (``scheduler.signed_region_receipt`` writes them): into the
 ``EnergyReceipt`` the ledger books, and the client's receipt in direct mode, where the claims
 arrive, unsigned, in the stream's final event. Tolerant by design: a field the region did not
 report, or reported as something other than a JSON number, stays None.

@@ -27,7 +27,7 @@ import grpc
 from scheduler.client import AsyncSchedulerClient, SchedulerRpcError
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import CarbonSource, RegionConfig
-from scheduler.datalayer.carbon.pollers import CarbonPollers
+from scheduler.datalayer.carbon.carbon_pollers import CarbonPollers
 from scheduler.datalayer.carbon.providers import ProviderOptions
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.ledger.ledger import Ledger

@@ -58,7 +58,7 @@ from scheduler.client import direct as sdk_direct
 from scheduler.client.common import build_request
 from scheduler.config.loader import load_fleet
 from scheduler.ledger.ledger import FIELDS, month_of
-from scheduler.region_receipt import verify_receipt
+from scheduler.signed_region_receipt import verify_receipt
 from scheduler.tickets import KEYS_FILE_ENV, TicketKeyRing
 from scheduler.v1 import router_pb2, router_pb2_grpc
 from tests.faults.redis_server import PrivateRedis, free_port

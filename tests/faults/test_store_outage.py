@@ -31,7 +31,7 @@ from scheduler.config.loader import load_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import STATE_STORE
-from scheduler.serve.publisher import RegionStatePublisher
+from scheduler.region.publisher import RegionStatePublisher
 from scheduler.server.app import RunningRouter, build_deps, start_router
 from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.state.redis_store import RedisStore

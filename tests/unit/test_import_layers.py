@@ -69,7 +69,7 @@ def test_the_core_does_not_import_the_layers_above_it() -> None:
 
 # The router's parts: the SDK (scheduler.client, shipped alone as carbon-scheduler-sdk) and the
 # wire layer it shares with the router never import them, so the SDK installs without them.
-ROUTER_PARTS = frozenset({"scheduler.server", "scheduler.serve", "scheduler.datalayer", "scheduler.framework",
+ROUTER_PARTS = frozenset({"scheduler.server", "scheduler.region", "scheduler.datalayer", "scheduler.framework",
                           "scheduler.config", "scheduler.sim"})
 # What the SDK's wheel is built from: links to the modules it is made of (sdk/pyproject.toml).
 SDK_TREE = ROOT.parent / "sdk" / "scheduler"

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from scheduler.energy.models import PRECISION_RANK
+from scheduler.energy.model_catalogue import PRECISION_RANK
 from scheduler.framework.columns import BoolArray, FloatArray
 from scheduler.framework.plugin import Plugin, Reason, RequestView
 from scheduler.types import FleetSnapshot

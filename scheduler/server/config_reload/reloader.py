@@ -419,7 +419,7 @@ class ConfigReloader:
 
     async def _apply(self, loaded: LoadedConfig, version: ConfigVersion, source: str, record: PublishedConfig | None,
                      signature: BundleSignature | None, trigger: str) -> None:
-        from scheduler.datalayer.carbon.pollers import CarbonPollers
+        from scheduler.datalayer.carbon.carbon_pollers import CarbonPollers
         from scheduler.datalayer.probes import RegionProbes
         from scheduler.ledger.service import LedgerService
 

@@ -16,10 +16,10 @@ import sys
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import CarbonSource
 from scheduler.datalayer.carbon import metrics
-from scheduler.datalayer.carbon.poller import LockTiming
-from scheduler.datalayer.carbon.pollers import CarbonPollers
+from scheduler.datalayer.carbon.carbon_pollers import CarbonPollers
 from scheduler.datalayer.carbon.providers import ProviderOptions
 from scheduler.datalayer.carbon.store_io import read_signal
+from scheduler.datalayer.carbon.zone_poller import LockTiming
 from scheduler.state import codec
 from scheduler.state.redis_store import RedisStore
 from scheduler.wire.retry import RetryPolicy

@@ -15,9 +15,9 @@ import pytest
 
 from scheduler.datalayer.carbon import metrics
 from scheduler.datalayer.carbon.metrics import Counters
-from scheduler.datalayer.carbon.poller import PART_NOT_PERMITTED_S, RETRY_FAILED_S, LockTiming, ZonePoller
 from scheduler.datalayer.carbon.providers import ProviderOptions, make_provider
 from scheduler.datalayer.carbon.store_io import read_forecast, read_signal
+from scheduler.datalayer.carbon.zone_poller import PART_NOT_PERMITTED_S, RETRY_FAILED_S, LockTiming, ZonePoller
 from scheduler.state.memory_store import MemoryStore
 from tests.integration.carbon.carbon_apis import CasdkApi, ElectricityMapsApi, Reply, WattTimeApi, iso
 

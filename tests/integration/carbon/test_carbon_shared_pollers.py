@@ -19,10 +19,10 @@ import redis
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import CarbonSource
 from scheduler.datalayer.carbon import metrics
-from scheduler.datalayer.carbon.poller import LockTiming
-from scheduler.datalayer.carbon.pollers import CarbonPollers
+from scheduler.datalayer.carbon.carbon_pollers import CarbonPollers
 from scheduler.datalayer.carbon.providers import ProviderOptions
 from scheduler.datalayer.carbon.store_io import read_carbon, read_signal
+from scheduler.datalayer.carbon.zone_poller import LockTiming
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
 from scheduler.plugins import default_scheduler_registry

@@ -36,9 +36,9 @@ from starlette.requests import Request
 
 from scheduler.config.schema import RegionConfig
 from scheduler.energy import nvml
-from scheduler.serve import power_caps
-from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
-from scheduler.serve.replica_report import ReplicaReport, RunningIntegral
+from scheduler.region import power_caps
+from scheduler.region.gateway import GatewaySettings, PoolEngine, RegionGateway
+from scheduler.region.replica_report import ReplicaReport, RunningIntegral
 from scheduler.server.stub_region import bind
 from scheduler.types import RegionLiveState
 from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml

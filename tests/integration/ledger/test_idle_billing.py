@@ -26,8 +26,8 @@ from scheduler.ledger.idle import RULE, UNATTRIBUTED
 from scheduler.ledger.ledger import Ledger
 from scheduler.ledger.service import LedgerService
 from scheduler.plugins.checked_fleet import load_checked_fleet
-from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
-from scheduler.server.region_receipts import RegionReceiptIngest
+from scheduler.region.gateway import GatewaySettings, PoolEngine, RegionGateway
+from scheduler.server.region_receipt_ingest import RegionReceiptIngest
 from scheduler.state.redis_store import RedisStore
 from scheduler.tickets import COMPLETIONS, HEADER, MAX_TICKET_TTL_S, Ticket, TicketKeyRing, body_digest
 from tests.integration.ledger.conftest import SHARED_REDIS
@@ -62,7 +62,7 @@ def test_idle_energy_is_billed_to_the_tenants_that_used_the_pool(monkeypatch: py
                                                                  namespace: str) -> None:
     gpus = [FakeGpu(energy_mj=5_000_000, power_mw=int(WATTS * 1000)) for _ in range(2)]
     monkeypatch.setattr("scheduler.energy.nvml._load_pynvml", lambda: FakeNvml(gpus=gpus))
-    monkeypatch.setattr("scheduler.serve.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
+    monkeypatch.setattr("scheduler.region.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
     region = next(r for r in load_checked_fleet().regions if r.name == "eu-north")
     ring = TicketKeyRing.generate(["eu-north"])
     replicas = [FakeReplica("LLMServer:h200-long#a", gpus[0], 0), FakeReplica("LLMServer:h200-long#b", gpus[1], 1)]

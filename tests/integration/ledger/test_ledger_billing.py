@@ -11,9 +11,9 @@ import redis
 
 from scheduler.ledger.ledger import Ledger, month_of
 from scheduler.ledger.service import LedgerService
-from scheduler.region_receipt import STREAM, STREAM_MAXLEN, receipt_claims, sign_receipt
 from scheduler.server.audit import AuditLog
-from scheduler.server.region_receipts import CURSOR, LOCK, RegionReceiptIngest
+from scheduler.server.region_receipt_ingest import CURSOR, LOCK, RegionReceiptIngest
+from scheduler.signed_region_receipt import STREAM, STREAM_MAXLEN, receipt_claims, sign_receipt
 from scheduler.state import keys
 from scheduler.state.factory import open_store
 from scheduler.state.store import StateUnavailable

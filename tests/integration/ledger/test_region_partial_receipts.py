@@ -23,7 +23,7 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from scheduler.region_receipt import STREAM, verify_receipt
+from scheduler.signed_region_receipt import STREAM, verify_receipt
 from scheduler.state.factory import open_store
 from scheduler.state.store import StateStore
 from scheduler.tickets import HEADER as TICKET_HEADER

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest_asyncio
 
-from scheduler.serve.stack import LocalStack, StackOptions, live_children
+from scheduler.region.stack import LocalStack, StackOptions, live_children
 from scheduler.tickets import CHAT_COMPLETIONS, COMPLETIONS, Ticket, body_digest, sign
 from scheduler.tickets import HEADER as TICKET_HEADER
 

@@ -28,8 +28,8 @@ from scheduler.framework.explain import explain_table
 from scheduler.framework.scheduler import Scheduler
 from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.checked_fleet import load_checked_fleet
-from scheduler.serve.app import EngineOptions, build_region_app, local_pools
-from scheduler.serve.stack import LocalStack
+from scheduler.region.app import EngineOptions, build_region_app, local_pools
+from scheduler.region.stack import LocalStack
 from scheduler.state.factory import open_store
 from scheduler.types import Decision, Request
 

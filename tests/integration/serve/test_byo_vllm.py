@@ -28,9 +28,9 @@ from scheduler.config.loader import EMBEDDED_POLICIES, PROJECT_DIR, load_policy,
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.ledger.ledger import Ledger
-from scheduler.serve.app import EngineOptions, engine_env
-from scheduler.serve.tiny_model import ensure_tiny_model
-from scheduler.serve.vllm_scrape import VllmRegionSource
+from scheduler.region.app import EngineOptions, engine_env
+from scheduler.region.tiny_model import ensure_tiny_model
+from scheduler.region.vllm_scrape import VllmRegionSource
 from scheduler.server.app import build_deps, start_router, with_services
 from scheduler.state import codec, keys
 from scheduler.state.factory import open_store

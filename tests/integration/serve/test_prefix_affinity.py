@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from scheduler.client import AsyncSchedulerClient
-from scheduler.serve.stack import LocalStack
+from scheduler.region.stack import LocalStack
 from tests.integration.serve.conftest import REGION, ticket_headers
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -1,5 +1,5 @@
 """Inside a pool, requests sharing a prefix key go to the replica that holds the prefix
-(scheduler.serve.prefix_router, docs/affinity.md "Inside a region"): on real Ray Serve, a
+(scheduler.region.prefix_router, docs/affinity.md "Inside a region"): on real Ray Serve, a
 two-replica deployment routed by ``PrefixKeyRouter`` answers every call of one key from one
 replica, the key's rendezvous home; calls without a key spread over both."""
 
@@ -10,9 +10,9 @@ from collections import defaultdict
 
 import pytest
 
-from scheduler.serve.app import PREFIX_ROUTER_CLASS
-from scheduler.serve.prefix_router import home_of
-from scheduler.serve.stack import LocalStack
+from scheduler.region.app import PREFIX_ROUTER_CLASS
+from scheduler.region.prefix_router import home_of
+from scheduler.region.stack import LocalStack
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.asyncio(loop_scope="session"),
               pytest.mark.timeout(240)]

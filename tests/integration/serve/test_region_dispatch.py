@@ -18,8 +18,8 @@ import pytest
 
 from scheduler.client import AsyncSchedulerClient
 from scheduler.ledger.ledger import month_of, parse_month
-from scheduler.serve.stack import LocalStack
-from scheduler.serve.tiny_model import TINY_MODEL
+from scheduler.region.stack import LocalStack
+from scheduler.region.tiny_model import TINY_MODEL
 from scheduler.state import keys
 from scheduler.state.factory import open_store
 from scheduler.tickets import HEADER as TICKET_HEADER
@@ -183,7 +183,7 @@ async def test_the_openai_front_door_and_direct_mode_over_http_reach_the_real_re
 
 async def _region_receipt(stack: LocalStack, decision_id: str, timeout_s: float = 15.0) -> dict[str, Any]:
     """The region's signed receipt of ``decision_id`` once its outbox wrote it to the store."""
-    from scheduler.region_receipt import STREAM, verify_receipt
+    from scheduler.signed_region_receipt import STREAM, verify_receipt
 
     assert stack.ticket_keys is not None
     store = open_store(stack.state_url, stack.namespace)

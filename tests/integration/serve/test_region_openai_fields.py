@@ -13,7 +13,7 @@ import json
 import openai
 import pytest
 
-from scheduler.serve.stack import LocalStack
+from scheduler.region.stack import LocalStack
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

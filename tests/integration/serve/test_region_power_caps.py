@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from scheduler.serve import demo
-from scheduler.serve.power_caps import RegionCapReport
-from scheduler.serve.stack import LocalStack
+from scheduler.region import demo
+from scheduler.region.power_caps import RegionCapReport
+from scheduler.region.stack import LocalStack
 from tests.integration.serve.conftest import REGION
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from scheduler.client import AsyncSchedulerClient, UnschedulableError
-from scheduler.serve.stack import LocalStack
+from scheduler.region.stack import LocalStack
 from scheduler.sim.vs_real import QUICK_SWEEP, compare
 from scheduler.state import codec, keys
 from scheduler.state.factory import open_store
@@ -57,7 +57,7 @@ async def test_a_repeated_long_prefix_reuses_cached_tokens(stack: LocalStack) ->
 
 @pytest.mark.timeout(60)
 async def test_region_publishes_engine_stats_through_the_stat_logger_hook(stack: LocalStack) -> None:
-    """The private path scheduler.serve.engine.attach_live_stats relies on still works: the
+    """The private path scheduler.region.engine.attach_live_stats relies on still works: the
     published prefix-cache hit rate comes only from the hook (after the cached request above)."""
     store = open_store(stack.state_url, stack.namespace)
     try:

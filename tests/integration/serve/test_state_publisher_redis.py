@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from scheduler.serve.publisher import HttpStateSource, RegionStatePublisher
+from scheduler.region.publisher import HttpStateSource, RegionStatePublisher
 from scheduler.state import codec, keys
 from scheduler.state.factory import open_store
 from scheduler.types import PoolLiveState, RegionLiveState

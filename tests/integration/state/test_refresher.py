@@ -22,7 +22,7 @@ from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import STATE_STORE, Scheduler
 from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.health import region_verdict
-from scheduler.serve.publisher import RegionStatePublisher
+from scheduler.region.publisher import RegionStatePublisher
 from scheduler.server.stub_region import StubRegion, StubRegionSettings
 from scheduler.state import codec, keys
 from scheduler.state.memory_store import MemoryStore

@@ -15,7 +15,7 @@ from scheduler.capacity.demand import Demand, build_demand, client_groups
 from scheduler.capacity.planner import Intensities, Plan, keep_warm, plan_day, pool_options
 from scheduler.config.loader import default_region, load_policy, validate
 from scheduler.config.schema import PolicyConfig, RegionConfig, SloClass
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.sim.workload import City, Continent, Trace
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,8 +11,8 @@ import pytest
 from scheduler.capacity.demand import token_shape
 from scheduler.capacity.pool_model import ReplicaModel, erlang_c
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.sim.reference import reference_replay
 from scheduler.sim.replica import Seq
 from scheduler.sim.workload import load_trace

@@ -13,7 +13,6 @@ from scheduler.config.loader import load_fleet
 from scheduler.datalayer.carbon.base import KIND
 from scheduler.datalayer.carbon.csv_replay import CsvReplayProvider
 from scheduler.datalayer.carbon.metrics import Counters
-from scheduler.datalayer.carbon.poller import LockTiming, ZonePoller
 from scheduler.datalayer.carbon.store_io import (
     DAILY_MAX_DAYS,
     DAY_S,
@@ -24,6 +23,7 @@ from scheduler.datalayer.carbon.store_io import (
     record_daily_max,
     window_max,
 )
+from scheduler.datalayer.carbon.zone_poller import LockTiming, ZonePoller
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, load_zone, zone_file
 from scheduler.datalayer.offline import csv_carbon_bounds
 from scheduler.datalayer.refresher import SnapshotRefresher

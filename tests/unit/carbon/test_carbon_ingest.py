@@ -16,8 +16,8 @@ from scheduler.config.loader import load_fleet
 from scheduler.datalayer.carbon import metrics
 from scheduler.datalayer.carbon.csv_replay import CsvReplayProvider
 from scheduler.datalayer.carbon.metrics import Counters, signal_gauges
-from scheduler.datalayer.carbon.poller import RETRY_FAILED_S, ZonePoller
 from scheduler.datalayer.carbon.store_io import read_forecast, read_signal
+from scheduler.datalayer.carbon.zone_poller import RETRY_FAILED_S, ZonePoller
 from scheduler.server.app import router_gauges
 from scheduler.signal_check import CLOCK_SKEW_S
 from scheduler.state.memory_store import MemoryStore

@@ -15,11 +15,11 @@ import pytest
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import CarbonSource
 from scheduler.datalayer.carbon import metrics
+from scheduler.datalayer.carbon.carbon_pollers import CarbonPollers
 from scheduler.datalayer.carbon.csv_replay import CsvReplayProvider
 from scheduler.datalayer.carbon.metrics import Counters
-from scheduler.datalayer.carbon.poller import LockTiming, ZonePoller
-from scheduler.datalayer.carbon.pollers import CarbonPollers
 from scheduler.datalayer.carbon.store_io import read_carbon, read_forecast, read_signal, write_signal
+from scheduler.datalayer.carbon.zone_poller import LockTiming, ZonePoller
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR
 from scheduler.state.memory_store import MemoryStore
 

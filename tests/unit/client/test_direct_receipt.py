@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from scheduler.client import direct
-from scheduler.region_receipt import UPPER_BOUND_G_PER_KWH, receipt_claims
+from scheduler.signed_region_receipt import UPPER_BOUND_G_PER_KWH, receipt_claims
 from scheduler.tickets import Ticket
 from scheduler.v1 import messages_pb2 as pb
 

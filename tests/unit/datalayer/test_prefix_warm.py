@@ -8,7 +8,7 @@ import pytest
 
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.serve.prefix_publisher import PrefixWarmPublisher
+from scheduler.region.prefix_publisher import PrefixWarmPublisher
 from scheduler.state import keys, prefix_warm
 from scheduler.state.memory_store import MemoryStore
 from scheduler.types import Request

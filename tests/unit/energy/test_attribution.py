@@ -11,8 +11,8 @@ import pytest
 
 from scheduler.energy.attribution import RULES, EnergyTrace, RequestTimeline, Work, attribute, split_interval
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 
 FLOOR_W = 75.0
 COEFFICIENTS = ProfileEnergyModel().coefficients(

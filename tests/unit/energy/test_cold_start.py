@@ -7,7 +7,7 @@ import pytest
 
 from scheduler.energy.cold_start import ColdStart, cold_start
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 
 H100 = GPU_CATALOGUE["H100-80GB"]
 EIGHT_B = MODEL_CATALOGUE["llama-3.1-8b"]

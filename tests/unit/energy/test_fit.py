@@ -29,7 +29,7 @@ from scheduler.energy.fit import (
     run_energy_j,
 )
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.nvml import NvmlMeter
 from scheduler.energy.profiles import ProfileLibrary, load_profile, write_profile
 from scheduler.energy.published import load_points, predicted_j_per_token, predicted_tokens_per_s

@@ -15,8 +15,8 @@ from scheduler.energy import power_cap as pc
 from scheduler.energy.derive import load_fit
 from scheduler.energy.fit import point_costs
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.energy.published import POINTS_FILE, load_points, predicted_j_per_token, predicted_tokens_per_s
 from scheduler.energy.step import RatedCosts, predict
 from scheduler.types import PoolLiveState

@@ -13,11 +13,11 @@ import yaml
 from scheduler import exit_codes
 from scheduler.energy import cli
 from scheduler.energy.derive import TARGETS, derive_profiles, fit_document, fit_published
+from scheduler.energy.energy_model import ANALYTIC
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.model import ANALYTIC
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.nvml import NvmlMeter
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.energy.profiles import EMBEDDED_PROFILES, ProfileError, ProfileLibrary, load_profile
 from scheduler.energy.published import POINTS_FILE, load_points
 from scheduler.energy.step import StepCosts

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.config.loader import load_fleet
-from scheduler.energy.models import PRECISION_RANK
+from scheduler.energy.model_catalogue import PRECISION_RANK
 from scheduler.framework.scheduler import Scheduler
 from scheduler.plugins import default_scheduler_registry
 from scheduler.types import PoolLiveState, RegionLiveState, Request

@@ -17,7 +17,7 @@ RULES = MONITORING / "alerts.yaml"
 DASHBOARDS = ("grafana-operations.json", "grafana-engineering.json", "grafana-governance.json")
 # Exported by the platform, not by this code: kube-state-metrics, redis_exporter, Ray Serve.
 PLATFORM_PREFIXES = ("kube_", "redis_", "ray_serve_")
-# Exported by the region gateway through Ray's metrics port (scheduler/serve/metrics.py).
+# Exported by the region gateway through Ray's metrics port (scheduler/region/metrics.py).
 REGION_PREFIX = "ray_scheduler_"
 PROMQL_WORDS = {
     "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset",

@@ -285,8 +285,8 @@ def test_serve_import_path_is_a_ray_application_builder() -> None:
 
 @pytest.mark.parametrize("doc", RAYSERVICES, ids=lambda d: d.name)
 def test_pool_entries_are_the_builders_engine_options(doc: Doc) -> None:
-    # Depends on scheduler.serve.app: each args.pools entry is EngineOptions fields.
-    from scheduler.serve.app import EngineOptions
+    # Depends on scheduler.region.app: each args.pools entry is EngineOptions fields.
+    from scheduler.region.app import EngineOptions
 
     fields = set(EngineOptions.__dataclass_fields__)
     for name, entries in _serve_config(doc)["applications"][0]["args"]["pools"].items():
@@ -297,8 +297,8 @@ def test_pool_entries_are_the_builders_engine_options(doc: Doc) -> None:
 
 
 def test_the_app_builder_rejects_bad_args_naming_the_field() -> None:
-    # Depends on scheduler.serve.app.region_app_builder's validation of the `pools` shape.
-    from scheduler.serve.app import region_app_builder
+    # Depends on scheduler.region.app.region_app_builder's validation of the `pools` shape.
+    from scheduler.region.app import region_app_builder
 
     (service,) = [d for d in RAYSERVICES if _serve_config(d)["applications"][0]["args"]["region"]["name"] == "us-east"]
     args = dict(_serve_config(service)["applications"][0]["args"])

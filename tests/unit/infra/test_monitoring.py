@@ -41,7 +41,7 @@ SUFFIXES = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_s
 
 def gateway_metrics() -> set[str]:
     """The region gateway's ray.util.metrics, as Ray's Prometheus exporter names them."""
-    tree = ast.parse((REPO / "scheduler" / "serve" / "metrics.py").read_text())
+    tree = ast.parse((REPO / "scheduler" / "region" / "metrics.py").read_text())
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SUFFIXES:
@@ -184,7 +184,7 @@ def test_gateway_metrics_queried_are_declared_by_the_gateway() -> None:
             "ray_scheduler_region_in_flight"} <= declared
     for name, where in queried_metrics().items():
         if name.startswith(REGION_PREFIX):
-            assert name in declared, f"{name} ({sorted(where)}) is not declared in scheduler/serve/metrics.py"
+            assert name in declared, f"{name} ({sorted(where)}) is not declared in scheduler/region/metrics.py"
 
 
 def test_every_other_name_is_the_routers_or_the_platforms() -> None:

@@ -1,4 +1,4 @@
-"""Idle energy on the tenants' bills (scheduler.ledger.idle, scheduler.serve.idle_windows): a
+"""Idle energy on the tenants' bills (scheduler.ledger.idle, scheduler.region.idle_windows): a
 pool's idle joules of a billing window are shared by the joules each tenant was billed there,
 priced at the last usable intensity the gateway saw, at the upper bound before; a window nobody
 used is the operator's; the lines are ledger entries that count no request."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.ledger.idle import RULE, UNATTRIBUTED, IdleWindow
-from scheduler.serve.idle_windows import IdleWindows
+from scheduler.region.idle_windows import IdleWindows
 from scheduler.signal_check import UPPER_BOUND_G_PER_KWH
 from scheduler.units import J_PER_KWH
 

@@ -13,7 +13,7 @@ import pytest
 from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.energy.cold_start import ColdStart, cold_start
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.framework.explain import explain_dict, explain_table
 from scheduler.framework.predict import request_view
 from scheduler.framework.state import prepared, selected

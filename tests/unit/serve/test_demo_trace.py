@@ -1,4 +1,4 @@
-"""The demo's trace slice and its report (pure parts of ``scheduler.serve.demo``)."""
+"""The demo's trace slice and its report (pure parts of ``scheduler.region.demo``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.serve.demo import DemoOptions, Outcome, build_requests, percentile, report
-from scheduler.serve.tiny_model import ensure_tiny_model
+from scheduler.region.demo import DemoOptions, Outcome, build_requests, percentile, report
+from scheduler.region.tiny_model import ensure_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_trace_file_is_shipped() -> None:
 
 def test_report_ends_with_the_power_cap_dry_run_per_region_and_pool() -> None:
     from scheduler.plugins.checked_fleet import load_checked_fleet
-    from scheduler.serve.power_caps import PowerCapper, apply_region_caps
+    from scheduler.region.power_caps import PowerCapper, apply_region_caps
     from tests.unit.serve.fake_nvml import FakeNvml
 
     regions = {r.name: r for r in load_checked_fleet().regions}
@@ -106,8 +106,8 @@ def test_power_caps_are_fetched_from_each_region_or_dry_run_locally() -> None:
     import asyncio
 
     from scheduler.plugins.checked_fleet import load_checked_fleet
-    from scheduler.serve.demo import fetch_power_caps
-    from scheduler.serve.power_caps import dry_run_report
+    from scheduler.region.demo import fetch_power_caps
+    from scheduler.region.power_caps import dry_run_report
 
     regions = [r for r in load_checked_fleet().regions if r.name in ("us-east", "eu-north")]
     answered = dry_run_report(regions[0], ["h200-long"], reason="NVML: NVMLError_LibraryNotFound")

@@ -12,7 +12,7 @@ from ray.exceptions import ActorDiedError, RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
 from scheduler.plugins.checked_fleet import load_checked_fleet
-from scheduler.serve.gateway import EngineAnswers, GatewaySettings, PoolEngine, RegionGateway
+from scheduler.region.gateway import EngineAnswers, GatewaySettings, PoolEngine, RegionGateway
 from scheduler.types import RegionLiveState
 from tests.unit.serve.fake_nvml import FakeNvml
 
@@ -85,7 +85,7 @@ class FakeEngine:
 def test_the_gateway_publishes_a_slow_pool_on_its_last_answer_and_leaves_a_failed_one_out(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # No GPU, whatever the machine: no power caps set, no energy meter.
-    monkeypatch.setattr("scheduler.serve.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
+    monkeypatch.setattr("scheduler.region.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
     monkeypatch.setattr("scheduler.energy.nvml._load_pynvml", lambda: FakeNvml(library_found=False))
     region = next(r for r in load_checked_fleet().regions if r.name == "eu-north")
     engines = {"h200-long": FakeEngine(), "a100-batch": FakeEngine()}

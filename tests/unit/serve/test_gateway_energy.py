@@ -19,8 +19,8 @@ import pytest
 from starlette.requests import Request
 
 from scheduler.plugins.checked_fleet import load_checked_fleet
-from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
-from scheduler.serve.replica_report import ReplicaReport, RunningIntegral
+from scheduler.region.gateway import GatewaySettings, PoolEngine, RegionGateway
+from scheduler.region.replica_report import ReplicaReport, RunningIntegral
 from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
 
 POOL = "h200-long"
@@ -144,7 +144,7 @@ def test_receipts_are_measured_per_replica_and_the_gpus_joules_are_all_accounted
         monkeypatch: pytest.MonkeyPatch) -> None:
     gpus = [FakeGpu(energy_mj=5_000_000, power_mw=int(WATTS * 1000)) for _ in range(2)]
     monkeypatch.setattr("scheduler.energy.nvml._load_pynvml", lambda: FakeNvml(gpus=gpus))
-    monkeypatch.setattr("scheduler.serve.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
+    monkeypatch.setattr("scheduler.region.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
     region = next(r for r in load_checked_fleet().regions if r.name == "eu-north")
     replicas = [FakeReplica("LLMServer:h200-long#a", gpus[0], 0), FakeReplica("LLMServer:h200-long#b", gpus[1], 1)]
     pool = FakePool(replicas, route=[0, 0, 1])

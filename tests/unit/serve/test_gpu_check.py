@@ -1,5 +1,5 @@
 """The GPU check's own figures, on the real ``NvmlMeter`` over the fake NVML library (the
-check itself needs a GPU: ``python -m scheduler.serve.gpu_check`` exits 2 without one)."""
+check itself needs a GPU: ``python -m scheduler.region.gpu_check`` exits 2 without one)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from scheduler.energy.nvml import NvmlMeter
-from scheduler.serve import gpu_check
+from scheduler.region import gpu_check
 from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.energy.nvml import COUNTER_QUANTUM_J, READING_LAG_S, NvmlMeter
-from scheduler.serve.energy_report import PoolEnergyProfile, RegionPricing
-from scheduler.serve.inflight import UNCLAIMED, InFlight, MeasuredEnergy, RequestShare
-from scheduler.serve.replica_report import ReplicaReport, RunningIntegral, lifetime_batch
+from scheduler.region.energy_report import PoolEnergyProfile, RegionPricing
+from scheduler.region.inflight import UNCLAIMED, InFlight, MeasuredEnergy, RequestShare
+from scheduler.region.replica_report import ReplicaReport, RunningIntegral, lifetime_batch
 from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
 
 POOL = "h100-chat"

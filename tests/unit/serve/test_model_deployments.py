@@ -16,8 +16,8 @@ from ray.serve.schema import ApplicationStatus, ApplicationStatusOverview, Deplo
 
 from scheduler.config.autoscaling import ReplicaRange
 from scheduler.config.loader import load_fleet
-from scheduler.serve.app import EngineOptions, check_deployments
-from scheduler.serve.gateway import GatewaySettings, PoolEngine
+from scheduler.region.app import EngineOptions, check_deployments
+from scheduler.region.gateway import GatewaySettings, PoolEngine
 from scheduler.types import ModelReplicas, RegionLiveState
 from tests.region_host import EngineTally, LocalHandle, StubEngine, asgi, gateway_class
 from tests.unit.serve.fake_nvml import FakeNvml
@@ -87,7 +87,7 @@ async def complete(client: httpx.AsyncClient, model: str) -> httpx.Response:
 @pytest.mark.timeout(60)
 def test_the_gateway_runs_each_request_on_its_models_deployment_and_publishes_each_models_warmth(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("scheduler.serve.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
+    monkeypatch.setattr("scheduler.region.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
     monkeypatch.setattr("scheduler.energy.nvml._load_pynvml", lambda: FakeNvml(library_found=False))
     tally = EngineTally(APP, None)
     engines = {FIRST: StubEngine(POOL, tally), SECOND: StubEngine(POOL, tally)}
@@ -96,15 +96,15 @@ def test_the_gateway_runs_each_request_on_its_models_deployment_and_publishes_ea
                                tickets="disabled")
     # Serve's controller as the gateway's replica sees it (``serve.status()``).
     status = {"now": serve_status({"RUNNING": 2}, {"RUNNING": 1})}
-    monkeypatch.setattr("scheduler.serve.gateway.serve.get_replica_context", lambda: type("C", (), {"app_name": APP}))
-    monkeypatch.setattr("scheduler.serve.gateway.serve.status", lambda: status["now"])
+    monkeypatch.setattr("scheduler.region.gateway.serve.get_replica_context", lambda: type("C", (), {"app_name": APP}))
+    monkeypatch.setattr("scheduler.region.gateway.serve.status", lambda: status["now"])
 
     async def run() -> tuple[list[httpx.Response], list[RegionLiveState]]:
         cls = gateway_class()
         gateway = cls.__new__(cls)
         await gateway.__init__({POOL: handles}, settings)
         # From here on, as in a Serve replica: the gateway reads Serve's replica counts.
-        monkeypatch.setattr("scheduler.serve.gateway.ray.is_initialized", lambda: True)
+        monkeypatch.setattr("scheduler.region.gateway.ray.is_initialized", lambda: True)
         try:
             transport = httpx.ASGITransport(app=asgi(gateway))
             async with httpx.AsyncClient(transport=transport, base_url="http://region") as client:

@@ -9,7 +9,7 @@ import pytest
 
 from scheduler.config.schema import PoolConfig, RegionConfig
 from scheduler.plugins.checked_fleet import load_checked_fleet
-from scheduler.serve.power_caps import (
+from scheduler.region.power_caps import (
     PowerCapper,
     PowerLimitLibrary,
     RegionCapReport,
@@ -264,7 +264,7 @@ def _gateway_run(region: RegionConfig, pools: list[str]):  # type: ignore[no-unt
     import asyncio
     import json
 
-    from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
+    from scheduler.region.gateway import GatewaySettings, PoolEngine, RegionGateway
 
     cls = RegionGateway.func_or_class
     settings = GatewaySettings(region=region, pools={p: (PoolEngine("tiny-llama", 2048),) for p in pools},
@@ -289,7 +289,7 @@ def _gateway_run(region: RegionConfig, pools: list[str]):  # type: ignore[no-unt
 
 def test_the_gateway_dry_runs_at_start_without_a_gpu_and_shows_it(regions: dict[str, RegionConfig],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("scheduler.serve.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
+    monkeypatch.setattr("scheduler.region.power_caps._load_pynvml", lambda: FakeNvml(library_found=False))
     status, body, profiles = _gateway_run(with_caps(regions["eu-north"], eco=True), ["h200-long", "a100-batch"])
     report = RegionCapReport.from_dict(body)
     assert status == 200 and report.mode == "dry-run" and report.eco
@@ -301,7 +301,7 @@ def test_the_gateway_dry_runs_at_start_without_a_gpu_and_shows_it(regions: dict[
 def test_the_gateway_sets_caps_at_start_and_restores_them_when_it_stops(regions: dict[str, RegionConfig],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     library = FakeNvml(gpus=[FakeGpu(name="NVIDIA H200", limit_mw=700_000)])
-    monkeypatch.setattr("scheduler.serve.power_caps._load_pynvml", lambda: library)
+    monkeypatch.setattr("scheduler.region.power_caps._load_pynvml", lambda: library)
     monkeypatch.setattr("scheduler.energy.nvml._load_pynvml", lambda: FakeNvml(library_found=False))
     status, body, _ = _gateway_run(with_caps(regions["us-east"], **{"h200-long": 500.0}), ["h200-long"])
     (pool,) = RegionCapReport.from_dict(body).pools

@@ -1,4 +1,4 @@
-"""Rendezvous homes of prefix keys (scheduler.serve.prefix_router): spread over the replicas,
+"""Rendezvous homes of prefix keys (scheduler.region.prefix_router): spread over the replicas,
 and a replica that leaves moves only the keys it was home to."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from scheduler.serve.prefix_router import home_of
+from scheduler.region.prefix_router import home_of
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,11 +7,11 @@ import pytest
 
 from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.energy.hardware import GPU_CATALOGUE
-from scheduler.energy.models import MODEL_CATALOGUE
-from scheduler.energy.profile_model import ProfileEnergyModel
-from scheduler.serve.energy_report import PoolEnergyProfile, energy_object
-from scheduler.serve.inflight import MeasuredEnergy, RequestShare
-from scheduler.serve.sse import Usage
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
+from scheduler.region.energy_report import PoolEnergyProfile, energy_object
+from scheduler.region.inflight import MeasuredEnergy, RequestShare
+from scheduler.region.stream_assembler import Usage
 
 PHASES = {"waiting_j", "prefill_j", "decode_j", "postprocess_j", "idle_allocation_j"}
 KEYS = {"energy_j", "energy_j_low", "energy_j_high", "measurement_source", "confidence",

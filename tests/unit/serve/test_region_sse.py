@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from scheduler.serve.sse import DONE, StreamAssembler, Usage
+from scheduler.region.stream_assembler import DONE, StreamAssembler, Usage
 
 # As vLLM 0.32 through Ray Serve LLM streams them (one event per string).
 CONTENT = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from scheduler.serve.gateway import ReplayGuard
+from scheduler.region.gateway import ReplayGuard
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.store import StateUnavailable
 from scheduler.tickets import Ticket

@@ -25,10 +25,10 @@ from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.step import EnergyCoefficients
 from scheduler.plugins.checked_fleet import load_checked_fleet
-from scheduler.serve.energy_report import PoolEnergyProfile, energy_object
-from scheduler.serve.inflight import InFlight, RequestShare
-from scheduler.serve.replica_report import ReplicaReport, RunningIntegral
-from scheduler.serve.sse import Usage
+from scheduler.region.energy_report import PoolEnergyProfile, energy_object
+from scheduler.region.inflight import InFlight, RequestShare
+from scheduler.region.replica_report import ReplicaReport, RunningIntegral
+from scheduler.region.stream_assembler import Usage
 from scheduler.types import PoolLiveState
 
 POOL, MODEL = "h100-chat", "llama-3.1-8b"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from scheduler.serve.publisher import RegionStatePublisher
+from scheduler.region.publisher import RegionStatePublisher
 from scheduler.state import codec, keys
 from scheduler.state.memory_store import MemoryStore
 from scheduler.types import PoolLiveState, RegionLiveState

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.energy.models import MODEL_CATALOGUE
-from scheduler.serve.tiny_model import ensure_tiny_model
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
+from scheduler.region.tiny_model import ensure_tiny_model
 
 
 @pytest.fixture(scope="module")

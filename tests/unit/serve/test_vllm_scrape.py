@@ -1,4 +1,4 @@
-"""``scheduler.serve.vllm_scrape``: vLLM's Prometheus text parsed, and a plain vLLM region's live
+"""``scheduler.region.vllm_scrape``: vLLM's Prometheus text parsed, and a plain vLLM region's live
 state from its servers, served here by real HTTP servers on port 0 that answer ``/metrics`` and
 ``/v1/models`` in vLLM 0.32's format (the real server: tests/integration/serve/test_byo_vllm.py)."""
 
@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from scheduler.config.schema import RegionConfig
-from scheduler.serve.vllm_scrape import MetricsError, VllmRegionSource, engine_count, parse_metrics
+from scheduler.region.vllm_scrape import MetricsError, VllmRegionSource, engine_count, parse_metrics
 from scheduler.server.stub_region import bind
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,5 +1,5 @@
 """Warm and starting replicas per deployment (one per model of a pool) from Ray Serve's own
-status objects (scheduler.serve.warmth): what the region publishes so that the router knows a
+status objects (scheduler.region.warmth): what the region publishes so that the router knows a
 model at zero."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from ray.serve._private.common import DeploymentStatus, DeploymentStatusTrigger, ReplicaState
 from ray.serve.schema import ApplicationStatus, ApplicationStatusOverview, DeploymentStatusOverview, ServeStatus
 
-from scheduler.serve.warmth import DeploymentReplicas, deployment_replicas
+from scheduler.region.warmth import DeploymentReplicas, deployment_replicas
 
 
 def deployment(**states: int) -> DeploymentStatusOverview:

@@ -375,7 +375,7 @@ async def test_a_lost_head_is_put_back(tmp_path: Path) -> None:
 
 
 async def test_new_regions_get_probes_and_carbon_pollers(tmp_path: Path) -> None:
-    from scheduler.datalayer.carbon.pollers import CarbonPollers
+    from scheduler.datalayer.carbon.carbon_pollers import CarbonPollers
 
     sources = make_config(tmp_path)
     loaded = load_local(sources)

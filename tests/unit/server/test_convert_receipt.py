@@ -14,7 +14,7 @@ from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.embodied import EMBODIED_CATALOGUE
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.server import convert
-from scheduler.server.receipt import ReceiptInputs, build_receipt
+from scheduler.server.receipt_builder import ReceiptInputs, build_receipt
 from scheduler.signal_check import UPPER_BOUND_G_PER_KWH
 from scheduler.types import FleetSnapshot, Signal
 

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from scheduler.server.dispatch import DispatchSettings, RegionStream, _RegionFailed, merge_fields
-from scheduler.sse import SseParser
+from scheduler.sse_parser import SseParser
 
 CHUNK = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
          "choices": [{"index": 0, "text": "lorem ", "logprobs": None, "finish_reason": None, "stop_reason": None}],

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from scheduler.region_receipt import STREAM, STREAM_MAXLEN, receipt_claims, sign_receipt
-from scheduler.server.region_receipts import RegionReceiptIngest
+from scheduler.server.region_receipt_ingest import RegionReceiptIngest
+from scheduler.signed_region_receipt import STREAM, STREAM_MAXLEN, receipt_claims, sign_receipt
 from scheduler.state.memory_store import MemoryStore
 from scheduler.tickets import RegionKeys, Ticket, TicketKeyRing
 from scheduler.types import EnergyReceipt
@@ -62,7 +62,7 @@ def test_each_signed_receipt_is_booked_once_and_forgeries_never() -> None:
 
 
 def test_without_a_usable_signal_the_grams_are_an_upper_bound_not_zero() -> None:
-    from scheduler.region_receipt import UPPER_BOUND_G_PER_KWH, RegionReceipt
+    from scheduler.signed_region_receipt import UPPER_BOUND_G_PER_KWH, RegionReceipt
 
     receipt = RegionReceipt(claims("d1", g_per_kwh=None)).energy_receipt()
     assert receipt.energy_j == 36.0 and receipt.carbon is None

@@ -1,5 +1,5 @@
 """A deferred release runs under its tenant's limits, as a live Generate does
-(scheduler.server.deferred.ReleaseGate): one of the tenant's stream slots on this router and one
+(scheduler.server.deferral_api.ReleaseGate): one of the tenant's stream slots on this router and one
 token of its shared rate, the lowest its keys set; the settings' jurisdiction rule."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from scheduler import errors
 from scheduler.server.auth import KeyRing, Principal, TenantRateLimiter, create_key
+from scheduler.server.deferral_api import ReleaseGate
 from scheduler.server.deferral_settings import DeferralSettings
-from scheduler.server.deferred import ReleaseGate
 from scheduler.server.rate_limit import SharedRateLimiter
 from scheduler.server.stream_slots import StreamSlots
 from scheduler.state.memory_store import MemoryStore

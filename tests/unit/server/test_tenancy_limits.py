@@ -28,7 +28,7 @@ class Clock:
 
 def test_the_default_stream_cap_is_a_quarter_of_one_gateway_replica() -> None:
     # Read from the gateway's source: importing it would import Ray.
-    source = (Path(scheduler.__file__).parent / "serve" / "gateway.py").read_text()
+    source = (Path(scheduler.__file__).parent / "region" / "gateway.py").read_text()
     declared = re.search(r"@serve\.deployment\([^)]*max_ongoing_requests=(\d+)", source)
     assert declared is not None and int(declared.group(1)) == GATEWAY_MAX_ONGOING
     assert DEFAULT_MAX_STREAMS == 64 == GATEWAY_MAX_ONGOING // 4

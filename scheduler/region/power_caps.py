@@ -35,10 +35,10 @@ from typing import Any, Literal, Protocol
 
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import pool_power_cap
-from scheduler.energy.model import EnergyModel
+from scheduler.energy.energy_model import EnergyModel
 from scheduler.energy.nvml import NVML_ERROR_NOT_SUPPORTED
 from scheduler.energy.power_cap import PoolCap
-from scheduler.energy.profile_model import ProfileEnergyModel
+from scheduler.energy.profile_energy_model import ProfileEnergyModel
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ of one vLLM deployment per model of each pool (``RegionLLMServer``, reached thro
   figures only while it has had requests since its last answer: an idle deployment's replicas
   get no call from the gateway, so Ray Serve's autoscaler sees them idle and scales them down
   (to zero where allowed); a model at zero is published with no warm replica
-  (``scheduler.serve.warmth``);
+  (``scheduler.region.warmth``);
 - records the prefix keys (``x_scheduler.prefix_key``) its pools served with prefix-cache hits
   (the engine's ``cached_tokens``) and publishes them with a TTL (``PrefixWarmPublisher``);
 - at start, sets each served pool's GPU power cap through NVML, or dry-runs it without a GPU
-  (``scheduler.serve.power_caps``; ``GET /power-caps`` shows what it did), and puts the
+  (``scheduler.region.power_caps``; ``GET /power-caps`` shows what it did), and puts the
   limits it changed back when it stops.
 
 It never imports vLLM (the replica does), which keeps it small.
@@ -64,19 +64,19 @@ from ray.exceptions import ActorDiedError, RayTaskError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from scheduler import region_receipt, tickets
+from scheduler import signed_region_receipt, tickets
 from scheduler.config.schema import PoolConfig, RegionConfig
 from scheduler.energy.nvml import NvmlMeter
-from scheduler.serve.energy_report import PoolEnergyProfile, RegionPricing, energy_object
-from scheduler.serve.idle_windows import IdleWindows
-from scheduler.serve.inflight import InFlight, RequestShare
-from scheduler.serve.metrics import GatewayMetrics
-from scheduler.serve.power_caps import PowerCapper, RegionCapReport, apply_region_caps
-from scheduler.serve.prefix_publisher import PrefixWarmPublisher
-from scheduler.serve.publisher import RegionStatePublisher
-from scheduler.serve.replica_report import ReplicaReport
-from scheduler.serve.sse import StreamAssembler, Usage, sse_event
-from scheduler.serve.warmth import DeploymentReplicas, deployment_replicas
+from scheduler.region.energy_report import PoolEnergyProfile, RegionPricing, energy_object
+from scheduler.region.idle_windows import IdleWindows
+from scheduler.region.inflight import InFlight, RequestShare
+from scheduler.region.metrics import GatewayMetrics
+from scheduler.region.power_caps import PowerCapper, RegionCapReport, apply_region_caps
+from scheduler.region.prefix_publisher import PrefixWarmPublisher
+from scheduler.region.publisher import RegionStatePublisher
+from scheduler.region.replica_report import ReplicaReport
+from scheduler.region.stream_assembler import StreamAssembler, Usage, sse_event
+from scheduler.region.warmth import DeploymentReplicas, deployment_replicas
 from scheduler.state import codec
 from scheduler.state.prefix_warm import PrefixHits
 from scheduler.state.store import StateUnavailable
@@ -466,7 +466,7 @@ class RegionGateway:
         self._start(pool, request_id, model)
         called = time.monotonic()
         try:
-            # The prefix key picks the pool's replica (scheduler.serve.prefix_router).
+            # The prefix key picks the pool's replica (scheduler.region.prefix_router).
             stream = getattr(self._llms[deployment].options(stream=True), method).remote(engine_body,
                                                                                           prefix_key=prefix_key)
             first = await self._first_batch(request_id, stream)
@@ -624,7 +624,7 @@ class RegionGateway:
         """The receipt of a dispatch: signed into the outbox (a router books it), and returned
         (direct mode: for the client's final event)."""
         assert self._keys is not None
-        claims = region_receipt.receipt_claims(
+        claims = signed_region_receipt.receipt_claims(
             ticket, pue=self._settings.region.pue, energy=energy,
             usage=None if usage is None else {"prompt_tokens": usage.prompt_tokens,
                                               "completion_tokens": usage.completion_tokens,
@@ -648,7 +648,7 @@ class RegionGateway:
         assert self._keys is not None
         if len(self._outbox) == self._outbox.maxlen:
             log.error("region %s: receipt outbox full: dropping the oldest receipt", self._settings.region.name)
-        self._outbox.append(region_receipt.sign_receipt(self._keys, claims))
+        self._outbox.append(signed_region_receipt.sign_receipt(self._keys, claims))
         self._outbox_wake.set()
 
     def _on_idle(self, pool: str, joules: float) -> None:
@@ -673,7 +673,7 @@ class RegionGateway:
             self._outbox_wake.clear()
             while self._outbox:
                 try:
-                    await self._store.xadd(region_receipt.STREAM, self._outbox[0], region_receipt.STREAM_MAXLEN)
+                    await self._store.xadd(signed_region_receipt.STREAM, self._outbox[0], signed_region_receipt.STREAM_MAXLEN)
                 except StateUnavailable as exc:
                     log.warning("region %s: %d receipts wait for the store (%s)", self._settings.region.name,
                                 len(self._outbox), exc)
@@ -724,7 +724,7 @@ class RegionGateway:
     async def live_state(self) -> RegionLiveState:
         """What the region publishes: per pool, its load, the models it serves with their
         context limits, GPU power, and its warm and starting replicas, summed over its
-        deployments and per model (``scheduler.serve.warmth``).
+        deployments and per model (``scheduler.region.warmth``).
 
         A deployment's engine is asked (``live_stats``) only when it has warm replicas and has
         had requests since it last answered, or has not answered since its replicas came up: an

@@ -293,7 +293,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 async def fetch_power_caps(regions: Sequence[Any], endpoint: Callable[[str], str], http: Any) -> list[Any]:
     """Each region's ``GET /power-caps`` (``RegionCapReport``); a region that does not answer
     gets the local dry run of its config instead, saying so."""
-    from scheduler.serve.power_caps import RegionCapReport, dry_run_report
+    from scheduler.region.power_caps import RegionCapReport, dry_run_report
 
     reports = []
     for region in regions:

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 from scheduler.energy.derive import FittedParameters, load_fit
+from scheduler.energy.energy_model import ANALYTIC
 from scheduler.energy.hardware import GpuSpec
-from scheduler.energy.model import ANALYTIC
-from scheduler.energy.models import ModelSpec
+from scheduler.energy.model_catalogue import ModelSpec
 from scheduler.energy.profiles import EnergyProfile, ProfileLibrary
 from scheduler.energy.step import EnergyCoefficients, RatedCosts, StepCosts, physics_step_costs, predict
 

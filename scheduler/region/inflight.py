@@ -2,7 +2,7 @@
 its share of the GPU energy the gateway meters.
 
 A request is ``start``-ed when the gateway admits it (its pool and requested model), gets
-its replica's reports (``report``, ``scheduler.serve.replica_report``: the first places it on
+its replica's reports (``report``, ``scheduler.region.replica_report``: the first places it on
 that replica, the last closes its lifetime there), the token counts the engine streams
 (``progress``: vLLM's continuous usage, prompt tokens and completion tokens so far), and is
 ``finish``-ed when its stream ends.
@@ -54,7 +54,7 @@ from typing import Any, Protocol
 from scheduler.energy.attribution import ONLINE_RULE, Work, split_interval
 from scheduler.energy.nvml import GpuEnergyReading, boundary_error_j
 from scheduler.energy.step import EnergyCoefficients
-from scheduler.serve.replica_report import ReplicaReport, lifetime_batch
+from scheduler.region.replica_report import ReplicaReport, lifetime_batch
 
 UNCLAIMED = "unclaimed"
 

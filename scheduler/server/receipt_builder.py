@@ -24,7 +24,7 @@ missing, a request still emitted carbon, so it is booked at a conservative bound
 the larger of the last usable value seen (if the value itself is valid) and
 ``UPPER_BOUND_G_PER_KWH`` (1,100 gCO2e/kWh: no grid's average exceeds it; see
 ``scheduler.signal_check``), marked ``carbon_basis: "upper-bound"`` so it is never mistaken
-for a measurement. Direct-mode receipts do the same (``scheduler.region_receipt``).
+for a measurement. Direct-mode receipts do the same (``scheduler.signed_region_receipt``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any
 from scheduler.energy.embodied import EMBODIED_CATALOGUE
 from scheduler.energy.output_budget import OutputBudget
 from scheduler.errors import Attempt
-from scheduler.region_receipt import energy_fields, number
 from scheduler.signal_check import UPPER_BOUND_G_PER_KWH, signal_problem, value_problem
+from scheduler.signed_region_receipt import energy_fields, number
 from scheduler.types import Candidate, CarbonUsed, EnergyReceipt, Fallback, FleetSnapshot
 from scheduler.units import J_PER_KWH
 

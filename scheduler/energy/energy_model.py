@@ -10,7 +10,7 @@ at the expected batch with ``step.predict``:
         + N x (step_j + step_j_per_context_token x (prompt + N / 2))
 
 ``coefficients`` is that prediction for one expected batch (a convenience for callers that
-do not hold the costs). The default model is ``profile_model.ProfileEnergyModel``.
+do not hold the costs). The default model is ``profile_energy_model.ProfileEnergyModel``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from scheduler.energy.hardware import GpuSpec
-from scheduler.energy.models import ModelSpec
+from scheduler.energy.model_catalogue import ModelSpec
 from scheduler.energy.step import EnergyCoefficients, EnergyEstimate, RatedCosts
 
 ANALYTIC = "analytic"

@@ -57,7 +57,7 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 FINISHED = "vllm:request_success_total"
 # The gauges a vLLM server always exports: without them a /metrics answer is not vLLM's.
 REQUIRED = (RUNNING, WAITING, KV_CACHE_USAGE)
-# Averaging window of the arrival rates (the gateway's, scheduler.serve.gateway).
+# Averaging window of the arrival rates (the gateway's, scheduler.region.gateway).
 RATE_WINDOW_S = 10.0
 
 # name{labels} value [timestamp]: the labels' quoted values may hold '}' and escaped quotes.
@@ -166,7 +166,7 @@ def _pool_models(pool: PoolConfig, readings: list[ServerReading]) -> dict[str, i
 
 @dataclass
 class VllmRegionSource:
-    """A ``StateSource`` (scheduler.serve.publisher) for a region of kind ``vllm``: one pass
+    """A ``StateSource`` (scheduler.region.publisher) for a region of kind ``vllm``: one pass
     over every server of every pool per call."""
 
     region: RegionConfig

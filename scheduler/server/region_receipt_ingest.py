@@ -3,7 +3,7 @@
 In direct mode the client streams from the region, so no router sees the answer; in proxy
 mode the router that relayed the stream may have died, or seen it cut before the region's
 usage came. So the region signs a receipt of every dispatch with a ticket, on its engine's
-counts (``scheduler.region_receipt``), and appends it to the store's ``receipts`` stream.
+counts (``scheduler.signed_region_receipt``), and appends it to the store's ``receipts`` stream.
 One router at a time (the store lock ``region-receipts``; another takes over within the
 lock's TTL when it dies) reads the stream after the cursor it keeps in the store, verifies
 each entry with the region's ticket key, and hands the receipt to the same audit log and
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from scheduler.ledger.idle import KIND as IDLE_KIND
 from scheduler.ledger.idle import IdleWindow
-from scheduler.region_receipt import STREAM, RegionReceipt, verify_receipt
+from scheduler.signed_region_receipt import STREAM, RegionReceipt, verify_receipt
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tasks import start_loop, stop_task
 from scheduler.tickets import TicketKeyRing, TicketKeysError, TicketRejected

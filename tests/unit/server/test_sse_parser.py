@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.sse import SseParser
+from scheduler.sse_parser import SseParser
 
 
 @pytest.mark.parametrize("reads, events", [

@@ -7,7 +7,7 @@ the engine did: ``partial``, ``end_reason``, the prompt it prefilled and the tok
 so far; ``tokens_estimated`` when the engine could not count the prompt (it was gone).
 
 The region signs the claims with its ticket key (purpose "receipt") and appends them to the
-store's ``receipts`` stream; a router (``scheduler.server.region_receipts``) verifies the
+store's ``receipts`` stream; a router (``scheduler.server.region_receipt_ingest``) verifies the
 signature before it books anything, so the ledger only holds what a region vouched for.
 In direct mode the same claims travel, unsigned, in the stream's final event for the client.
 
@@ -15,7 +15,7 @@ Carbon is priced with the intensity the router signed into the ticket. When the 
 no usable signal (the ticket's intensity is None, or not a finite value within the physical
 bounds of ``scheduler.signal_check``), the grams are a conservative bound, never
 0: ``UPPER_BOUND_G_PER_KWH``, marked ``carbon_basis: "upper-bound"`` (as in
-``scheduler.server.receipt``).
+``scheduler.server.receipt_builder``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Two sources, one shape (see shared formats, "Region OpenAI-compatible streaming 
 - ``nvml``: the request's share of the GPU energy the gateway metered while it ran: every
   meter interval of every GPU split among the requests on that GPU in proportion to the step
   model's energy of the tokens each processed in it (rule "predicted-share-v1" of
-  ``scheduler.energy.attribution``, applied by ``scheduler.serve.inflight``), in its prefill
+  ``scheduler.energy.attribution``, applied by ``scheduler.region.inflight``), in its prefill
   and decode parts as split. Its interval:
 
       energy_j +- (model_error_j + meter_error_j)
@@ -22,7 +22,7 @@ Two sources, one shape (see shared formats, "Region OpenAI-compatible streaming 
   ``step.predict``, as the router uses them) for the pool the replica stands for (its GPU,
   the requested model at its precision and tensor parallelism) at the batch of the replica
   that ran the request (its running sequences averaged over the request's lifetime there,
-  ``scheduler.serve.replica_report``), the other sequences at this request's mid-output
+  ``scheduler.region.replica_report``), the other sequences at this request's mid-output
   context, from its real token counts (``measurement_source: model``, rule "model-v1", the
   model's own interval: the largest leave-one-out residual of the fit, docs/energy-model.md),
   under the pool's power cap when it has one below TDP (``scheduler.energy.power_cap``: the
@@ -45,14 +45,14 @@ from typing import Any
 from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.energy import validate
 from scheduler.energy.attribution import ONLINE_RULE
+from scheduler.energy.energy_model import EnergyCoefficients, EnergyModel
 from scheduler.energy.hardware import GPU_CATALOGUE, GpuSpec
-from scheduler.energy.model import EnergyCoefficients, EnergyModel
-from scheduler.energy.models import MODEL_CATALOGUE
+from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.power_cap import capped, power_cap
-from scheduler.energy.profile_model import ProfileEnergyModel, shipped_fit
+from scheduler.energy.profile_energy_model import ProfileEnergyModel, shipped_fit
 from scheduler.energy.step import predict
-from scheduler.serve.inflight import RequestShare
-from scheduler.serve.sse import Usage
+from scheduler.region.inflight import RequestShare
+from scheduler.region.stream_assembler import Usage
 
 MODEL_RULE = "model-v1"
 

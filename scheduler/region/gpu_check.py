@@ -1,4 +1,4 @@
-"""``python -m scheduler.serve.gpu_check``: on an NVIDIA machine, one region on one GPU (the
+"""``python -m scheduler.region.gpu_check``: on an NVIDIA machine, one region on one GPU (the
 CUDA build of vLLM, ``pip install -e '.[gpu]'``), real requests straight to its gateway (one
 alone, then ``CONCURRENT`` together), and what NVML measured:
 
@@ -31,7 +31,7 @@ import httpx
 
 from scheduler.energy.attribution import ONLINE_RULE
 from scheduler.energy.nvml import NvmlMeter, delta_mj
-from scheduler.serve.stack import LocalStack, StackOptions
+from scheduler.region.stack import LocalStack, StackOptions
 
 REGION = "us-east"
 PROMPT = "Explain, step by step, how the grid's carbon intensity changes through the day. " * 20

@@ -10,7 +10,7 @@
    its requests in flight), and ``tests/integration/serve`` fails.
 2. Raw-dict streaming methods, so that the region's gateway never imports vLLM (an ingress
    without vLLM stays at ~210 MB instead of ~625 MB per region).
-3. The replica's report (``scheduler.serve.replica_report``) as the first and last item of
+3. The replica's report (``scheduler.region.replica_report``) as the first and last item of
    every stream: its id, the node and GPUs its engine's workers run on (asked once at start
    through vLLM's ``collective_rpc("get_node_and_physical_gpu_ids")``, a method of the Ray
    executor's workers; none on CPU), and its engine's running sequences and their integral
@@ -43,7 +43,7 @@ from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionReq
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 from vllm.v1.metrics.stats import CachingMetrics
 
-from scheduler.serve.replica_report import ReplicaReport, RunningIntegral
+from scheduler.region.replica_report import ReplicaReport, RunningIntegral
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def attach_live_stats(engine: Any) -> LiveStatsLogger:
         raise RuntimeError(
             f"cannot reach vLLM's stat loggers at {LIVE_STATS_PATH} (engine {type(engine).__name__}, "
             f"client {type(client).__name__}, manager {type(manager).__name__}): the private path "
-            "moved with a vLLM or Ray upgrade; update scheduler/serve/engine.py"
+            "moved with a vLLM or Ray upgrade; update scheduler/region/engine.py"
         )
     stats = LiveStatsLogger()
     loggers.append(stats)
@@ -125,7 +125,7 @@ def attach_tokenization(engine: Any) -> None:
     if server is None:
         raise RuntimeError(f"cannot reach vLLM's tokenization server at {TOKENIZATION_PATH} (engine "
                            f"{type(engine).__name__}): the private path moved with a vLLM or Ray upgrade; update "
-                           "scheduler/serve/engine.py")
+                           "scheduler/region/engine.py")
     engine._oai_serving_tokenization = server
 
 
@@ -203,7 +203,7 @@ class RegionLLMServer(LLMServer):  # type: ignore[misc]
             stats["max_model_len"] = float(max_model_len)
         return stats
 
-    # ``prefix_key`` is for the pool's request router (scheduler.serve.prefix_router), which
+    # ``prefix_key`` is for the pool's request router (scheduler.region.prefix_router), which
     # reads it off the call to pick the replica holding the prefix; the engine finds the
     # cached blocks itself.
     async def stream_completions(self, body: dict[str, Any], prefix_key: str | None = None,

@@ -16,7 +16,7 @@ from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
 from scheduler.config.loader import ConfigError
 from scheduler.config.schema import RegionConfig
-from scheduler.serve import DEFAULT_LOCAL_REGIONS
+from scheduler.region import DEFAULT_LOCAL_REGIONS
 from scheduler.server.auth import KeyRing, NewKey, create_key
 from scheduler.state.store import StateStore
 
@@ -121,8 +121,8 @@ def _scrape(args: argparse.Namespace) -> int:
 async def _scrape_region(region: RegionConfig, store: StateStore, interval_s: float, timeout_s: float, once: bool) -> int:
     import httpx
 
-    from scheduler.serve.publisher import RegionStatePublisher
-    from scheduler.serve.vllm_scrape import VllmRegionSource
+    from scheduler.region.publisher import RegionStatePublisher
+    from scheduler.region.vllm_scrape import VllmRegionSource
     from scheduler.state import codec
 
     async with httpx.AsyncClient() as client:
@@ -163,9 +163,9 @@ def _bench_ttft(args: argparse.Namespace) -> int:
 async def _ttft(region: str, probes: int) -> int:
     from tokenizers import Tokenizer
 
-    from scheduler.serve import demo
-    from scheduler.serve.stack import LocalStack, StackOptions
-    from scheduler.serve.tiny_model import ensure_tiny_model
+    from scheduler.region import demo
+    from scheduler.region.stack import LocalStack, StackOptions
+    from scheduler.region.tiny_model import ensure_tiny_model
 
     api_key = local_key()
     stack = LocalStack(StackOptions(only=(region,), state_url="memory", dashboard=False, http_port=0,
@@ -186,7 +186,7 @@ async def _ttft(region: str, probes: int) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from scheduler.serve.stack import StackOptions, free_port
+    from scheduler.region.stack import StackOptions, free_port
     from scheduler.tickets import TicketKeyRing, TicketKeysError
 
     try:
@@ -230,7 +230,7 @@ def _say(message: str) -> None:
 
 
 async def _run(options: Any, args: argparse.Namespace, api_key: NewKey | None) -> int:
-    from scheduler.serve.stack import LocalStack
+    from scheduler.region.stack import LocalStack
 
     stack = LocalStack(options, say=_say)
     started = time.monotonic()
@@ -268,8 +268,8 @@ async def _demo(stack: Any, requests: int, api_key: str | None) -> int:
     import httpx
     from tokenizers import Tokenizer
 
-    from scheduler.serve import dashboard, demo
-    from scheduler.serve.tiny_model import tiny_model_dir
+    from scheduler.region import dashboard, demo
+    from scheduler.region.tiny_model import tiny_model_dir
 
     options = demo.DemoOptions(requests=requests, api_key=api_key)
     tokenizer = Tokenizer.from_file(str(tiny_model_dir() / "tokenizer.json"))

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from scheduler.config.schema import RegionConfig
 from scheduler.plugins.checked_fleet import load_checked_fleet
-from scheduler.serve import DEFAULT_LOCAL_REGIONS
-from scheduler.serve.app import EngineOptions, build_region_app, local_pools
+from scheduler.region import DEFAULT_LOCAL_REGIONS
+from scheduler.region.app import EngineOptions, build_region_app, local_pools
 from scheduler.server.auth import KeyRing
 from scheduler.state.redis_store import delete_namespace
 from scheduler.tickets import TicketKeyRing
@@ -281,7 +281,7 @@ class LocalStack:
 
     async def _start_router(self, policy: Any) -> Any:
         from scheduler.datalayer.snapshot import SnapshotBuilder
-        from scheduler.serve.publisher import StateBridge
+        from scheduler.region.publisher import StateBridge
         from scheduler.server.app import build_deps, start_router, with_services
         from scheduler.state.factory import open_store
 

@@ -24,8 +24,8 @@ from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.carbon.base import CarbonProvider
 from scheduler.datalayer.carbon.http import Clock
 from scheduler.datalayer.carbon.metrics import Counters
-from scheduler.datalayer.carbon.poller import LockTiming, ZonePoller
 from scheduler.datalayer.carbon.providers import ProviderOptions, make_provider
+from scheduler.datalayer.carbon.zone_poller import LockTiming, ZonePoller
 from scheduler.state.store import StateStore
 from scheduler.tasks import start_loop, stop_task
 from scheduler.wire.retry import Sleep

@@ -26,12 +26,12 @@ from typing import Any, Literal
 
 from scheduler.config.autoscaling import ReplicaRange
 from scheduler.config.schema import RegionConfig
-from scheduler.serve.gateway import GatewaySettings, PoolEngine, RegionGateway
-from scheduler.serve.tiny_model import TINY_MODEL, cache_dir, ensure_tiny_model
+from scheduler.region.gateway import GatewaySettings, PoolEngine, RegionGateway
+from scheduler.region.tiny_model import TINY_MODEL, cache_dir, ensure_tiny_model
 from scheduler.tickets import RegionKeys
 
 # Each pool's request router, by path: Serve imports it in the handle's process.
-PREFIX_ROUTER_CLASS = "scheduler.serve.prefix_router:PrefixKeyRouter"
+PREFIX_ROUTER_CLASS = "scheduler.region.prefix_router:PrefixKeyRouter"
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def llm_config(options: EngineOptions) -> Any:
         accelerator_config={"kind": options.device},  # type: ignore[arg-type]
         placement_group_config={"bundles": bundles},
         engine_kwargs=engine_kwargs,
-        # Requests sharing a prefix key go to the replica holding it (scheduler.serve.prefix_router).
+        # Requests sharing a prefix key go to the replica holding it (scheduler.region.prefix_router).
         deployment_config={"autoscaling_config": options.autoscaling.ray_config(options.max_num_seqs),
                            "ray_actor_options": {"num_cpus": 0},
                            "request_router_config": {"request_router_class": PREFIX_ROUTER_CLASS}},
@@ -197,7 +197,7 @@ def build_region_app(
     with keep_root_logging():
         from ray.serve.llm import build_llm_deployment
 
-        from scheduler.serve.engine import RegionLLMServer
+        from scheduler.region.engine import RegionLLMServer
 
     if not pools or not all(pools.values()):
         raise ValueError(f"region {region.name}: no pools to serve, or a pool without a deployment")

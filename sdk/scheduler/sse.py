@@ -1,1 +1,0 @@
-../../scheduler/sse.py

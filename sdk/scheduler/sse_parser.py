@@ -1,0 +1,1 @@
+../../scheduler/sse_parser.py
