@@ -283,6 +283,8 @@ class _Fleet:
 
 def _build_fleet(sim: Simulation, builder: SnapshotBuilder, first_arrival: float,
                  on_done: Callable[[Seq], None]) -> _Fleet:
+    """The run's pools, each with its autoscaler's settings (a plan's pool: its bounds of the first
+    hour); ``on_done``: called with each request at its last token."""
     w = sim.workload
     truth = sim.scenario.truth
     autoscaling = sim.scenario.autoscaling
