@@ -41,7 +41,7 @@ in production:
     autoscaler   the model's ``autoscaling:`` block in the pool's region file, else the default
                  of ``scheduler.config.autoscaling.replica_ranges``; turned into Ray Serve's
                  ``autoscaling_config`` by ``ReplicaRange.ray_config`` at the engine's
-                 max_num_seqs, the function the Ray Serve app (scheduler.serve.app) builds its
+                 max_num_seqs, the function the Ray Serve app (scheduler.region.app) builds its
                  deployments' config with
     cold start   ``scheduler.energy.cold_start.cold_start`` for the pool's GPU, model, precision
                  and tensor_parallel, with the pool's ``cold_start_s`` / ``cold_start_j`` where

@@ -26,7 +26,7 @@ What the pool publishes (its replicas summed, as vLLM's metrics are summed over 
     kv_cache_usage = sum of KV tokens held / (R x KV capacity per replica)
     replicas       = the warm replicas taking requests (R without autoscaling), and
     starting_replicas = those in their cold start: as Ray Serve's deployment status reports
-                   them to the region's publisher (scheduler.serve.warmth), so that the router
+                   them to the region's publisher (scheduler.region.warmth), so that the router
                    sees a pool at zero as cold or starting and prices its cold start
     prefix_cache_hit_rate = hits / lookups of the replicas' prefix caches since the start
     arrival_rate, prompt_tokens_rate = requests and their prompt tokens sent to the pool per
