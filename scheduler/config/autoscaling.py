@@ -59,6 +59,8 @@ class ScaledModel(Protocol):
 
 class ScaledPool(Protocol):
     @property
+    def name(self) -> str: ...
+    @property
     def count(self) -> int: ...
     @property
     def models(self) -> Sequence[ScaledModel]: ...
@@ -131,3 +133,28 @@ def replica_ranges(pool: ScaledPool) -> dict[str, ReplicaRange]:
                              "an autoscaling block, or lower the others' max_replicas)")
         ranges[m.name] = ReplicaRange(DEFAULT_MIN_REPLICAS, most)
     return ranges
+
+
+class ScaledRegion(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def pools(self) -> Sequence[ScaledPool]: ...
+
+
+def models_that_may_all_be_cold(regions: Sequence[ScaledRegion]) -> dict[str, list[str]]:
+    """Model name -> the pools (``region/pool``) serving it, for each model whose every pool may
+    scale it to zero (``min_replicas`` 0): while all of them are at zero, the router's cold-pool
+    filter keeps none for a request whose TTFT budget is shorter than a cold start, so only
+    requests that can wait (deferrable ones) wake one; interactive requests are refused until
+    then. A trade-off an operator makes knowingly, so it is a warning, not an error."""
+    pools_of: dict[str, list[str]] = {}
+    warm_somewhere: set[str] = set()
+    for region in regions:
+        for pool in region.pools:
+            for model, replicas in replica_ranges(pool).items():
+                pools_of.setdefault(model, []).append(f"{region.name}/{pool.name}")
+                if replicas.min_replicas > 0:
+                    warm_somewhere.add(model)
+    return {model: pools for model, pools in pools_of.items() if model not in warm_somewhere}
+

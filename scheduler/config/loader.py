@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 # What the loader raises, named from here too (its callers import them with it).
+from scheduler.config.autoscaling import models_that_may_all_be_cold
 from scheduler.config.issues import ConfigError as ConfigError
 from scheduler.config.issues import ConfigIssue as ConfigIssue
 from scheduler.config.issues import field_path
@@ -53,6 +54,8 @@ class Fleet:
     policies: Mapping[str, PolicyConfig]
     regions_dir: Path
     policies_dir: Path
+    # What is valid but likely not meant (``config validate`` prints them, the router logs them).
+    warnings: tuple[str, ...] = ()
 
     def policy(self, name: str) -> PolicyConfig:
         try:
@@ -272,11 +275,18 @@ def load_fleet(
         issues.extend(exc.issues)
     if issues:
         raise ConfigError(issues)
+    loaded = tuple(region for _, region in regions)
     return Fleet(
-        regions=tuple(region for _, region in regions),
+        regions=loaded,
         policies={policy.name: policy for _, policy in policies},
         regions_dir=regions_dir,
         policies_dir=policies_dir,
+        warnings=tuple(
+            f"{regions_dir}: model {model}: every pool serving it may scale it to zero ({', '.join(pools)}): "
+            "while all are at zero, requests whose TTFT budget is shorter than a cold start are refused and "
+            "only those that can wait (deferrable) wake a pool; give one pool min_replicas >= 1 to serve "
+            "interactive requests at once"
+            for model, pools in models_that_may_all_be_cold(loaded).items()),
     )
 
 

@@ -23,7 +23,7 @@ def register(sub: Any) -> None:
     validate = config_sub.add_parser("validate", help="exit 0 when every file is valid, else list each problem (exit 4)")
     add_config_dirs(validate)
     validate.add_argument("--json", action="store_true",
-                          help="print the result as one JSON object (ok, folders, regions, policies, issues)")
+                          help="print the result as one JSON object (ok, folders, regions, policies, issues, warnings)")
     validate.set_defaults(handler=_validate)
     schema = config_sub.add_parser("schema", help="print the JSON Schema of region and policy files")
     schema.set_defaults(handler=_schema)
@@ -42,6 +42,9 @@ def _validate(args: argparse.Namespace) -> int:
         return exit_codes.CONFIG
     pools = sum(len(r.pools) for r in fleet.regions)
     gpus = sum(p.count for r in fleet.regions for p in r.pools)
+    if not args.json:
+        for warning in fleet.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(_validation(fleet.regions_dir, fleet.policies_dir, fleet=fleet, pools=pools, gpus=gpus),
                          indent=2))
@@ -65,6 +68,7 @@ def _validation(regions_dir: Path, policies_dir: Path, *, fleet: Fleet | None = 
         "pools": pools,
         "gpus": gpus,
         "issues": [{"file": i.file, "field": i.field, "message": i.message} for i in issues],
+        "warnings": list(fleet.warnings) if fleet else [],
     }
 
 

@@ -247,6 +247,8 @@ def _router(args: argparse.Namespace) -> int:
     try:
         fleet = load_checked_fleet(args.regions, args.policies)
         fleet.policy(args.policy)
+        for warning in fleet.warnings:
+            log.warning("%s", warning)
         if args.keys:
             KeyRing.load(args.keys)
         if args.budgets:

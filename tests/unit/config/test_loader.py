@@ -140,6 +140,45 @@ def test_cli_validate_exit_codes(config_dirs, capsys) -> None:  # type: ignore[n
     assert f"{target}: pools[1].count: " in err and "'lots'" in err
 
 
+def _scale_to_zero(regions: Path, model: str) -> list[str]:
+    """Give ``model`` an autoscaling block with min_replicas 0 in every region file; the regions
+    ("name/") it is served in."""
+    served = []
+    for path in sorted(regions.glob("*.yaml")):
+        text = path.read_text()
+        line = next((line for line in text.splitlines() if f"name: {model}," in line), None)
+        if line is None:
+            continue
+        served.append(f"{path.stem}/")
+        path.write_text(text.replace(line, line.replace(
+            "tensor_parallel: 1}", "tensor_parallel: 1, autoscaling: {min_replicas: 0, max_replicas: 2}}")))
+    return served
+
+
+def test_a_model_every_pool_may_scale_to_zero_is_a_warning_naming_its_pools(config_dirs, capsys) -> None:  # type: ignore[no-untyped-def]
+    regions, policies = config_dirs
+    assert load_fleet(regions, policies).warnings == ()
+    served = _scale_to_zero(regions, "llama-3.2-3b")
+    assert len(served) == 5
+    warnings = load_fleet(regions, policies).warnings
+    assert len(warnings) == 1 and "model llama-3.2-3b: every pool serving it may scale it to zero" in warnings[0]
+    assert all(region in warnings[0] for region in served)
+    assert main(["config", "validate", "--regions", str(regions), "--policies", str(policies)]) == 0
+    assert "warning: " in capsys.readouterr().err
+    assert main(["config", "validate", "--regions", str(regions), "--policies", str(policies), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == list(warnings)
+
+
+def test_one_pool_kept_warm_is_no_warning(config_dirs) -> None:  # type: ignore[no-untyped-def]
+    regions, policies = config_dirs
+    _scale_to_zero(regions, "llama-3.2-3b")
+    # us-south's block back to the default's one warm replica
+    target = regions / "us-south.yaml"
+    target.write_text(target.read_text().replace("autoscaling: {min_replicas: 0, max_replicas: 2}",
+                                                 "autoscaling: {min_replicas: 1, max_replicas: 2}"))
+    assert load_fleet(regions, policies).warnings == ()
+
+
 def test_cli_schema_is_json_schema(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["config", "schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
