@@ -119,6 +119,8 @@ class ConfigReloader:
     _signature: BundleSignature | None = field(default=None, init=False, repr=False)
     # "join": not synced with the store since the start; "publish": a local reload waits for the store.
     _intent: str | None = field(default="join", init=False, repr=False)
+    # Why the local reload that waits for the store ("publish") is not published yet.
+    _waiting_because: str = field(default="", init=False, repr=False)
     _refused: int = field(default=0, init=False, repr=False)
     # Fingerprints of the refused store bundles already logged (an insertion-ordered set).
     _logged: dict[str, None] = field(default_factory=dict, init=False, repr=False)
@@ -224,7 +226,11 @@ class ConfigReloader:
                 self.counts[(trigger, "unchanged")] += 1
                 log.info("config reload (%s): the files are unchanged (version %s in use); nothing to do", trigger,
                          previous)
-                return ReloadOutcome(True, False, previous, previous, digest, source=self.source, published=published)
+                # Unchanged, yet maybe not published: a reload applied moments ago (by the file
+                # watcher, say) that waits for the store says why, whichever trigger came first.
+                waiting = self._waiting_because if not published and self._intent == "publish" else ""
+                return ReloadOutcome(True, False, previous, previous, digest, source=self.source, published=published,
+                                     publish_error=waiting)
             if self.trust.standalone:
                 version = ConfigVersion(0, digest)
                 await self._apply(loaded, version, LOCAL_SOURCE, None, None, trigger)
@@ -243,6 +249,7 @@ class ConfigReloader:
             # A reload made during an outage is published when the store answers (also over
             # the start-up join: the operator's reload is the newer intent).
             self._intent = None if record is not None else "publish"
+            self._waiting_because = error
             self.counts[(trigger, "applied")] += 1
             if error:
                 log.warning("config version %s not published yet: %s", version.label, error)

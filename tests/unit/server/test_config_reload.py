@@ -349,10 +349,16 @@ async def test_while_the_store_is_down_a_reload_applies_locally_and_is_published
         assert outcome.version.startswith("local-")
         assert deps.refresher.current().config_version == outcome.version
         assert deps.refresher.current().policy.max_age.region_state == 8.0
+        # A second reload of the same files (the operator's RPC after the file watcher's) changes
+        # nothing and still says the version in use waits for the store.
+        again = await reloader.reload("rpc")
+        assert not again.changed and not again.published and again.publish_error == outcome.publish_error
 
         store.down = False
         await reloader.sync()
         assert reloader.version.counter == 1
+        settled = await reloader.reload("rpc")
+        assert not settled.changed and settled.published and settled.publish_error == ""
         assert deps.refresher.current().config_version == reloader.version.label
         head = await ConfigStore(store).head()
         assert head is not None and head.digest == reloader.version.digest
