@@ -39,7 +39,10 @@ start time, only its energy); RTT is the predicted one (the truth's jitter is le
 it restricts: a group is split across pools in shares, each request at the group's mean (a
 per-request placement could put a group's long requests on one pool and its short ones on
 another); the size bands keep that small. Requests no pool admits are left out of the bound's
-requests, as the simulator counts them unschedulable.
+requests, as the simulator counts them unschedulable; so is the share of a group that no pool's
+warm replicas can hold in its hour (capacity binds at every pool's max_replicas): a slack
+variable per group, priced above anything a placement could save, takes it (``unplaced``
+counts both), so an overloaded trace gives a bound over what fits instead of no solution.
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ class Bound:
                            sorted(self.pool_share.items(), key=lambda kv: -kv[1]) if share >= 0.001)
         return (f"oracle (hindsight LP bound): fleet gCO2e/request {self.fleet_gco2e_per_request:.5f}, "
                 f"fleet kWh {self.fleet_kwh:.1f}, {self.requests:,} requests placed ({self.unplaced:,} none "
-                f"admits), {self.variables:,} variables, solved in {self.solve_s:.1f} s; pools: {shares}")
+                f"admits or holds), {self.variables:,} variables, solved in {self.solve_s:.1f} s; pools: {shares}")
 
 
 def request_cost(costs: StepCosts, prompt: np.ndarray, output: np.ndarray, cached: np.ndarray,
@@ -216,6 +219,7 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
         group_busy[:, j] = np.bincount(group_of, weights=busy, minlength=groups)
     group_allowed = allowed[rows[np.unique(group_of, return_index=True)[1]]]
     group_hour = group_keys[:, 0]
+    counts = np.bincount(group_of, minlength=groups)
 
     # weights [g/J] per hour and pool
     weight = np.asarray([[p.pue * carbon.intensity(p.zone, (first_hour + h) * 3600.0) / J_PER_KWH for p in pools]
@@ -232,22 +236,31 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
                          dtype=float)
     cold_j = np.asarray([s.cold_start_j for s in settings])
 
-    # variables: y (groups x pools, allowed only), n (hours x pools), u (hours x pools)
+    # variables: y (groups x pools, allowed only), n (hours x pools), u (hours x pools), z (groups:
+    # the share of each that no pool holds)
     y_index = -np.ones((groups, len(pools)), dtype=np.int64)
     y_index[group_allowed] = np.arange(int(group_allowed.sum()))
     ny = int(group_allowed.sum())
     hp = hours * len(pools)
     n_at = ny + np.arange(hp).reshape(hours, len(pools))
     u_at = ny + hp + np.arange(hp).reshape(hours, len(pools))
-    size = ny + 2 * hp
+    z_at = ny + 2 * hp + np.arange(groups)
+    size = ny + 2 * hp + groups
     cost = np.zeros(size)
     g_idx, p_idx = np.nonzero(group_allowed)
     w_gp = weight[group_hour[g_idx], p_idx]
     cost[y_index[g_idx, p_idx]] = w_gp * (group_energy[g_idx, p_idx] - idle_w[p_idx] * group_busy[g_idx, p_idx])
     cost[n_at] = weight * idle_w * length[:, None]
     cost[u_at] = weight * cold_j
-    # equalities: each group's shares sum to 1
-    eq = coo_matrix((np.ones(ny), (g_idx, y_index[g_idx, p_idx])), shape=(groups, size))
+    # A request left out costs more than any placement could save: its own energy, an hour of a
+    # replica's idle power and a cold start, at the dirtiest hour, ten times over.
+    most_j = float((group_energy / np.maximum(1, counts)[:, None]).max(initial=0.0))
+    left_out_g = 10.0 * float(weight.max(initial=0.0)) * (most_j + float(idle_w.max(initial=0.0)) * 3600.0
+                                                          + float(cold_j.max(initial=0.0)))
+    cost[z_at] = left_out_g * counts
+    # equalities: each group's shares (and what is left out of it) sum to 1
+    eq = coo_matrix((np.ones(ny + groups), (np.concatenate([g_idx, np.arange(groups)]),
+                                            np.concatenate([y_index[g_idx, p_idx], z_at]))), shape=(groups, size))
     # inequalities: busy <= L n; n[h-1] - n[h] - u[h] <= -0 (u >= n[h] - n[h-1]), n[-1] = initial
     cap_rows = group_hour[g_idx] * len(pools) + p_idx
     h_all, p_all = np.divmod(np.arange(hp), len(pools))
@@ -265,6 +278,7 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
     bounds[n_at.ravel(), 0] = low[p_all]
     bounds[n_at.ravel(), 1] = high[p_all]
     bounds[u_at.ravel(), 1] = np.inf
+    bounds[z_at, 1] = 1.0
     result = linprog(cost, A_ub=ub.tocsr(), b_ub=b_ub, A_eq=eq.tocsr(), b_eq=np.ones(groups), bounds=bounds,
                      method="highs")
     if result.status != 0:
@@ -272,7 +286,9 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
     x = result.x
     shares = np.zeros((groups, len(pools)))
     shares[g_idx, p_idx] = x[y_index[g_idx, p_idx]]
-    counts = np.bincount(group_of, minlength=groups)
+    left_out = x[z_at] * counts
+    fleet_gco2e = float(result.fun) - float((cost[z_at] * x[z_at]).sum())
+    requests = round(float(placed.sum() - left_out.sum()))
     warm = x[n_at]
     charged = (shares * group_energy).sum(axis=0)
     idle = (idle_w * (warm * length[:, None]).sum(axis=0)) - idle_w * (shares * group_busy).sum(axis=0)
@@ -282,15 +298,15 @@ def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, 
     charged_g = float((w_gp * group_energy[g_idx, p_idx] * shares[g_idx, p_idx]).sum())
     cold_g = float((weight * cold_j * x[u_at]).sum())
     return Bound(
-        fleet_gco2e=float(result.fun),
+        fleet_gco2e=fleet_gco2e,
         fleet_kwh=float(((charged + idle + cold) * pue).sum() / J_PER_KWH),
-        requests=int(placed.sum()),
-        unplaced=int(n - placed.sum()),
-        pool_share={p.place: float(per_pool[j] / max(1, placed.sum())) for j, p in enumerate(pools)},
+        requests=requests,
+        unplaced=n - requests,
+        pool_share={p.place: float(per_pool[j] / max(1, requests)) for j, p in enumerate(pools)},
         variables=size,
         solve_s=time.perf_counter() - began,
         charged_gco2e=charged_g,
-        idle_gco2e=float(result.fun) - charged_g - cold_g,
+        idle_gco2e=fleet_gco2e - charged_g - cold_g,
         cold_start_gco2e=cold_g,
         warm_replica_h=float((warm * length[:, None]).sum() / 3600.0),
     )

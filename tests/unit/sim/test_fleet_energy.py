@@ -167,6 +167,30 @@ def test_the_bound_with_fixed_sizes_pays_every_replicas_idle_power(files: Files)
     assert bound.warm_replica_h == pytest.approx(5 * length / 3600.0, rel=1e-6)
 
 
+def test_an_overloaded_trace_gives_a_bound_over_what_fits(files: Files) -> None:
+    """One replica a pool, far more requests than two replicas can run in the run's time: the
+    bound solves, leaves out the share that does not fit (before, the LP was infeasible), and
+    fills both replicas' time."""
+    regions = (region("near", "DIRTY", PARIS, gpus=1), region("clean", "CLEAN", OSLO, gpus=1))
+    pol = policy()
+    workload = build_workload(load_trace(str(files.trace)),
+                              WorkloadConfig(start=T0, hours=0.05, rate=400.0, continents=europe_only(),
+                                             prefix_share=0.0), 0)
+    carbon = CarbonReplay.from_dir(files.carbon_dir, ["DIRTY", "CLEAN"], 2023)
+    pools = bound_pools(regions, pol, workload.model, EXACT_TRUTH, 0)
+    n = len(workload)
+    length = workload.arrival_s[-1] - workload.arrival_s[0]
+    need = sum(float(request_cost(p.costs, np.full(n, 100), np.full(n, 50), np.zeros(n, dtype=np.int64),
+                                  p.kv_capacity_tokens)[1].sum()) for p in pools) / 2
+    assert need > 2 * length, "the trace must overload the two replicas for this test to mean anything"
+    bound = solve(workload, pools, pol, carbon, None)
+    assert 0 < bound.unplaced < n and bound.requests + bound.unplaced == n
+    assert sum(bound.pool_share.values()) == pytest.approx(1.0, rel=1e-4)  # over whole requests
+    # both replicas busy all the time: no idle energy left, whatever the grid
+    assert bound.idle_gco2e == pytest.approx(0.0, abs=1e-6 * bound.fleet_gco2e)
+    assert bound.fleet_gco2e == pytest.approx(bound.charged_gco2e, rel=1e-6)
+
+
 def test_a_capacity_plan_bounds_the_autoscaler_by_the_hour(files: Files, tmp_path: Path) -> None:
     """``simulate --plan``: a pool the plan keeps at 0 is never warm (its autoscaler's minimum
     is the plan's, and nothing is sent there); a pool the plan keeps at 2 runs 2 from the first
