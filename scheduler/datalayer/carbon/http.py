@@ -4,7 +4,7 @@ Retried (``scheduler.wire.retry``): timeouts, connection errors, 429 and 5xx (50
 504). Not retried: other 4xx (the request itself is wrong; retrying cannot help). A 429's
 ``Retry-After`` (seconds or an HTTP date) is waited for exactly, unless it is longer than the
 policy's ``max_hint_s``: then we give up at once and the poller tries at its next round.
-Otherwise the wait is "full jitter" exponential backoff. The RNG, the sleep and the clock are
+Otherwise the wait is "equal jitter" exponential backoff (scheduler.wire.retry). The RNG, the sleep and the clock are
 injected, so tests run the real code without waiting.
 """
 
