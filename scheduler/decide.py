@@ -19,6 +19,7 @@ from typing import Any
 
 from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import ConfigError
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.carbon_csv import SHIPPED_CARBON_DIR, CarbonCsvError
@@ -121,7 +122,7 @@ def _route(args: argparse.Namespace) -> int:
         task_class=args.task_class,
         client_location=args.client_location,
     )
-    builder = SnapshotBuilder(fleet.regions, policy)
+    builder = SnapshotBuilder(compile_fleet(fleet.regions), compile_policy(policy))
     try:
         snapshot = asyncio.run(_live_snapshot(builder, args.state, args.namespace)) if args.state else \
             builder.build(args.at, carbon=carbon, carbon_bounds=bounds)
@@ -178,7 +179,8 @@ def _bench_requests(rng: random.Random, n: int, models: tuple[str, ...]) -> list
 
 def _measure(name: str, regions: tuple[RegionConfig, ...], policy: PolicyConfig, n: int, seed: int) -> dict[str, Any]:
     at = datetime(2026, 6, 1, 12, tzinfo=UTC).timestamp()
-    snapshot: FleetSnapshot = SnapshotBuilder(regions, policy).build(at, carbon=csv_carbon_signals(regions, at))
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(policy))
+    snapshot: FleetSnapshot = builder.build(at, carbon=csv_carbon_signals(regions, at))
     scheduler = Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(seed))
     models = tuple(sorted({c.deployment.name for c in snapshot.candidates}))
     requests = _bench_requests(random.Random(seed), n, ("llama-3.1-8b", *models))

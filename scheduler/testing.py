@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import EMBEDDED_POLICIES
 from scheduler.config.schema import CarbonSource, GeoLocation, ModelDeployment, PolicyConfig, PoolConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -113,7 +114,7 @@ def snapshot(
         r.config.grid_zone: carbon_signal(r.config.grid_zone, r.carbon, now - r.carbon_age_s)
         for r in regions if r.carbon is not None
     }
-    builder = SnapshotBuilder(tuple(r.config for r in regions), chosen)
+    builder = SnapshotBuilder(compile_fleet(tuple(r.config for r in regions)), compile_policy(chosen))
     return builder.build(now, carbon=carbon, live=live, energy_routing_enabled=energy_routing_enabled)
 
 

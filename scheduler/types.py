@@ -16,13 +16,16 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.config.schema import ModelDeployment, PolicyConfig, PoolConfig, RegionConfig
-from scheduler.energy.hardware import GpuSpec
-from scheduler.energy.model_catalogue import ModelSpec
 from scheduler.energy.step import EnergyCoefficients, EnergyEstimate, LatencyCoefficients
 
+# The fleet and the policy are compiled from the files (scheduler.config.compile); a candidate
+# is imported from here as before.
+from scheduler.fleet import Candidate as Candidate
+from scheduler.fleet import Fleet, Region
+from scheduler.policy import Policy
+
 # The records the SDK carries too live in scheduler.wire (the SDK must not need this module's
-# numpy and config); the rest of the scheduler keeps importing them from here.
+# numpy); the rest of the scheduler keeps importing them from here.
 from scheduler.wire.records import CarbonUsed as CarbonUsed
 from scheduler.wire.records import EnergyReceipt as EnergyReceipt
 from scheduler.wire.records import Fallback as Fallback
@@ -172,28 +175,6 @@ class RegionLiveState:
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
-    """One place a request could run: a model deployment on a pool of a region.
-
-    Built once per snapshot (not per request); the static parts that the filters and
-    scorers need on every request are precomputed here.
-    """
-
-    index: int
-    region: RegionConfig
-    pool: PoolConfig
-    deployment: ModelDeployment
-    gpu: GpuSpec
-    model: ModelSpec
-    # Tokens of KV cache one replica can hold for a single sequence.
-    kv_capacity_tokens: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.region.name}/{self.pool.name}"
-
-
-@dataclass(frozen=True, slots=True)
 class CandidatePerf:
     """A candidate's live-dependent energy and latency coefficients, computed once per
     snapshot by the data layer (``scheduler.datalayer.snapshot``, from the step model of
@@ -297,7 +278,7 @@ class SnapshotDelta:
     # the clock, live mapping and policy the builder judged the changes and freshness under
     now: float
     live: Mapping[str, RegionLiveState]
-    policy: PolicyConfig
+    policy: Policy
 
     def judged(self, snapshot: FleetSnapshot) -> bool:
         """Whether this delta describes ``snapshot``: it has the clock, live mapping and policy
@@ -330,9 +311,9 @@ class FleetSnapshot:
     """
 
     now: float
-    policy: PolicyConfig
-    regions: tuple[RegionConfig, ...]
-    candidates: tuple[Candidate, ...]
+    policy: Policy
+    # The regions and their candidates (``fleet.candidates``), of one config version.
+    fleet: Fleet
     # Aligned with ``candidates`` (``perf[c.index]``).
     perf: tuple[CandidatePerf, ...]
     carbon: Mapping[str, Signal] = field(default_factory=dict)
@@ -382,38 +363,40 @@ class FleetSnapshot:
     def age(self, observed_at: float) -> float:
         return self.now - observed_at
 
-    def with_pending(self, pending_wait_s: npt.NDArray[np.float64] | None) -> FleetSnapshot:
-        """This snapshot with other pending dispatches (everything else, its ``live_key`` and
-        the columns derived from it, shared). A shallow copy: the router makes one per
-        dispatch, where ``dataclasses.replace`` would rebuild every field."""
+    def copy_with(self, **changes: Any) -> FleetSnapshot:
+        """This snapshot with ``changes`` and everything else shared: its ``live_key`` unless
+        changed, and the columns cached on it (``dataclasses.replace`` would make a new
+        instance without them). The router makes one per dispatch (``with_pending``)."""
         copy = object.__new__(FleetSnapshot)
         copy.__dict__.update(self.__dict__)
-        copy.__dict__["pending_wait_s"] = pending_wait_s
+        copy.__dict__.update(changes)
         return copy
+
+    def with_pending(self, pending_wait_s: npt.NDArray[np.float64] | None) -> FleetSnapshot:
+        """This snapshot with other pending dispatches (its columns shared)."""
+        return self.copy_with(pending_wait_s=pending_wait_s)
 
     def with_workflows(self, workflows: Mapping[str, WarmPrefix]) -> FleetSnapshot:
-        """This snapshot with other workflow homes (a shallow copy, as ``with_pending``)."""
-        copy = object.__new__(FleetSnapshot)
-        copy.__dict__.update(self.__dict__)
-        copy.__dict__["workflows"] = workflows
-        return copy
+        """This snapshot with other workflow homes (its columns shared)."""
+        return self.copy_with(workflows=workflows)
 
-    @cached_property
+    @property
+    def regions(self) -> tuple[Region, ...]:
+        return self.fleet.regions
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        return self.fleet.candidates
+
+    @property
     def candidates_by_model(self) -> Mapping[str, tuple[Candidate, ...]]:
-        """Model name -> the candidates (deployments) serving it: the first narrowing of
-        every decision, a dict lookup instead of a scan."""
-        by_model: dict[str, list[Candidate]] = {}
-        for candidate in self.candidates:
-            by_model.setdefault(candidate.deployment.name, []).append(candidate)
-        return {name: tuple(cands) for name, cands in by_model.items()}
+        """Model name -> the candidates (deployments) serving it."""
+        return self.fleet.candidates_by_model
 
-    @cached_property
+    @property
     def pools(self) -> tuple[tuple[Candidate, ...], ...]:
         """The candidates grouped by (region, pool), in fleet order."""
-        grouped: dict[tuple[str, str], list[Candidate]] = {}
-        for candidate in self.candidates:
-            grouped.setdefault((candidate.region.name, candidate.pool.name), []).append(candidate)
-        return tuple(tuple(group) for group in grouped.values())
+        return self.fleet.pools
 
     @property
     def store_outage_s(self) -> float | None:

@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
-from scheduler.config.loader import Fleet
+from scheduler.config.compile import compile_fleet, compile_policy
+from scheduler.config.loader import FleetConfig
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
@@ -18,12 +19,12 @@ from tests.literals import NOW
 
 
 @pytest.fixture(scope="session")
-def shipped() -> Fleet:
+def shipped() -> FleetConfig:
     return load_checked_fleet()
 
 
 @pytest.fixture(scope="session")
-def default_policy(shipped: Fleet) -> PolicyConfig:
+def default_policy(shipped: FleetConfig) -> PolicyConfig:
     return shipped.policy("default")
 
 
@@ -47,7 +48,7 @@ def make_snapshot(default_policy: PolicyConfig) -> SnapshotFactory:
         energy_routing_enabled: bool = True,
         carbon_bounds: Mapping[str, float] | None = None,
     ) -> FleetSnapshot:
-        return SnapshotBuilder(tuple(regions), policy or default_policy).build(
+        return SnapshotBuilder(compile_fleet(tuple(regions)), compile_policy(policy or default_policy)).build(
             now,
             carbon={s.key: s for s in carbon_signals},
             live={s.region: s for s in live},

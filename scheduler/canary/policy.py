@@ -23,11 +23,14 @@ pool on the canary arm too.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
-from scheduler.config.schema import WORKLOAD_CLASS_NAMES, PolicyConfig
 from scheduler.energy.model_catalogue import PRECISION_RANK
+from scheduler.policy import Policy
+from scheduler.types import WORKLOAD_CLASSES
 
 # What the arm brings: its objective. Everything else is the control's (or the stricter).
 OBJECTIVE_FIELDS = ("name", "description", "scorers", "matchers", "fallback")
@@ -37,7 +40,7 @@ DEFAULT_FLOOR = "bf16"
 
 def _stricter_floors(control: Mapping[Any, str], arm: Mapping[Any, str]) -> dict[str, str]:
     floors: dict[str, str] = {}
-    for klass in WORKLOAD_CLASS_NAMES:
+    for klass in WORKLOAD_CLASSES:
         if klass not in control and klass not in arm:
             continue
         ours, theirs = control.get(klass, DEFAULT_FLOOR), arm.get(klass, DEFAULT_FLOOR)
@@ -45,22 +48,22 @@ def _stricter_floors(control: Mapping[Any, str], arm: Mapping[Any, str]) -> dict
     return floors
 
 
-def arm_policy(control: PolicyConfig, arm: PolicyConfig) -> PolicyConfig:
+def arm_policy(control: Policy, arm: Policy) -> Policy:
     """``control`` with ``arm``'s objective (and the stricter of their hard limits)."""
     update: dict[str, Any] = {name: getattr(arm, name) for name in OBJECTIVE_FIELDS}
-    update["max_age"] = control.max_age.model_copy(update={"carbon": arm.max_age.carbon, "price": arm.max_age.price})
+    update["max_age"] = dataclasses.replace(control.max_age, carbon=arm.max_age.carbon, price=arm.max_age.price)
     update["sensitive_task_classes"] = tuple(dict.fromkeys((*control.sensitive_task_classes,
                                                             *arm.sensitive_task_classes)))
-    update["precision_floor"] = _stricter_floors(control.precision_floor, arm.precision_floor)
+    update["precision_floor"] = MappingProxyType(_stricter_floors(control.precision_floor, arm.precision_floor))
     update["canary"] = None
-    return control.model_copy(update=update)
+    return dataclasses.replace(control, **update)
 
 
-def replaced_limits(control: PolicyConfig, arm: PolicyConfig) -> list[str]:
+def replaced_limits(control: Policy, arm: Policy) -> list[str]:
     """The fields of the arm's own file that it does not decide under (to log them once)."""
     effective = arm_policy(control, arm)
     replaced = ["max_age.region_state"] if arm.max_age.region_state != effective.max_age.region_state else []
-    for name in PolicyConfig.model_fields:
+    for name in (f.name for f in dataclasses.fields(Policy)):
         if name in (*OBJECTIVE_FIELDS, "max_age", "canary"):
             continue
         if getattr(arm, name) != getattr(effective, name):

@@ -42,7 +42,7 @@ from typing import Any
 from scheduler.canary.assign import CANARY, CONTROL
 from scheduler.canary.policy import arm_policy, replaced_limits
 from scheduler.canary.stats import ArmFigures, Outcome, Verdict, describe, hash_field, judge
-from scheduler.config.schema import CanaryConfig, PolicyConfig
+from scheduler.policy import Canary, Policy
 from scheduler.state import keys
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tasks import start_loop, stop_task
@@ -172,21 +172,12 @@ class OpenStream:
     missed: bool = False
 
 
-def _copy(snapshot: FleetSnapshot, **changes: Any) -> FleetSnapshot:
-    """A shallow copy with ``changes`` (as ``FleetSnapshot.with_pending``: every other field,
-    the columns derived from it included, shared)."""
-    copy = object.__new__(FleetSnapshot)
-    copy.__dict__.update(snapshot.__dict__)
-    copy.__dict__.update(changes)
-    return copy
-
-
 @dataclass
 class CanaryRuntime:
     store: StateStore
     # Every policy by name: the arms are looked up here (replace with ``use_policies`` when the
     # policies are reloaded).
-    policies: Mapping[str, PolicyConfig] = field(default_factory=dict)
+    policies: Mapping[str, Policy] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
     host_id: str = field(default_factory=socket.gethostname)
     # How long observations gather before they are written (one write per window per batch).
@@ -200,7 +191,7 @@ class CanaryRuntime:
     _view: CanaryView | None = field(default=None, init=False, repr=False)
     # Rollbacks decided here whose marker is not in the store yet: (policy, arm, epoch) -> payload.
     _local_off: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
-    _arms: dict[tuple[int, int], tuple[PolicyConfig, PolicyConfig, PolicyConfig]] = field(
+    _arms: dict[tuple[int, int], tuple[Policy, Policy, Policy]] = field(
         default_factory=dict, init=False, repr=False)
     _missing_arms: set[str] = field(default_factory=set, init=False, repr=False)
     # window key -> (its TTL, field -> amount) not yet handed to the writer
@@ -221,13 +212,13 @@ class CanaryRuntime:
 
     # --- the policies ----------------------------------------------------------------------
 
-    def use_policies(self, policies: Mapping[str, PolicyConfig]) -> None:
+    def use_policies(self, policies: Mapping[str, Policy]) -> None:
         """The policies the arms are looked up in (a config reload passes the new ones)."""
         self.policies = policies
         self._arms.clear()
         self._missing_arms.clear()
 
-    def arm_for(self, control: PolicyConfig) -> PolicyConfig | None:
+    def arm_for(self, control: Policy) -> Policy | None:
         """The policy ``control``'s canary arm decides under (scheduler.canary.policy); None when
         the policy has no canary or its arm is not among ``policies``."""
         canary = control.canary
@@ -255,7 +246,7 @@ class CanaryRuntime:
 
     # --- the snapshot ----------------------------------------------------------------------
 
-    def _view_of(self, policy: PolicyConfig) -> CanaryView | None:
+    def _view_of(self, policy: Policy) -> CanaryView | None:
         view = self._view
         canary = policy.canary
         if view is None or canary is None or view.policy != policy.name or view.arm != canary.arm:
@@ -284,8 +275,8 @@ class CanaryRuntime:
         arm_snapshot = None
         if enabled and arm is not None:
             # Its own live_key: the plugin columns the framework keeps per inputs are the arm's.
-            arm_snapshot = _copy(snapshot, policy=arm, live_key=object(), canary=split, canary_arm=CANARY)
-        return _copy(snapshot, canary=dataclasses.replace(split, snapshot=arm_snapshot), canary_arm=CONTROL)
+            arm_snapshot = snapshot.copy_with(policy=arm, live_key=object(), canary=split, canary_arm=CANARY)
+        return snapshot.copy_with(canary=dataclasses.replace(split, snapshot=arm_snapshot), canary_arm=CONTROL)
 
     # --- the request path --------------------------------------------------------------------
 
@@ -401,7 +392,7 @@ class CanaryRuntime:
 
     # --- the refresher's read ----------------------------------------------------------------
 
-    async def refresh(self, policy: PolicyConfig) -> None:
+    async def refresh(self, policy: Policy) -> None:
         """Read the policy's canary from the store and judge its windows (the refresher's loop,
         every 0.5 s). The store down: the last reading stays (the arm as it was)."""
         canary = policy.canary
@@ -429,7 +420,7 @@ class CanaryRuntime:
                     after = self.state_of(self._view)
             self._log_change(policy, canary, before, after)
 
-    async def _read(self, policy: PolicyConfig, canary: CanaryConfig) -> CanaryView:
+    async def _read(self, policy: Policy, canary: Canary) -> CanaryView:
         known = self._view_of(policy)
         epoch = known.record.epoch if known is not None else "0"
         record_key = keys.canary(policy.name)
@@ -452,7 +443,7 @@ class CanaryRuntime:
                                          ArmFigures.from_hash(table, CANARY)))
         return CanaryView(policy.name, canary.arm, record, decode_rollback(raw_marker), (windows[0], windows[1]), now)
 
-    async def _roll_back(self, policy: PolicyConfig, canary: CanaryConfig, view: CanaryView, verdict: Verdict) -> None:
+    async def _roll_back(self, policy: Policy, canary: Canary, view: CanaryView, verdict: Verdict) -> None:
         """Turn the arm off: here at once, everywhere through the marker."""
         judged = view.judged
         payload = {
@@ -486,7 +477,7 @@ class CanaryRuntime:
                 view = dataclasses.replace(view, rollback=stored)
         return view
 
-    def _log_change(self, policy: PolicyConfig, canary: CanaryConfig, before: str, after: str) -> None:
+    def _log_change(self, policy: Policy, canary: Canary, before: str, after: str) -> None:
         if before == after:
             return
         view = self._view
@@ -502,7 +493,7 @@ class CanaryRuntime:
 
     # --- the admin ---------------------------------------------------------------------------
 
-    async def set_arm(self, policy: PolicyConfig, enabled: bool, reason: str, by: str) -> CanaryRecord:
+    async def set_arm(self, policy: Policy, enabled: bool, reason: str, by: str) -> CanaryRecord:
         """An admin's on (a new epoch: the windows start empty, a rollback is lifted) or off,
         for every router at its next refresh (this one's included: refresh it to apply it at
         once). ``StateUnavailable``: nothing changed."""
@@ -525,7 +516,7 @@ class CanaryRuntime:
                     "ON (epoch " + epoch + ")" if enabled else "OFF", by, reason or "no reason given")
         return record
 
-    def status(self, policy: PolicyConfig) -> CanaryStatus:
+    def status(self, policy: Policy) -> CanaryStatus:
         canary = policy.canary
         if canary is None:
             return CanaryStatus(configured=False, policy=policy.name)

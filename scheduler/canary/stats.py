@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from scheduler.config.schema import CanaryRollback
+from scheduler.policy import CanaryRollback
 
 FIELDS = ("requests", "ttft_n", "ttft_ok", "errors", "retried", "energy_n", "energy_j", "carbon_n", "carbon_g")
 

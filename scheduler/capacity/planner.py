@@ -41,12 +41,12 @@ from scheduler.capacity.assumptions import Assumptions
 from scheduler.capacity.demand import ClientGroup, Demand
 from scheduler.capacity.pool_model import ReplicaModel, cold_start_j, idle_share
 from scheduler.config.schema import ModelDeployment, PolicyConfig, PoolConfig, RegionConfig
-from scheduler.config.units import UNITS
 from scheduler.energy.energy_model import EnergyModel
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.model_catalogue import MODEL_CATALOGUE, PRECISION_RANK
 from scheduler.framework.network import rtt_row
 from scheduler.plan.schedule import PlanName
+from scheduler.rates import UNITS
 from scheduler.types import GeoPoint
 from scheduler.units import J_PER_KWH
 

@@ -4,7 +4,7 @@
 - default:  fill the defaults that depend on other fields, visibly (never over a bad value)
 - validate: pydantic, strict; every error names the file, the field path and the bad value
 - build:    cross-file checks (unique names, at least one region and policy, each canary's arm
-            another policy, each policy's plugins and rates against the plugin registry) -> ``Fleet``
+            another policy, each policy's plugins and rates against the plugin registry) -> ``FleetConfig``
 
 Every problem found is reported, not just the first, so an operator fixes a file once.
 """
@@ -22,11 +22,13 @@ from pydantic import BaseModel, ValidationError
 
 # What the loader raises, named from here too (its callers import them with it).
 from scheduler.config.autoscaling import models_that_may_all_be_cold
+from scheduler.config.compile import compile_policy
 from scheduler.config.issues import ConfigError as ConfigError
 from scheduler.config.issues import ConfigIssue as ConfigIssue
 from scheduler.config.issues import field_path
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.energy.hardware import GPU_CATALOGUE
+from scheduler.policy import Policy
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent.parent
 # The example configs shipped inside the package, what `make demo` runs on and what a command
@@ -45,11 +47,11 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 class PolicyChecker(Protocol):
     """Checks a policy's plugin lists (the plugin registry, ``scheduler.framework.registry``)."""
 
-    def check(self, policy: PolicyConfig, source: str) -> list[ConfigIssue]: ...
+    def check(self, policy: Policy, source: str) -> list[ConfigIssue]: ...
 
 
 @dataclass(frozen=True)
-class Fleet:
+class FleetConfig:
     regions: tuple[RegionConfig, ...]
     policies: Mapping[str, PolicyConfig]
     regions_dir: Path
@@ -250,7 +252,7 @@ def config_dir(kind: str, given: Path | None, cwd: Path) -> Path:
 
 def load_fleet(
     regions_dir: Path | None = None, policies_dir: Path | None = None, checker: PolicyChecker | None = None
-) -> Fleet:
+) -> FleetConfig:
     """Load and check every region and policy file; raise one ConfigError listing all issues.
 
     ``checker`` also checks each policy's plugins (``scheduler.plugins.checked_fleet.load_checked_fleet``
@@ -270,13 +272,13 @@ def load_fleet(
         issues += found + _check_unique(policies, "policy") + _check_canaries(policies)
         if checker is not None:
             for path, policy in policies:
-                issues += checker.check(policy, str(path))
+                issues += checker.check(compile_policy(policy), str(path))
     except ConfigError as exc:
         issues.extend(exc.issues)
     if issues:
         raise ConfigError(issues)
     loaded = tuple(region for _, region in regions)
-    return Fleet(
+    return FleetConfig(
         regions=loaded,
         policies={policy.name: policy for _, policy in policies},
         regions_dir=regions_dir,

@@ -9,7 +9,6 @@ filled by the loader's ``default`` step, visibly, before validation.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from itertools import pairwise
 from typing import Annotated, Any, Literal
 
@@ -26,9 +25,9 @@ from pydantic import (
 )
 
 from scheduler.config.autoscaling import replica_ranges
-from scheduler.config.units import Rate, parse_rate
 from scheduler.energy.hardware import GPU_CATALOGUE
 from scheduler.energy.model_catalogue import MODEL_CATALOGUE, PRECISION_BYTES
+from scheduler.rates import ClassRates, Rate, parse_rate
 
 CARBON_PROVIDERS = ("csv", "electricitymaps", "watttime", "ukci", "casdk")
 
@@ -312,22 +311,6 @@ class RegionConfig(Strict):
 WORKLOAD_CLASS_NAMES = ("interactive", "batch", "deferrable")
 
 
-@dataclass(frozen=True)
-class ClassRates:
-    """A rate per workload class (what a millisecond is worth differs between them)."""
-
-    interactive: Rate
-    batch: Rate
-    deferrable: Rate
-
-    def of(self, workload_class: str) -> Rate:
-        rate: Rate = getattr(self, workload_class)
-        return rate
-
-    def __str__(self) -> str:
-        return ", ".join(f"{name}: {self.of(name)}" for name in WORKLOAD_CLASS_NAMES)
-
-
 def parse_rate_spec(value: object) -> Rate | ClassRates:
     """One rate for every workload class, or a mapping with a rate for each of them."""
     if not isinstance(value, dict):
@@ -382,7 +365,7 @@ class ScorerTerm(PluginRef):
     rate: RateSpec
 
     def rate_for(self, workload_class: str) -> Rate:
-        return self.rate.of(workload_class) if isinstance(self.rate, ClassRates) else self.rate
+        return self.rate.of(workload_class)
 
 
 class MaxAge(Strict):

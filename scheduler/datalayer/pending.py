@@ -55,21 +55,13 @@ class PendingDispatches:
     _array: FloatArray | None = None
     # The last snapshot ``apply`` was given and what it returned (while nothing changed).
     _applied: tuple[FleetSnapshot, FleetSnapshot] | None = None
-    # candidate index -> (the candidate, its (region, pool) key, replicas_of it): what ``record``
-    # reads of a candidate's config models once per candidate object (attribute reads on them
-    # cost several times a plain object's)
-    _places: dict[int, tuple[Candidate, tuple[str, str], int]] = field(default_factory=dict)
 
     def record(self, snapshot: FleetSnapshot, candidate: Candidate, request: Request, at: float,
                prefill: float | None = None) -> None:
         """``request`` was sent to ``candidate`` at ``at`` (the router's clock); ``prefill``:
         ``prefill_s(snapshot, candidate, request)`` where the caller has it."""
-        place = self._places.get(candidate.index)
-        if place is None or place[0] is not candidate:
-            place = self._places[candidate.index] = (
-                candidate, (candidate.region.name, candidate.pool.name), replicas_of(candidate))
-        _, key, replicas = place
-        wait = (prefill_s(snapshot, candidate, request) if prefill is None else prefill) / replicas
+        key = (candidate.region.name, candidate.pool.name)
+        wait = (prefill_s(snapshot, candidate, request) if prefill is None else prefill) / replicas_of(candidate)
         self._by_pool.setdefault(key, []).append((at, wait))
         if self._array is not None and self._index is not None and self._index[0] is snapshot.candidates:
             array = self._array.copy()  # snapshots already handed out keep theirs

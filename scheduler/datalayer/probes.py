@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from scheduler.config.schema import RegionConfig
+from scheduler.fleet import Region
 from scheduler.tasks import run_every, start_loop, stop_task
 from scheduler.types import ProbeResult
 
@@ -49,7 +49,7 @@ class RegionProbes:
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def of(cls, regions: Sequence[RegionConfig], clock: Callable[[], float] = time.time,
+    def of(cls, regions: Sequence[Region], clock: Callable[[], float] = time.time,
            interval_s: float = 1.0, timeout_s: float = 0.5) -> RegionProbes:
         return cls({r.name: r.endpoint for r in regions}, clock=clock, interval_s=interval_s, timeout_s=timeout_s)
 

@@ -45,11 +45,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.carbon.store_io import decode_daily_max, window_max
 from scheduler.datalayer.pending import PendingDispatches
 from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.policy import Policy
 from scheduler.state import codec, keys, prefix_warm
 from scheduler.state.store import StateStore, StateUnavailable
 from scheduler.tasks import run_every, start_loop, stop_task
@@ -115,7 +115,7 @@ class SnapshotHook(Protocol):
     """Reads more of the store with each refresh and puts it into each snapshot built (the
     policy's canary: ``scheduler.canary.runtime.CanaryRuntime``)."""
 
-    async def refresh(self, policy: PolicyConfig) -> None: ...
+    async def refresh(self, policy: Policy) -> None: ...
 
     def attach(self, snapshot: FleetSnapshot) -> FleetSnapshot: ...
 

@@ -1,20 +1,18 @@
 """Building the immutable ``FleetSnapshot`` a decision reads.
 
-``SnapshotBuilder`` is made once per config (it enumerates the candidates and their static
-facts); ``build(now, carbon, live, ...)`` is called by the background refresher about once
+``SnapshotBuilder`` is made once per compiled config (``scheduler.config.compile``: the fleet with
+its candidates, and the policy); ``build(now, carbon, live, ...)`` is called by the refresher about once
 a second (router), at every event (simulator) or once (``route --explain``). It turns live
 state into per-candidate coefficients so that a decision does only arithmetic.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_, is_not
 
-from scheduler.config.schema import PolicyConfig, PoolConfig, RegionConfig
 from scheduler.energy.cold_start import ColdStart, cold_start
 from scheduler.energy.energy_model import EnergyModel
 from scheduler.energy.hardware import GPU_CATALOGUE
@@ -22,13 +20,14 @@ from scheduler.energy.model_catalogue import MODEL_CATALOGUE
 from scheduler.energy.power_cap import PoolCap, PowerCap, capped, pool_cap, power_cap
 from scheduler.energy.profile_energy_model import ProfileEnergyModel
 from scheduler.energy.step import (
-    GPU_MEMORY_UTILIZATION,
     EnergyCoefficients,
     LatencyCoefficients,
     RatedCosts,
     mean_context,
     predict,
 )
+from scheduler.fleet import Fleet, Pool, Region
+from scheduler.policy import Policy
 from scheduler.signal_check import CLOCK_SKEW_S, signal_problem
 from scheduler.types import (
     Candidate,
@@ -69,20 +68,7 @@ def replicas_of(candidate: Candidate) -> int:
     return max(1, candidate.pool.count // candidate.deployment.tensor_parallel)
 
 
-def kv_capacity_tokens(candidate_region: RegionConfig, pool_index: int, deployment_index: int) -> int:
-    """Tokens of KV cache one replica can give a single sequence (at most max_context)."""
-    pool = candidate_region.pools[pool_index]
-    deployment = pool.models[deployment_index]
-    gpu = GPU_CATALOGUE[pool.gpu]
-    model = MODEL_CATALOGUE[deployment.name]
-    usable = gpu.hbm_bytes * GPU_MEMORY_UTILIZATION * deployment.tensor_parallel
-    free_for_kv = usable - model.weight_bytes(deployment.precision)
-    if free_for_kv <= 0:
-        return 0
-    return min(deployment.max_context, int(free_for_kv / model.kv_bytes_per_token_at(deployment.precision)))
-
-
-def pool_power_cap(region: RegionConfig, pool: PoolConfig, energy_model: EnergyModel) -> PoolCap:
+def pool_power_cap(region: Region, pool: Pool, energy_model: EnergyModel) -> PoolCap:
     """The pool's configured, efficient and effective power caps (``scheduler.energy.power_cap``):
     with the region's eco switch on, the efficient cap (never above ``power_cap_w``)."""
     return pool_cap(
@@ -91,7 +77,7 @@ def pool_power_cap(region: RegionConfig, pool: PoolConfig, energy_model: EnergyM
     )
 
 
-def candidate_caps(regions: Sequence[RegionConfig], candidates: Sequence[Candidate],
+def candidate_caps(regions: Sequence[Region], candidates: Sequence[Candidate],
                    energy_model: EnergyModel) -> tuple[PowerCap | None, ...]:
     """Per candidate, the power cap its replicas run under (None: the default limit, TDP).
     Config only (the pools' ``power_cap_w``, the regions' ``eco``): the efficient cap is
@@ -103,46 +89,6 @@ def candidate_caps(regions: Sequence[RegionConfig], candidates: Sequence[Candida
             targets[(region.name, pool.name)] = target
     return tuple(power_cap(c.gpu, targets[(c.region.name, c.pool.name)], c.deployment.tensor_parallel)
                  for c in candidates)
-
-
-def enumerate_candidates(regions: Sequence[RegionConfig]) -> tuple[Candidate, ...]:
-    candidates: list[Candidate] = []
-    for region in regions:
-        for p, pool in enumerate(region.pools):
-            for d, deployment in enumerate(pool.models):
-                candidates.append(
-                    Candidate(
-                        index=len(candidates),
-                        region=region,
-                        pool=pool,
-                        deployment=deployment,
-                        gpu=GPU_CATALOGUE[pool.gpu],
-                        model=MODEL_CATALOGUE[deployment.name],
-                        kv_capacity_tokens=kv_capacity_tokens(region, p, d),
-                    )
-                )
-    return tuple(candidates)
-
-
-# A changed pool's ``CandidatePerf`` (one per snapshot in the simulator) is made by setting its
-# slots: the ``__init__`` of a frozen, slotted dataclass calls ``object.__setattr__`` per field.
-_SET_ENERGY, _SET_LATENCY, _SET_BATCH, _SET_QUEUE_WAIT_S, _SET_LIVE, _SET_WARMTH, _SET_COLD_START_S, _SET_WAKE_J = (
-    vars(CandidatePerf)[f.name].__set__ for f in dataclasses.fields(CandidatePerf))
-
-
-def _candidate_perf(energy: EnergyCoefficients, latency: LatencyCoefficients, batch: float, queue_wait_s: float,
-                    live: bool, warmth: str = "warm", cold_start_s: float = 0.0, wake_j: float = 0.0) -> CandidatePerf:
-    """``CandidatePerf(energy, latency, batch, queue_wait_s, live, warmth, cold_start_s, wake_j)``."""
-    perf = object.__new__(CandidatePerf)
-    _SET_ENERGY(perf, energy)
-    _SET_LATENCY(perf, latency)
-    _SET_BATCH(perf, batch)
-    _SET_QUEUE_WAIT_S(perf, queue_wait_s)
-    _SET_LIVE(perf, live)
-    _SET_WARMTH(perf, warmth)
-    _SET_COLD_START_S(perf, cold_start_s)
-    _SET_WAKE_J(perf, wake_j)
-    return perf
 
 
 # Operating points whose step-model coefficients a builder keeps before it starts over.
@@ -166,8 +112,9 @@ class SnapshotBuilder:
     than the few hits saved.)
     """
 
-    regions: tuple[RegionConfig, ...]
-    policy: PolicyConfig
+    # scheduler.config.compile makes both from the files
+    fleet: Fleet
+    policy: Policy
     energy_model: EnergyModel = field(default_factory=ProfileEnergyModel)
     perf: PerfAssumptions = field(default_factory=PerfAssumptions)
     # The version of the config files the regions and policy came from (every snapshot, and
@@ -180,7 +127,8 @@ class SnapshotBuilder:
     models: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
-        self.candidates = enumerate_candidates(self.regions)
+        self.regions = self.fleet.regions
+        self.candidates = self.fleet.candidates
         self.rated: tuple[RatedCosts, ...] = tuple(
             self.energy_model.rated_costs(c.model, c.gpu, c.deployment.precision, c.deployment.tensor_parallel)
             for c in self.candidates
@@ -258,8 +206,7 @@ class SnapshotBuilder:
         snapshot: FleetSnapshot = build_frozen(FleetSnapshot, {
             "now": now,
             "policy": self.policy,
-            "regions": self.regions,
-            "candidates": self.candidates,
+            "fleet": self.fleet,
             "perf": perf,
             "carbon": carbon,
             "live": live,
@@ -355,7 +302,7 @@ class SnapshotBuilder:
         costs = self.rated[c.index].costs
         if pool_state is None:
             energy, latency = self._at_point(c.index, assumptions.nominal_batch, assumptions.nominal_context)
-            return _candidate_perf(energy, latency, assumptions.nominal_batch, 0.0, False)
+            return CandidatePerf(energy, latency, assumptions.nominal_batch, 0.0, False)
         # The candidate's model's own deployment's replicas decide its warmth; R: the pool's
         # replicas serving now where the region says (Ray Serve's autoscaler moves it; its
         # load is the pool's), else the pool's capacity.
@@ -380,13 +327,13 @@ class SnapshotBuilder:
             tpot = latency.tpot_s + others * latency.tpot_s_per_context_token
             wait += assumptions.output_tokens / 2.0 * tpot / max(running, 1.0)
         if warm is None or warm > 0:
-            return _candidate_perf(energy, latency, batch, wait, True)
+            return CandidatePerf(energy, latency, batch, wait, True)
         # No replica serves: the request waits for one to start, and wakes one when none is
         # starting (its charge: docs/objective.md, "Cold pools").
         start = self._cold_starts[c.index]
         if starting:
-            return _candidate_perf(energy, latency, batch, wait, True, "starting", start.seconds, 0.0)
-        return _candidate_perf(energy, latency, batch, wait, True, "cold", start.seconds, start.joules)
+            return CandidatePerf(energy, latency, batch, wait, True, "starting", start.seconds, 0.0)
+        return CandidatePerf(energy, latency, batch, wait, True, "cold", start.seconds, start.joules)
 
     def _at_point(self, index: int, batch: float, others: float) -> tuple[EnergyCoefficients, LatencyCoefficients]:
         """The step model's coefficients of candidate ``index`` at an operating point (decode

@@ -170,7 +170,7 @@ class Filter(Prepares, Protocol):
 
 class Scorer(Prepares, Protocol):
     TYPE: ClassVar[str]
-    # The quantity's unit (a name of scheduler.config.units.UNITS) and a short label for it.
+    # The quantity's unit (a name of scheduler.rates.UNITS) and a short label for it.
     UNIT: ClassVar[str]
     QUANTITY: ClassVar[str]
     # True for the energy/carbon layer: its abstention (or the kill switch) switches ranking

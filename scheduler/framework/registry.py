@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 from pydantic import TypeAdapter, ValidationError
 
 from scheduler.config.issues import ConfigIssue, field_path
-from scheduler.config.schema import WORKLOAD_CLASS_NAMES, PluginRef, PolicyConfig, ScorerTerm
-from scheduler.config.units import UNITS
 from scheduler.framework.plugin import CandidateSource, Filter, Picker, Scorer
+from scheduler.policy import PluginRef, Policy, ScorerTerm
+from scheduler.rates import UNITS
+from scheduler.types import WORKLOAD_CLASSES
 
 PluginT = TypeVar("PluginT")
 
@@ -31,7 +32,7 @@ class Term:
     """One term of an objective: ``scorer``'s quantity x ``rates[class]`` (USD per unit)."""
 
     scorer: Scorer
-    # Per workload class (WORKLOAD_CLASS_NAMES order): USD per the scorer's unit, and as written.
+    # Per workload class (WORKLOAD_CLASSES order): USD per the scorer's unit, and as written.
     rates: tuple[float, ...]
     written: tuple[str, ...]
 
@@ -85,7 +86,7 @@ class Registry:
 
     # --- policies --------------------------------------------------------------------------
 
-    def check(self, policy: PolicyConfig, source: str) -> list[ConfigIssue]:
+    def check(self, policy: Policy, source: str) -> list[ConfigIssue]:
         """Every problem of ``policy``'s plugin lists (empty: it compiles)."""
         issues: list[ConfigIssue] = []
         for i, ref in enumerate(policy.matchers):
@@ -112,7 +113,7 @@ class Registry:
                     issues.append(ConfigIssue(source, f"{where}.rate", f"{term.type} reports {scorer.UNIT}: {exc}"))
         return issues
 
-    def compile(self, policy: PolicyConfig) -> Plan:
+    def compile(self, policy: Policy) -> Plan:
         """The plugins and rates of ``policy`` (raises ValueError listing every problem)."""
         issues = self.check(policy, f"policy {policy.name!r}")
         if issues:
@@ -136,7 +137,7 @@ class Registry:
         )
 
     def _make(
-        self, table: Mapping[str, type[PluginT]], kind: str, ref: PluginRef, where: str, source: str,
+        self, table: Mapping[str, type[PluginT]], kind: str, ref: PluginRef | ScorerTerm, where: str, source: str,
         issues: list[ConfigIssue],
     ) -> PluginT | None:
         plugin = table.get(ref.type)
@@ -145,7 +146,7 @@ class Registry:
                 source, f"{where}.type", f"{ref.type!r} is not a registered {kind} (known: {', '.join(table)})"))
             return None
         try:
-            made: PluginT = _adapter(plugin).validate_json(json.dumps(ref.parameters))
+            made: PluginT = _adapter(plugin).validate_json(json.dumps(ref.parameters, default=dict))
         except ValidationError as exc:
             for err in exc.errors(include_url=False):
                 path = field_path(tuple(err["loc"]))
@@ -173,7 +174,7 @@ def _adapter(plugin: type[PluginT]) -> TypeAdapter[PluginT]:
 
 def _rates(term: ScorerTerm, scorer: Scorer) -> tuple[tuple[float, ...], tuple[str, ...]]:
     unit = UNITS[scorer.UNIT]
-    by_class = [term.rate_for(name) for name in WORKLOAD_CLASS_NAMES]
+    by_class = [term.rate_for(name) for name in WORKLOAD_CLASSES]
     return tuple(rate.usd_per(unit) for rate in by_class), tuple(str(rate) for rate in by_class)
 
 

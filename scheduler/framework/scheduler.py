@@ -41,7 +41,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from scheduler.config.schema import WORKLOAD_CLASS_NAMES, PolicyConfig
 from scheduler.framework.columns import BoolArray, FloatArray, HashArray
 from scheduler.framework.plugin import (
     Abstain,
@@ -55,7 +54,8 @@ from scheduler.framework.plugin import (
 from scheduler.framework.predict import request_view
 from scheduler.framework.registry import Plan, Registry, Term
 from scheduler.framework.state import PlanState
-from scheduler.types import Decision, Fallback, FleetSnapshot, Rejection, Request, build_frozen
+from scheduler.policy import Policy
+from scheduler.types import WORKLOAD_CLASSES, Decision, Fallback, FleetSnapshot, Rejection, Request, build_frozen
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class _Labels:
 class _Compiled:
     """A policy's plan with what every decision under it reuses."""
 
-    policy: PolicyConfig
+    policy: Policy
     plan: Plan
     # (plugin, may leave nothing): the hard filters, then the policy's matchers
     narrowing: tuple[tuple[Filter, bool], ...]
@@ -215,11 +215,11 @@ class Scheduler:
             rng=rng or random.Random(0),
         )
 
-    def plan(self, policy: PolicyConfig) -> Plan:
+    def plan(self, policy: Policy) -> Plan:
         """The policy's plugins and rates, compiled once per policy object."""
         return self._compile(policy).plan
 
-    def _compile(self, policy: PolicyConfig) -> _Compiled:
+    def _compile(self, policy: Policy) -> _Compiled:
         compiled = self._compiled.get(id(policy))
         if compiled is None or compiled.policy is not policy:
             if len(self._compiled) >= 64:
@@ -288,7 +288,7 @@ class Scheduler:
         if not energy_ranking:
             fallbacks.append(Fallback(signal=KILL_SWITCH, scorer="*", age_s=None, max_age_s=0.0,
                                       detail="energy routing switched off by an operator"))
-        klass = WORKLOAD_CLASS_NAMES.index(request.workload_class)
+        klass = WORKLOAD_CLASSES.index(request.workload_class)
         narrowing = len(compiled.narrowing)
         primary = compiled.plan.primary
         ranking = None

@@ -10,7 +10,7 @@ decision).
 
 from __future__ import annotations
 
-from scheduler.config.schema import PolicyConfig
+from scheduler.policy import Policy
 from scheduler.types import FleetSnapshot, Request, WorkloadClass
 
 
@@ -20,7 +20,7 @@ def ttft_budget_s(request: Request, snapshot: FleetSnapshot) -> float:
     return class_ttft_budget_s(snapshot.policy, request.workload_class, request.prompt_tokens)
 
 
-def class_ttft_budget_s(policy: PolicyConfig, workload_class: WorkloadClass, prompt_tokens: int) -> float:
+def class_ttft_budget_s(policy: Policy, workload_class: WorkloadClass, prompt_tokens: int) -> float:
     """The policy's TTFT budget of ``workload_class`` for a prompt: ttft_ms + per 1k tokens [s]."""
     slo = policy.slo_for(workload_class)
     return (slo.ttft_ms + slo.ttft_ms_per_1k_prompt_tokens * prompt_tokens / 1000.0) / 1000.0

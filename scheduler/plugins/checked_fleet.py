@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scheduler.config.loader import Fleet, PolicyChecker, load_fleet
+from scheduler.config.loader import FleetConfig, PolicyChecker, load_fleet
 from scheduler.plugins import default_scheduler_registry
 
 
-def load_checked_fleet(regions_dir: Path | None = None, policies_dir: Path | None = None) -> Fleet:
+def load_checked_fleet(regions_dir: Path | None = None, policies_dir: Path | None = None) -> FleetConfig:
     """``regions/`` and ``policies/`` loaded and every policy's plugins checked against the
     registry (the loader every command and server uses)."""
     checker: PolicyChecker = default_scheduler_registry()

@@ -13,7 +13,7 @@ from typing import Any
 
 from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs, config_actions
-from scheduler.config.loader import ConfigError, ConfigIssue, Fleet, json_schemas
+from scheduler.config.loader import ConfigError, ConfigIssue, FleetConfig, json_schemas
 from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.checked_fleet import load_checked_fleet
 
@@ -56,7 +56,7 @@ def _validate(args: argparse.Namespace) -> int:
     return exit_codes.OK
 
 
-def _validation(regions_dir: Path, policies_dir: Path, *, fleet: Fleet | None = None, pools: int = 0, gpus: int = 0,
+def _validation(regions_dir: Path, policies_dir: Path, *, fleet: FleetConfig | None = None, pools: int = 0, gpus: int = 0,
                 issues: tuple[ConfigIssue, ...] = ()) -> dict[str, Any]:
     """``config validate --json``: the same facts as the text, as one object."""
     return {

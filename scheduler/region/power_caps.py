@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from scheduler.config.compile import compile_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import pool_power_cap
 from scheduler.energy.energy_model import EnergyModel
@@ -204,7 +205,8 @@ def region_pool_caps(region: RegionConfig, pools: Sequence[str] | None = None,
     """The caps of the region's ``pools`` (default: all), by pool name, in config order."""
     model = energy_model or ProfileEnergyModel()
     wanted = set(pools) if pools is not None else None
-    return {p.name: pool_power_cap(region, p, model) for p in region.pools if wanted is None or p.name in wanted}
+    compiled = compile_fleet((region,)).regions[0]
+    return {p.name: pool_power_cap(compiled, p, model) for p in compiled.pools if wanted is None or p.name in wanted}
 
 
 class PowerCapper:

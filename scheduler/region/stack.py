@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import RegionConfig
 from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.region import DEFAULT_LOCAL_REGIONS
@@ -287,7 +288,7 @@ class LocalStack:
 
         store = open_store(self.state_url, self.namespace)
         backend = "memory" if self.state_url == "memory" else "redis"
-        deps = build_deps(SnapshotBuilder(self.regions, policy), store, backend,
+        deps = build_deps(SnapshotBuilder(compile_fleet(self.regions), compile_policy(policy)), store, backend,
                           refresh_interval_s=self.options.refresh_interval_s, ticket_keys=self.ticket_keys,
                           keys=self.options.api_keys)
         if self.state_url == "memory":

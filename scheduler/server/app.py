@@ -26,7 +26,6 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from scheduler.canary.runtime import CanaryRuntime
-from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.carbon.metrics import signal_gauges as carbon_signal_gauges
 from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.refresher import SnapshotRefresher
@@ -36,6 +35,7 @@ from scheduler.http.server import HttpServer, ServerLimits
 from scheduler.ledger.budget import TenantBudget
 from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.health import region_verdict
+from scheduler.policy import Policy
 from scheduler.server.audit import AuditLog
 from scheduler.server.auth import KeyRing, TenantRateLimiter
 from scheduler.server.config_reload.reloader import ConfigReloader
@@ -241,7 +241,7 @@ def build_deps(
     refresh_interval_s: float = 0.5,
     metrics_port: int | None = None,
     ticket_keys: TicketKeyRing | None = None,
-    policies: Mapping[str, PolicyConfig] | None = None,
+    policies: Mapping[str, Policy] | None = None,
     deferral: DeferralSettings | None = None,
 ) -> RouterDeps:
     """The router's parts without the optional services (see ``with_services``). ``policies``:

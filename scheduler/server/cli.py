@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler import exit_codes
 from scheduler.config.args import add_config_dirs
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.ledger.ledger import ENTRY_TTL_S
 from scheduler.server.config_signing import TRUST_FILE_ENV
 from scheduler.state.url import STATE_ENV
@@ -326,10 +327,10 @@ def _router(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"{state.source}: expected 'memory' or redis://HOST:PORT/DB, got {state.shown!r}", file=sys.stderr)
         return 2
-    deps = build_deps(SnapshotBuilder(initial.regions, policy), store, backend, keys=keys, tls=tls,
-                      rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
-                      metrics_port=args.metrics_port, ticket_keys=ticket_keys, policies=initial.policies,
-                      deferral=deferral)
+    policies = {name: compile_policy(each) for name, each in initial.policies.items()}
+    deps = build_deps(SnapshotBuilder(compile_fleet(initial.regions), policies[policy.name]), store, backend, keys=keys,
+                      tls=tls, rate_limit_rps=args.rate_limit, refresh_interval_s=args.refresh_interval,
+                      metrics_port=args.metrics_port, ticket_keys=ticket_keys, policies=policies, deferral=deferral)
     # A worker of --workers counts into the directory its parent made (scheduler.server.workers).
     multiprocess_dir = os.environ.get(MULTIPROC_ENV) if args.worker_index is not None else None
     deps.metrics = RouterMetrics(args.metrics_max_tenants, multiprocess_dir)

@@ -27,8 +27,8 @@ from typing import NamedTuple
 from scheduler import errors
 from scheduler.canary.assign import snapshot_for
 from scheduler.canary.runtime import OpenStream
-from scheduler.config.schema import PolicyConfig
 from scheduler.energy.output_budget import OutputBudget, best_budget
+from scheduler.policy import Policy
 from scheduler.server import convert
 from scheduler.server.auth import Principal, scope_jurisdictions
 from scheduler.server.canary import stream_outcome, ttft_budget_ms
@@ -48,7 +48,7 @@ TRANSIENT_PLUGINS = frozenset({"region-health", "pool-served", "slo-reachable"})
 # client's deadline is the deadline, not the client leaving.
 DEADLINE_CLOCK_SLACK_S = 0.05
 
-def output_budget(policy: PolicyConfig, request: Request, decision: Decision) -> OutputBudget | None:
+def output_budget(policy: Policy, request: Request, decision: Decision) -> OutputBudget | None:
     """The policy's quality-per-joule max_tokens for this request on the chosen candidate
     (scheduler.energy.output_budget); None when the policy has no table for its model and task."""
     config = policy.output_budget

@@ -27,10 +27,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
-from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.pending import PendingDispatches
 from scheduler.datalayer.refresher import MAX_WARM_KEYS, MAX_WORKFLOWS
 from scheduler.datalayer.snapshot import SnapshotBuilder
+from scheduler.policy import Policy
 from scheduler.signal_check import signal_problem
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.pools import PoolSim
@@ -75,7 +75,7 @@ class SimAffinity:
     and a copy per dispatch would cost as many entries as there are live workflows.
     """
 
-    def __init__(self, policy: PolicyConfig) -> None:
+    def __init__(self, policy: Policy) -> None:
         self.max_age_s = policy.max_age.prefix_cache
         # hits recorded and not yet published: (region, pool, key, cached tokens, at)
         self._staged: list[tuple[str, str, str, int, float]] = []
@@ -153,11 +153,7 @@ class SimAffinity:
         attached = self._attached
         if attached is not None and attached[0] is snapshot and attached[1] is self._warm:
             return attached[2]
-        # A shallow copy, as FleetSnapshot.with_pending makes: everything else is shared.
-        copy = object.__new__(FleetSnapshot)
-        copy.__dict__.update(snapshot.__dict__)
-        copy.__dict__["prefix_warm"] = self._warm
-        copy.__dict__["workflows"] = self._flows_view
+        copy = snapshot.copy_with(prefix_warm=self._warm, workflows=self._flows_view)
         self._attached = (snapshot, self._warm, copy)
         return copy
 

@@ -74,9 +74,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder, replicas_of
 from scheduler.deferral.window import choose_release
+from scheduler.fleet import Region
 from scheduler.framework.scheduler import Scheduler
 from scheduler.framework.slo import ttft_budget_s
 from scheduler.plan.schedule import DailySchedule, warm_replicas_at
@@ -277,7 +279,7 @@ class _Fleet:
     pool_of: dict[int, PoolSim]
     # Per pool number: its region's position, grid zone, PUE and config (read at each request's
     # end: attribute reads on a config model cost several times a plain object's).
-    pool_regions: list[tuple[int, str, float, RegionConfig]]
+    pool_regions: list[tuple[int, str, float, Region]]
     region_pools: dict[str, list[PoolSim]]
 
 
@@ -310,7 +312,7 @@ def _build_fleet(sim: Simulation, builder: SnapshotBuilder, first_arrival: float
                                    number=len(by_pool), knee=truth.knee, autoscaling=settings, start=first_arrival)
         pool_of[c.index] = by_pool[key]
     region_index = {r.name: i for i, r in enumerate(sim.regions)}
-    pool_regions: list[tuple[int, str, float, RegionConfig]] = []
+    pool_regions: list[tuple[int, str, float, Region]] = []
     for number, sim_pool in enumerate(by_pool.values()):
         assert sim_pool.number == number
         home = sim_pool.candidate.region
@@ -377,7 +379,7 @@ class _Run:
         n = len(w)
         # Every request asks for the workload's model: the predictions of the others, which
         # nothing reads, are not kept up to date (``SnapshotBuilder.models``).
-        builder = SnapshotBuilder(sim.regions, sim.policy, models=frozenset((w.model,)))
+        builder = SnapshotBuilder(compile_fleet(sim.regions), compile_policy(sim.policy), models=frozenset((w.model,)))
         self.predictions = Predictions()
         self.scheduler = sim.scheduler or Scheduler.from_registry(default_scheduler_registry(),
                                                                   rng=random.Random(sim.seed))

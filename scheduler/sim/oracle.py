@@ -57,12 +57,14 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder, replicas_of
 from scheduler.energy.step import StepCosts
 from scheduler.framework.network import rtt_row
 from scheduler.framework.slo import class_ttft_budget_s
+from scheduler.policy import Policy
 from scheduler.sim.autoscale import AutoscalingSettings
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.report import PolicyResult
@@ -151,7 +153,7 @@ def request_cost(costs: StepCosts, prompt: np.ndarray, output: np.ndarray, cache
 def bound_pools(regions: tuple[RegionConfig, ...], policy: PolicyConfig, model: str, truth: TruthModel,
                 seed: int) -> list[BoundPool]:
     """The pools serving ``model``, each with its true step costs (as the simulator builds them)."""
-    builder = SnapshotBuilder(regions, policy, models=frozenset((model,)))
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(policy), models=frozenset((model,)))
     residuals = HeldOutResiduals.load() if truth.gpu_bias else None
     pools: dict[str, BoundPool] = {}
     for c in builder.candidates:
@@ -166,7 +168,7 @@ def bound_pools(regions: tuple[RegionConfig, ...], policy: PolicyConfig, model: 
     return list(pools.values())
 
 
-def solve(workload: Workload, pools: Sequence[BoundPool], policy: PolicyConfig, carbon: CarbonReplay,
+def solve(workload: Workload, pools: Sequence[BoundPool], policy: Policy, carbon: CarbonReplay,
           autoscaling: AutoscalingSettings | None, end_s: float | None = None) -> Bound:
     """The LP of the module doc on ``workload``; ``end_s``: when the run ends (default: the
     last arrival), for the warm replicas' time of the last hour."""
@@ -321,7 +323,7 @@ def solve_bound(spec: ScenarioSpec, policy: str = "default") -> Bound:
     carbon = CarbonReplay.from_dir(spec.carbon_dir, [r.grid_zone for r in regions], spec.carbon_year,
                                    spec.carbon_delay_s, spec.carbon_outages)
     pools = bound_pools(regions, fleet.policy(policy), workload.model, spec.truth, spec.seed)
-    return solve(workload, pools, fleet.policy(policy), carbon, spec.autoscaling)
+    return solve(workload, pools, compile_policy(fleet.policy(policy)), carbon, spec.autoscaling)
 
 
 def with_gaps(results: Sequence[PolicyResult], bound: Bound) -> list[PolicyResult]:

@@ -30,17 +30,11 @@ from scheduler.types import Candidate, FleetSnapshot, GeoPoint, Request
 class Predictions:
     def __init__(self) -> None:
         self._rtt: dict[tuple[float, float, str], float] = {}
-        # candidate index -> (the candidate, its region's name): without reading the candidate's
-        # config model at each dispatch (attribute reads on one cost several times a plain object's)
-        self._region_of: dict[int, tuple[Candidate, str]] = {}
 
     def rtt_s(self, client: GeoPoint | None, candidate: Candidate) -> float:
         if client is None:
             return 0.0
-        known = self._region_of.get(candidate.index)
-        if known is None or known[0] is not candidate:
-            known = self._region_of[candidate.index] = (candidate, candidate.region.name)
-        key = (client.lat, client.lon, known[1])
+        key = (client.lat, client.lon, candidate.region.name)
         rtt = self._rtt.get(key)
         if rtt is None:
             where = candidate.region.location

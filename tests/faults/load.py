@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from scheduler.client import AsyncSchedulerClient, SchedulerRpcError
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import CarbonSource, RegionConfig
 from scheduler.datalayer.carbon.carbon_pollers import CarbonPollers
@@ -135,7 +136,8 @@ class Stack:
 
     async def start_router(self) -> RunningRouter:
         store = RedisStore.from_url(self.store_url, self.namespace, timeout_s=1.0, connect_timeout_s=0.5)
-        deps: RouterDeps = build_deps(SnapshotBuilder(self.configs, load_fleet().policy("default")), store, "redis",
+        deps: RouterDeps = build_deps(SnapshotBuilder(compile_fleet(self.configs),
+                                                      compile_policy(load_fleet().policy("default"))), store, "redis",
                                       rate_limit_rps=1e6)
         with_services(deps, carbon_pollers=False, budgets={})
         if self.carbon_api is not None:

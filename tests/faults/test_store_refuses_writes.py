@@ -27,6 +27,7 @@ import redis
 
 from scheduler.client import AsyncSchedulerClient
 from scheduler.client.errors import SchedulerRpcError
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -44,7 +45,8 @@ pytestmark = pytest.mark.integration
 async def router_on(redis_url: str, namespace: str, configs: Sequence[RegionConfig]) -> RunningRouter:
     """A router with its ledger (no carbon pollers: the test's store is refusing writes)."""
     store = RedisStore.from_url(redis_url, namespace)
-    deps = build_deps(SnapshotBuilder(tuple(configs), load_fleet().policy("default")), store, "redis",
+    deps = build_deps(SnapshotBuilder(compile_fleet(tuple(configs)),
+                                      compile_policy(load_fleet().policy("default"))), store, "redis",
                       rate_limit_rps=1000.0)
     return await start_router("127.0.0.1:0", with_services(deps, carbon_pollers=False))
 

@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.client import AsyncSchedulerClient
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.server.app import build_deps, start_router, with_services
@@ -225,7 +226,7 @@ async def test_failover_after_a_region_hangs_61_s_gets_a_fresh_ticket(own_redis:
         configs = tuple(shipped[n].model_copy(update={"endpoint": served[n].endpoint}) for n in REGIONS)
         store = RedisStore.from_url(own_redis.url, namespace, timeout_s=1.0, connect_timeout_s=0.5)
         stack.push_async_callback(store.close)
-        deps = build_deps(SnapshotBuilder(configs, load_fleet().policy("default")), store, "redis",
+        deps = build_deps(SnapshotBuilder(compile_fleet(configs), compile_policy(load_fleet().policy("default"))), store, "redis",
                           rate_limit_rps=1e6, ticket_keys=ring)
         with_services(deps, carbon_pollers=False, budgets={})
         router = await start_router("127.0.0.1:0", deps)

@@ -23,6 +23,7 @@ import grpc
 import psutil
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -177,7 +178,7 @@ async def _start(loop: asyncio.AbstractEventLoop) -> LiveRouter:
     tenant, admin = create_key("acme"), create_key("ops", admin=True)
     store = MemoryStore()
     publisher = asyncio.create_task(_publish_live_state(store, configs))
-    deps = build_deps(SnapshotBuilder(configs, fleet.policy("default")), store, "memory",
+    deps = build_deps(SnapshotBuilder(compile_fleet(configs), compile_policy(fleet.policy("default"))), store, "memory",
                       keys=KeyRing.of([tenant.entry, admin.entry]), rate_limit_rps=1e6)
     router = await start_router("127.0.0.1:0", deps)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{router.port}", options=[

@@ -234,3 +234,18 @@ def test_registering_the_plugins_needs_no_config_loader() -> None:
     assert "scheduler.config.loader" in reached("scheduler.plugins.checked_fleet"), "the walk would prove nothing"
     for module in ("scheduler.plugins", "scheduler.framework.registry"):
         assert "scheduler.config.loader" not in reached(module), f"{module} loads scheduler.config.loader"
+
+
+def test_the_runtime_types_do_not_load_the_config() -> None:
+    # scheduler.config.compile turns the files' pydantic models into the plain runtime objects
+    # (scheduler.fleet, scheduler.policy): the snapshot's types load nothing of the config, and
+    # the framework, the data layer's snapshot builder and the plugins decide without the schema
+    # (the registry reports problems as scheduler.config.issues' plain records).
+    assert "scheduler.config.schema" in reached("scheduler.config.compile"), "the walk would prove nothing"
+    for module in ("scheduler.types", "scheduler.fleet", "scheduler.policy"):
+        loaded = sorted(m for m in reached(module) if m.startswith("scheduler.config"))
+        assert not loaded, f"{module} loads {', '.join(loaded)}"
+    schema = {"scheduler.config.schema", "scheduler.config.loader", "scheduler.config.compile"}
+    for module in ("scheduler.framework.scheduler", "scheduler.datalayer.snapshot", "scheduler.plugins"):
+        loaded = sorted(reached(module) & schema)
+        assert not loaded, f"{module} loads {', '.join(loaded)}"

@@ -20,12 +20,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.carbon.base import CarbonProvider
 from scheduler.datalayer.carbon.http import Clock
 from scheduler.datalayer.carbon.metrics import Counters
 from scheduler.datalayer.carbon.providers import ProviderOptions, make_provider
 from scheduler.datalayer.carbon.zone_poller import LockTiming, ZonePoller
+from scheduler.fleet import Region
 from scheduler.state.store import StateStore
 from scheduler.tasks import start_loop, stop_task
 from scheduler.wire.retry import Sleep
@@ -48,7 +48,7 @@ class CarbonPollers:
     @classmethod
     def from_regions(
         cls,
-        regions: Sequence[RegionConfig],
+        regions: Sequence[Region],
         store: StateStore,
         *,
         clock: Clock = time.time,

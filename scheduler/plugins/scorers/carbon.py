@@ -16,7 +16,7 @@ from typing import ClassVar, cast
 
 import numpy as np
 
-from scheduler.config.schema import RegionConfig
+from scheduler.fleet import Region
 from scheduler.framework.columns import BoolArray, FloatArray, IndexArray, region_positions
 from scheduler.framework.plugin import Abstain, Bounded, Plugin, Positions, RequestView
 from scheduler.signal_check import carbon_bound, signal_problem
@@ -66,7 +66,7 @@ class CarbonScorer(Plugin):
         return Bounded(grams, bounded, tuple(note for r in at if (note := cols.priced[r]) is not None))
 
 
-def _judge(snapshot: FleetSnapshot, region: RegionConfig) -> tuple[float, Abstain | None, Abstain | None]:
+def _judge(snapshot: FleetSnapshot, region: Region) -> tuple[float, Abstain | None, Abstain | None]:
     zone, max_age = region.grid_zone, snapshot.policy.max_age.carbon
     signal = snapshot.carbon.get(zone)
     found = None if signal is None else signal_problem(signal, snapshot.now, max_age)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from scheduler.canary.runtime import CanaryRuntime
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import ConfigError, ConfigIssue
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.refresher import SnapshotRefresher
@@ -437,22 +438,22 @@ class ConfigReloader:
         regions_changed = loaded.regions != old.regions
         if regions_changed or loaded.policy != old.policy:
             was = refresher.builder
-            builder = SnapshotBuilder(loaded.regions, loaded.policy, energy_model=was.energy_model, perf=was.perf,
-                                      config_version=version.label)
+            builder = SnapshotBuilder(compile_fleet(loaded.regions), compile_policy(loaded.policy),
+                                      energy_model=was.energy_model, perf=was.perf, config_version=version.label)
         else:
             builder = refresher.builder
             builder.config_version = version.label
         probes, old_probes = refresher.probes, None
         if probes is not None and regions_changed:
             old_probes = probes
-            probes = RegionProbes.of(loaded.regions, clock=probes.clock, interval_s=probes.interval_s,
+            probes = RegionProbes.of(builder.regions, clock=probes.clock, interval_s=probes.interval_s,
                                      timeout_s=probes.timeout_s)
             await probes.probe_all()
             await probes.start()
             refresher.probes = probes
         if deps.canary is not None:
             # The policy's canary arm is looked up in the new policies (scheduler.canary).
-            deps.canary.use_policies(loaded.policies)
+            deps.canary.use_policies({name: compile_policy(policy) for name, policy in loaded.policies.items()})
         # The store is read for the new regions, then the new snapshot replaces the old one;
         # the rest is swapped in the same step of the event loop (no await in between).
         await refresher.use_builder(builder)
@@ -470,7 +471,7 @@ class ConfigReloader:
         if regions_changed and _carbon_sources(loaded.regions) != _carbon_sources(old.regions):
             for pollers in [task for task in deps.background if isinstance(task, CarbonPollers)]:
                 await pollers.stop()
-                fresh = CarbonPollers.from_regions(loaded.regions, deps.store, counters=pollers.counters)
+                fresh = CarbonPollers.from_regions(builder.regions, deps.store, counters=pollers.counters)
                 pollers.pollers, pollers.providers = fresh.pollers, fresh.providers
                 await pollers.start()
         log.warning("config version %s in use (%s; was %s): %s", version.label, trigger if trigger != "store"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import CarbonSource
 from scheduler.datalayer.carbon import metrics
@@ -185,7 +186,7 @@ async def test_provider_down_decision_falls_back_with_the_true_age(serve, redis_
     finally:
         await pollers.stop()
 
-    builder = SnapshotBuilder(tuple(regions), policy)
+    builder = SnapshotBuilder(compile_fleet(tuple(regions)), compile_policy(policy))
     max_age = policy.max_age.carbon
 
     # Within the limit: carbon ranks, and the cleaner grid (NO) wins on it.

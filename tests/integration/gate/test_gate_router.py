@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.cli import main
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import UnknownRegionState
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy import nvml
@@ -45,7 +46,7 @@ async def test_measure_through_a_router_matches_the_region_measured_directly(
         # The router sees the region as the one pool it serves here, at the local endpoint.
         region = shipped.model_copy(update={"endpoint": local.url, "local": None,
                                             "pools": tuple(p for p in shipped.pools if p.name == POOL)})
-        deps = build_deps(SnapshotBuilder((region,), policy), MemoryStore(), "memory")
+        deps = build_deps(SnapshotBuilder(compile_fleet((region,)), compile_policy(policy)), MemoryStore(), "memory")
         deps.http_port = 0
         router = await start_router("127.0.0.1:0", deps)
         try:

@@ -24,7 +24,8 @@ import yaml
 
 from scheduler.canary.assign import CANARY, CONTROL, snapshot_for
 from scheduler.canary.runtime import CanaryRuntime
-from scheduler.config.loader import Fleet
+from scheduler.config.compile import compile_fleet, compile_policy
+from scheduler.config.loader import FleetConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
 from scheduler.gate.measure import Target, send
@@ -44,7 +45,7 @@ OSLO = GeoPoint(lat=59.91, lon=10.75)
 DIGEST = "cd" * 32
 
 
-def fleet_with_gate(directory: Path, passed: list[dict[str, str]]) -> Fleet:
+def fleet_with_gate(directory: Path, passed: list[dict[str, str]]) -> FleetConfig:
     """The canary fixtures' policies, the control (``steady``) with a telemetry gate."""
     policies = write_policies(directory)
     steady = policies / "steady.yaml"
@@ -53,15 +54,16 @@ def fleet_with_gate(directory: Path, passed: list[dict[str, str]]) -> Fleet:
     return load_checked_fleet(policies_dir=policies)
 
 
-async def snapshot_of(fleet: Fleet, live: dict[str, RegionLiveState]) -> FleetSnapshot:
-    policy = fleet.policy("steady")
+async def snapshot_of(fleet: FleetConfig, live: dict[str, RegionLiveState]) -> FleetSnapshot:
+    policies = {name: compile_policy(each) for name, each in fleet.policies.items()}
+    policy = policies["steady"]
     regions = tuple(r for r in fleet.regions if r.name in live)
-    runtime = CanaryRuntime(MemoryStore(), fleet.policies, host_id="gate-test")
+    runtime = CanaryRuntime(MemoryStore(), policies, host_id="gate-test")
     await runtime.refresh(policy)
-    return runtime.attach(SnapshotBuilder(regions, policy).build(time.time(), live=live))
+    return runtime.attach(SnapshotBuilder(compile_fleet(regions), policy).build(time.time(), live=live))
 
 
-def decide(fleet: Fleet, live: dict[str, RegionLiveState], n: int) -> dict[str, list[str]]:
+def decide(fleet: FleetConfig, live: dict[str, RegionLiveState], n: int) -> dict[str, list[str]]:
     """Arm -> the place chosen for each of ``n`` requests from Oslo."""
     snapshot = asyncio.run(snapshot_of(fleet, live))
     scheduler = Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(7))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -105,7 +106,8 @@ async def make_router() -> AsyncIterator[RouterFactory]:
                    policy: PolicyConfig | None = None, grpc_limits: GrpcLimits | None = None,
                    deferral: DeferralSettings | None = None) -> RunningRouter:
         fleet = load_fleet()
-        deps: RouterDeps = build_deps(SnapshotBuilder(tuple(regions), policy or fleet.policy("default")),
+        deps: RouterDeps = build_deps(SnapshotBuilder(compile_fleet(tuple(regions)),
+                                                      compile_policy(policy or fleet.policy("default"))),
                                       store or MemoryStore(), "memory", keys=keys, tls=tls,
                                       rate_limit_rps=rate_limit_rps, metrics_port=metrics_port,
                                       ticket_keys=ticket_keys, deferral=deferral)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
@@ -58,7 +59,7 @@ async def relay(gaps_s: list[float], coalesce_s: float) -> list[tuple[str, str]]
     server, url = await paced_region(gaps_s)
     fleet = load_fleet()
     region = next(r for r in fleet.regions if r.name == "eu-north").model_copy(update={"endpoint": url})
-    snapshot = SnapshotBuilder((region,), fleet.policy("default")).build(0.0)
+    snapshot = SnapshotBuilder(compile_fleet((region,)), compile_policy(fleet.policy("default"))).build(0.0)
     decision = Scheduler.from_registry(default_scheduler_registry()).schedule(
         Request(request_id="r", model="llama-3.1-8b", prompt_tokens=8, max_tokens=8), snapshot)
     dispatcher = RegionDispatcher(DispatchSettings(coalesce_s=coalesce_s))

@@ -27,7 +27,8 @@ import httpx
 import pytest
 
 from scheduler.client import AsyncSchedulerClient
-from scheduler.config.loader import Fleet as ConfigFleet
+from scheduler.config.compile import compile_fleet, compile_policy
+from scheduler.config.loader import FleetConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.server.app import RunningRouter, build_deps, router_gauges, start_router
@@ -67,12 +68,13 @@ async def start_canary_router(stub_fleet: Fleet, keys: Keys) -> AsyncIterator[St
     started: list[RunningRouter] = []
     namespaces: set[str] = set()
 
-    async def start(store: StateStore, config: ConfigFleet, http: bool = False) -> RunningRouter:
+    async def start(store: StateStore, config: FleetConfig, http: bool = False) -> RunningRouter:
         if isinstance(store, RedisStore):
             namespaces.add(store.namespace)
-        deps = build_deps(SnapshotBuilder(stub_fleet.configs, config.policy("steady")), store,
+        policies = {name: compile_policy(policy) for name, policy in config.policies.items()}
+        deps = build_deps(SnapshotBuilder(compile_fleet(stub_fleet.configs), policies["steady"]), store,
                           "memory" if isinstance(store, MemoryStore) else "redis", keys=keys.ring,
-                          rate_limit_rps=100_000.0, policies=config.policies)
+                          rate_limit_rps=100_000.0, policies=policies)
         deps.http_port = 0 if http else None
         running = await start_router("127.0.0.1:0", deps)
         started.append(running)

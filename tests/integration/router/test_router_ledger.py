@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio
 
 from scheduler.client import AsyncSchedulerClient, SchedulerRpcError
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.ledger.budget import TenantBudget
@@ -75,7 +76,8 @@ async def test_the_idempotency_window_sets_how_long_entries_and_markers_live(stu
     namespace = f"idem-{uuid.uuid4().hex[:8]}"
     store = RedisStore.from_url(REDIS_URL, namespace)
     client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
-    deps = build_deps(SnapshotBuilder(stub_fleet.configs, load_fleet().policy("default")), store, "redis",
+    deps = build_deps(SnapshotBuilder(compile_fleet(stub_fleet.configs),
+                                      compile_policy(load_fleet().policy("default"))), store, "redis",
                       rate_limit_rps=1000.0)
     with_services(deps, carbon_pollers=False, budgets={}, idempotency_window_s=900.0)
     router = await start_router("127.0.0.1:0", deps)

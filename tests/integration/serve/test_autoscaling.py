@@ -21,6 +21,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import Autoscaling, LocalPool, LocalProfile, RegionConfig
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -93,7 +94,7 @@ class Explainer:
 
     def __init__(self, stack: LocalStack, region: RegionConfig) -> None:
         policy = load_checked_fleet().policy("default")
-        self.builder = SnapshotBuilder((region,), policy)
+        self.builder = SnapshotBuilder(compile_fleet((region,)), compile_policy(policy))
         self.stack = stack
         self.scheduler = Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(0))
 

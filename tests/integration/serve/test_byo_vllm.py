@@ -24,6 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from scheduler.client import AsyncSchedulerClient
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import EMBEDDED_POLICIES, PROJECT_DIR, load_policy, load_region
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -200,7 +201,8 @@ async def test_a_plain_vllm_server_is_a_region_its_state_scraped_and_its_request
             (await long_request).raise_for_status()
             assert running == 1, "the request ran, and no pass of /metrics saw it running"
 
-        deps = build_deps(SnapshotBuilder((region,), load_policy(EMBEDDED_POLICIES / "default.yaml")), store, "redis")
+        deps = build_deps(SnapshotBuilder(compile_fleet((region,)),
+                                          compile_policy(load_policy(EMBEDDED_POLICIES / "default.yaml"))), store, "redis")
         with_services(deps, carbon_pollers=True, budgets={})
         router = await start_router("127.0.0.1:0", deps)
         try:

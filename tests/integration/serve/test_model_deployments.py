@@ -23,6 +23,7 @@ import pytest
 import pytest_asyncio
 
 from scheduler.config.autoscaling import ReplicaRange
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -97,7 +98,7 @@ class Router:
     """A router's snapshot of the store (the region alone) and its decisions."""
 
     def __init__(self, stack: LocalStack, region: RegionConfig) -> None:
-        self.builder = SnapshotBuilder((region,), load_checked_fleet().policy("default"))
+        self.builder = SnapshotBuilder(compile_fleet((region,)), compile_policy(load_checked_fleet().policy("default")))
         self.stack = stack
         self.scheduler = Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(0))
 

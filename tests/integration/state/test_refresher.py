@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 import redis.asyncio as aioredis
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.probes import RegionProbes
 from scheduler.datalayer.refresher import SnapshotRefresher
@@ -43,7 +44,7 @@ class ManualClock:
 
 def builder() -> SnapshotBuilder:
     fleet = load_fleet()
-    return SnapshotBuilder(fleet.regions, fleet.policy("default"))
+    return SnapshotBuilder(compile_fleet(fleet.regions), compile_policy(fleet.policy("default")))
 
 
 def carbon(zone: str, value: float, observed_at: float) -> Signal:

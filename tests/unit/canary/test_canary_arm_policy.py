@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from scheduler.canary.policy import arm_policy, replaced_limits
-from scheduler.config.loader import Fleet
-from scheduler.config.schema import PolicyConfig
+from scheduler.config.compile import compile_fleet, compile_policy
+from scheduler.config.loader import FleetConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.scheduler import Scheduler
 from scheduler.plugins import default_scheduler_registry
 from scheduler.plugins.checked_fleet import load_checked_fleet
+from scheduler.policy import Policy
 from scheduler.types import GeoPoint, Request
 from tests.canary_fixtures import write_policies
 from tests.literals import NOW
@@ -23,12 +24,12 @@ HARD_FILTERS = frozenset(type(f).TYPE for f in Scheduler.from_registry(default_s
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> FleetConfig:
     return load_checked_fleet(policies_dir=write_policies(Path(tmp_path_factory.mktemp("canary")) / "policies"))
 
 
-def test_the_arm_brings_its_objective_and_nothing_else(fleet: Fleet) -> None:
-    control, frugal = fleet.policy("steady"), fleet.policy("frugal")
+def test_the_arm_brings_its_objective_and_nothing_else(fleet: FleetConfig) -> None:
+    control, frugal = compile_policy(fleet.policy("steady")), compile_policy(fleet.policy("frugal"))
     arm = arm_policy(control, frugal)
     assert arm.name == "frugal" and arm.scorers == frugal.scorers and arm.fallback == frugal.fallback
     assert arm.max_age.carbon == frugal.max_age.carbon and arm.max_age.region_state == control.max_age.region_state
@@ -40,15 +41,15 @@ def test_the_arm_brings_its_objective_and_nothing_else(fleet: Fleet) -> None:
     assert replaced_limits(control, frugal) == ["sensitive_task_classes", "precision_floor"]
 
 
-def test_a_sensitive_prompt_stays_off_the_pool_the_control_refuses(fleet: Fleet) -> None:
+def test_a_sensitive_prompt_stays_off_the_pool_the_control_refuses(fleet: FleetConfig) -> None:
     """On its own, frugal sends a medical prompt to us-east's fp8 pool; as the canary arm it may not."""
-    control, frugal = fleet.policy("steady"), fleet.policy("frugal")
+    control, frugal = compile_policy(fleet.policy("steady")), compile_policy(fleet.policy("frugal"))
     us_east = tuple(r for r in fleet.regions if r.name == "us-east")
     scheduler = Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(3))
     medical = Request("m1", "llama-3.1-70b", 200, 16, task_class="medical")
 
-    def chosen(policy: PolicyConfig) -> tuple[str, set[str]]:
-        decision = scheduler.schedule(medical, SnapshotBuilder(us_east, policy).build(NOW))
+    def chosen(policy: Policy) -> tuple[str, set[str]]:
+        decision = scheduler.schedule(medical, SnapshotBuilder(compile_fleet(us_east), policy).build(NOW))
         return decision.ranked_candidates[0].deployment.precision, {c.deployment.precision for c in decision.survivors}
 
     assert chosen(frugal) == ("fp8", {"fp8", "bf16"})  # the hazard a canary must not bring in
@@ -57,12 +58,12 @@ def test_a_sensitive_prompt_stays_off_the_pool_the_control_refuses(fleet: Fleet)
 
 
 @pytest.mark.parametrize("arm", ["thrifty", "frugal"])
-def test_the_arm_never_keeps_a_candidate_a_hard_filter_of_the_control_rejects(fleet: Fleet, arm: str) -> None:
-    control = fleet.policy("steady")
-    effective = arm_policy(control, fleet.policy(arm))
+def test_the_arm_never_keeps_a_candidate_a_hard_filter_of_the_control_rejects(fleet: FleetConfig, arm: str) -> None:
+    control = compile_policy(fleet.policy("steady"))
+    effective = arm_policy(control, compile_policy(fleet.policy(arm)))
     scheduler = Scheduler.from_registry(default_scheduler_registry(), rng=random.Random(5))
-    on_control = SnapshotBuilder(fleet.regions, control).build(NOW)
-    on_arm = SnapshotBuilder(fleet.regions, effective).build(NOW)
+    on_control = SnapshotBuilder(compile_fleet(fleet.regions), control).build(NOW)
+    on_arm = SnapshotBuilder(compile_fleet(fleet.regions), effective).build(NOW)
     rng = random.Random(11)
     models = sorted({c.deployment.name for c in on_control.candidates})
     for i in range(400):

@@ -11,10 +11,11 @@ import pytest
 from scheduler.canary.assign import CANARY, CONTROL
 from scheduler.canary.runtime import OFF, ON, ROLLED_BACK, UNKNOWN, CanaryRuntime
 from scheduler.canary.stats import Outcome
-from scheduler.config.loader import Fleet
-from scheduler.config.schema import PolicyConfig
+from scheduler.config.compile import compile_fleet, compile_policy
+from scheduler.config.loader import FleetConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.plugins.checked_fleet import load_checked_fleet
+from scheduler.policy import Policy
 from scheduler.state import keys
 from scheduler.state.memory_store import MemoryStore
 from scheduler.state.store import StateUnavailable
@@ -26,14 +27,18 @@ SLOW = Outcome(ttft_ok=False, error=False, retried=False, energy_j=12.0, carbon_
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> FleetConfig:
     return load_checked_fleet(policies_dir=write_policies(Path(tmp_path_factory.mktemp("canary")) / "policies"))
 
 
-def _snapshot(fleet: Fleet, runtime: CanaryRuntime) -> FleetSnapshot:
-    policy = fleet.policy("steady")
+def _policies(fleet: FleetConfig) -> dict[str, Policy]:
+    return {name: compile_policy(policy) for name, policy in fleet.policies.items()}
+
+
+def _snapshot(fleet: FleetConfig, runtime: CanaryRuntime) -> FleetSnapshot:
+    policy = compile_policy(fleet.policy("steady"))
     regions = tuple(r for r in fleet.regions if r.name in ("eu-north", "us-east"))
-    return runtime.attach(SnapshotBuilder(regions, policy).build(1.0))
+    return runtime.attach(SnapshotBuilder(compile_fleet(regions), policy).build(1.0))
 
 
 def _arm(snapshot: FleetSnapshot) -> FleetSnapshot:
@@ -41,10 +46,10 @@ def _arm(snapshot: FleetSnapshot) -> FleetSnapshot:
     return snapshot.canary.snapshot
 
 
-async def test_a_crossed_bound_rolls_the_arm_back_for_every_router(fleet: Fleet) -> None:
+async def test_a_crossed_bound_rolls_the_arm_back_for_every_router(fleet: FleetConfig) -> None:
     store = MemoryStore()
-    policy: PolicyConfig = fleet.policy("steady")
-    a, b = CanaryRuntime(store, fleet.policies, host_id="a"), CanaryRuntime(store, fleet.policies, host_id="b")
+    policy = compile_policy(fleet.policy("steady"))
+    a, b = CanaryRuntime(store, _policies(fleet), host_id="a"), CanaryRuntime(store, _policies(fleet), host_id="b")
     # Before the first read the arm is off (the store may hold a rollback).
     before = _snapshot(fleet, a)
     assert before.canary is not None and not before.canary.enabled and before.canary_arm == CONTROL
@@ -107,10 +112,10 @@ async def test_a_crossed_bound_rolls_the_arm_back_for_every_router(fleet: Fleet)
     assert a.status(policy).state == OFF and a.status(policy).reason == "pausing"
 
 
-async def test_the_arm_is_off_here_while_the_store_cannot_take_the_rollback(fleet: Fleet) -> None:
+async def test_the_arm_is_off_here_while_the_store_cannot_take_the_rollback(fleet: FleetConfig) -> None:
     store = MemoryStore()
-    policy = fleet.policy("steady")
-    runtime = CanaryRuntime(store, fleet.policies)
+    policy = compile_policy(fleet.policy("steady"))
+    runtime = CanaryRuntime(store, _policies(fleet))
     await runtime.refresh(policy)
     arm = _arm(_snapshot(fleet, runtime))
     for _ in range(10):
@@ -130,30 +135,30 @@ async def test_the_arm_is_off_here_while_the_store_cannot_take_the_rollback(flee
     assert runtime.rollbacks == 1 and runtime.status(policy).state == ROLLED_BACK
 
 
-async def test_without_a_canary_nothing_changes(fleet: Fleet) -> None:
-    runtime = CanaryRuntime(MemoryStore(), fleet.policies)
-    policy = fleet.policy("thrifty")
-    snapshot = SnapshotBuilder(fleet.regions[:1], policy).build(1.0)
+async def test_without_a_canary_nothing_changes(fleet: FleetConfig) -> None:
+    runtime = CanaryRuntime(MemoryStore(), _policies(fleet))
+    policy = compile_policy(fleet.policy("thrifty"))
+    snapshot = SnapshotBuilder(compile_fleet(fleet.regions[:1]), policy).build(1.0)
     await runtime.refresh(policy)
     assert runtime.attach(snapshot) is snapshot
     assert not runtime.status(policy).configured
 
 
-async def test_an_arm_that_is_not_loaded_stays_off(fleet: Fleet) -> None:
-    runtime = CanaryRuntime(MemoryStore(), {"steady": fleet.policy("steady")})
-    policy = fleet.policy("steady")
+async def test_an_arm_that_is_not_loaded_stays_off(fleet: FleetConfig) -> None:
+    runtime = CanaryRuntime(MemoryStore(), {"steady": compile_policy(fleet.policy("steady"))})
+    policy = compile_policy(fleet.policy("steady"))
     await runtime.refresh(policy)
     snapshot = _snapshot(fleet, runtime)
     assert snapshot.canary is not None and not snapshot.canary.enabled
-    runtime.use_policies(fleet.policies)
+    runtime.use_policies(_policies(fleet))
     assert _snapshot(fleet, runtime).canary.enabled  # type: ignore[union-attr]
 
 
-async def test_a_stream_without_a_first_token_by_its_budget_is_a_miss_then(fleet: Fleet) -> None:
+async def test_a_stream_without_a_first_token_by_its_budget_is_a_miss_then(fleet: FleetConfig) -> None:
     store = MemoryStore()
-    policy = fleet.policy("steady")
+    policy = compile_policy(fleet.policy("steady"))
     now = [100.0]
-    runtime = CanaryRuntime(store, fleet.policies, monotonic=lambda: now[0])
+    runtime = CanaryRuntime(store, _policies(fleet), monotonic=lambda: now[0])
     await runtime.refresh(policy)
     arm = _arm(_snapshot(fleet, runtime))
     text = {"hung": False, "quick": False}

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.carbon.base import KIND
 from scheduler.datalayer.carbon.csv_replay import CsvReplayProvider
@@ -70,7 +71,7 @@ def test_a_malformed_record_is_no_record(caplog: pytest.LogCaptureFixture) -> No
 
 async def test_the_refresher_prices_a_stale_zone_at_its_recorded_maximum() -> None:
     fleet = load_fleet()
-    builder = SnapshotBuilder(fleet.regions, fleet.policy("default"))
+    builder = SnapshotBuilder(compile_fleet(fleet.regions), compile_policy(fleet.policy("default")))
     store = MemoryStore()
     gb = next(r for r in fleet.regions if r.carbon.zone == "GB")
     now = DAY0 + 10 * DAY_S

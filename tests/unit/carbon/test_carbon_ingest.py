@@ -12,6 +12,7 @@ from unittest.mock import MagicMock
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.carbon import metrics
 from scheduler.datalayer.carbon.csv_replay import CsvReplayProvider
@@ -110,7 +111,7 @@ def test_router_gauges_say_per_zone_whether_the_signal_is_usable_and_why_not():
         "NO": signal("NO", math.nan, now - 600),  # not a number
         # GB: missing
     }
-    snapshot = FleetSnapshot(now=now, policy=policy, regions=regions, candidates=(), perf=(), carbon=carbon)
+    snapshot = FleetSnapshot(now=now, policy=compile_policy(policy), fleet=compile_fleet(regions), perf=(), carbon=carbon)
     # The router's other dependencies play no part here: a mock stands in for them.
     deps = MagicMock(active_streams=0, gauges=[])
     deps.refresher.current.return_value = snapshot
@@ -129,6 +130,6 @@ def test_usable_gauge_uses_the_policys_max_age(max_age_s):
     base = fleet.policy("default")
     policy = base.model_copy(update={"max_age": base.max_age.model_copy(update={"carbon": max_age_s})})
     region = next(r for r in fleet.regions if r.grid_zone == "GB")
-    snapshot = FleetSnapshot(now=H0, policy=policy, regions=(region,), candidates=(), perf=(),
+    snapshot = FleetSnapshot(now=H0, policy=compile_policy(policy), fleet=compile_fleet((region,)), perf=(),
                              carbon={"GB": signal("GB", 200.0, H0 - 600.0)})
     assert (metrics.SIGNAL_USABLE, {"zone": "GB"}, float(max_age_s >= 600.0)) in signal_gauges(snapshot)

@@ -87,9 +87,9 @@ def test_busy_live_state_predicts_a_queue() -> None:
     assert idle.perf[0].queue_wait_s == 0.0
 
 
-def test_a_candidate_at_an_index_another_fleet_had_is_read_again() -> None:
-    """What ``record`` keeps per candidate (its pool key, its replicas) is tied to the candidate
-    object: another fleet's candidate at the same index counts to its own pool."""
+def test_a_candidate_at_an_index_another_fleet_had_counts_to_its_own_pool() -> None:
+    """A dispatch counts to the pool of the candidate it went to (its key and replicas), never
+    to another fleet's candidate at the same index."""
     first = two_pools()
     other = snapshot(
         region("dirty", carbon=700, lat=40.7, lon=-74.0, pools=[pool("big", count=64)]),

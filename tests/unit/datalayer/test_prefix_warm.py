@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.region.prefix_publisher import PrefixWarmPublisher
@@ -29,7 +30,7 @@ async def test_published_hits_reach_the_snapshot_and_age_out(default_policy) -> 
     clock = Clock()
     store = MemoryStore(namespace="t")
     regions = (region("north", pools=[pool("h200", "H200-141GB"), pool("a100", "A100-80GB")]), region("west"))
-    refresher = SnapshotRefresher(SnapshotBuilder(regions, default_policy), store, clock=clock)
+    refresher = SnapshotRefresher(SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy)), store, clock=clock)
     hits = prefix_warm.PrefixHits(max_keys=2)
     publisher = PrefixWarmPublisher("north", hits, store, clock=clock)
     hits.record("a100", "auto:sys", 0, clock.now)  # a miss: nothing warm
@@ -49,7 +50,8 @@ async def test_published_hits_reach_the_snapshot_and_age_out(default_policy) -> 
 
 async def test_a_malformed_record_is_ignored_and_a_foreign_one_refused(default_policy) -> None:  # type: ignore[no-untyped-def]
     store = MemoryStore(namespace="t")
-    refresher = SnapshotRefresher(SnapshotBuilder((region("north"),), default_policy), store, clock=lambda: NOW)
+    refresher = SnapshotRefresher(SnapshotBuilder(compile_fleet((region("north"),)),
+                                                  compile_policy(default_policy)), store, clock=lambda: NOW)
     await store.set(keys.prefix_warm("north"), b"{not json")
     assert (await refresher.refresh()).prefix_warm == {}
     await store.set(keys.prefix_warm("north"), prefix_warm.encode("west", NOW, {"h100": {"k": (64, NOW)}}))
@@ -60,7 +62,8 @@ async def test_a_malformed_record_is_ignored_and_a_foreign_one_refused(default_p
 
 async def test_the_router_keeps_where_each_workflow_last_ran(default_policy) -> None:  # type: ignore[no-untyped-def]
     clock = Clock()
-    refresher = SnapshotRefresher(SnapshotBuilder((region("north"), region("west")), default_policy),
+    refresher = SnapshotRefresher(SnapshotBuilder(compile_fleet((region("north"), region("west"))),
+                                                  compile_policy(default_policy)),
                                   MemoryStore(namespace="t"), clock=clock)
     snapshot = await refresher.refresh()
     west = next(c for c in snapshot.candidates if c.region.name == "west")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.columns import fresh_pools
@@ -21,18 +22,20 @@ def _regions(n: int) -> tuple[RegionConfig, ...]:
 
 
 def test_a_snapshot_has_every_field_the_constructor_sets(default_policy) -> None:  # type: ignore[no-untyped-def]
-    snapshot = SnapshotBuilder((region("a", zone="A"),), default_policy).build(NOW, carbon={"A": carbon("A", 90)})
+    snapshot = SnapshotBuilder(compile_fleet((region("a", zone="A"),)),
+                               compile_policy(default_policy)).build(NOW, carbon={"A": carbon("A", 90)})
     fields = {f.name: getattr(snapshot, f.name) for f in dataclasses.fields(FleetSnapshot)}
     assert set(vars(snapshot)) >= set(fields)
     rebuilt = FleetSnapshot(**fields)
     assert all(getattr(rebuilt, name) is value for name, value in fields.items())
-    assert snapshot.live_key is not SnapshotBuilder((region("a"),), default_policy).build(NOW).live_key
+    assert snapshot.live_key is not SnapshotBuilder(compile_fleet((region("a"),)),
+                                                    compile_policy(default_policy)).build(NOW).live_key
 
 
 def test_incremental_builds_equal_builds_from_scratch(default_policy) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(2)
     regions = _regions(6)
-    builder = SnapshotBuilder(regions, default_policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     live: dict[str, RegionLiveState] = {}
     now = NOW
     for _ in range(60):
@@ -52,7 +55,7 @@ def test_incremental_builds_equal_builds_from_scratch(default_policy) -> None:  
                 live[r.name] = RegionLiveState(r.name, True, now, pools)
             # else: not republished (it ages, and goes stale after max_age.region_state)
         snapshot = builder.build(now, live=dict(live))
-        fresh = SnapshotBuilder(regions, default_policy).build(now, live=dict(live))
+        fresh = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy)).build(now, live=dict(live))
         assert snapshot.perf == fresh.perf
 
 
@@ -61,7 +64,7 @@ def test_the_delta_names_exactly_the_candidates_whose_entry_is_another_object(de
     # from the last tuple are updated at those indices alone (scheduler.framework.state).
     rng = random.Random(5)
     regions = _regions(5)
-    builder = SnapshotBuilder(regions, default_policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     live: dict[str, RegionLiveState] = {}
     now = NOW
     previous = builder.build(now).perf
@@ -95,7 +98,7 @@ def test_entries_from_memoized_operating_points_equal_fresh_ones_under_binding_c
     rng = random.Random(7)
     capped_pool = {**pool("h100", "H100-80GB"), "power_cap_w": 350.0}
     regions = (region("a", pools=[capped_pool, pool("l4", "L4", count=4)]),)
-    builder = SnapshotBuilder(regions, default_policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     assert any(cap is not None for cap in builder.caps)
     for _ in range(300):
         state = PoolLiveState(running=rng.choice((0, 1, 8, 60, 300)), queue_depth=rng.choice((0, 4)),
@@ -103,7 +106,8 @@ def test_entries_from_memoized_operating_points_equal_fresh_ones_under_binding_c
                               prompt_tokens_rate=rng.random() * 3000)
         for c in builder.candidates:
             kept = builder.perf_of(c, rng.choice((state, None)))
-            assert kept == SnapshotBuilder(regions, default_policy).perf_of(c, None if not kept.live else state)
+            assert kept == SnapshotBuilder(compile_fleet(regions),
+                                           compile_policy(default_policy)).perf_of(c, None if not kept.live else state)
 
 
 def test_a_builder_for_some_models_follows_their_candidates_alone(default_policy) -> None:  # type: ignore[no-untyped-def]
@@ -115,8 +119,8 @@ def test_a_builder_for_some_models_follows_their_candidates_alone(default_policy
                   {"name": "llama-3.2-3b", "precision": "bf16", "max_context": 131072}]
     regions = tuple(region(f"r{i}", pools=[pool("h100", "H100-80GB", models=two_models), pool("l4", "L4", count=4)])
                     for i in range(3))
-    some = SnapshotBuilder(regions, default_policy, models=frozenset({"llama-3.1-8b"}))
-    every = SnapshotBuilder(regions, default_policy)
+    some = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy), models=frozenset({"llama-3.1-8b"}))
+    every = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     now = NOW
     for _ in range(40):
         now += rng.choice((0.5, 1.0, 7.0))
@@ -138,7 +142,7 @@ def test_the_freshness_the_builder_records_is_what_the_plugins_would_judge(defau
     # judged again.
     rng = random.Random(5)
     regions = _regions(5)
-    builder = SnapshotBuilder(regions, default_policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     stricter = default_policy.model_copy(update={"max_age": default_policy.max_age.model_copy(
         update={"region_state": 0.5})})
     live: dict[str, RegionLiveState] = {}

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.refresher import SnapshotRefresher
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -48,7 +49,7 @@ async def refresher_for(regions: tuple[RegionConfig, ...], policy: PolicyConfig)
     for config in regions:
         await store.set(keys.signal("carbon_intensity", config.carbon.zone),
                         codec.encode_signal(carbon(config.carbon.zone, 100)))
-    refresher = SnapshotRefresher(SnapshotBuilder(regions, policy), store, clock=Clock())
+    refresher = SnapshotRefresher(SnapshotBuilder(compile_fleet(regions), compile_policy(policy)), store, clock=Clock())
     await refresher.refresh()
     return refresher
 

@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.columns import frame
 from scheduler.framework.plugin import RequestView
@@ -60,7 +61,7 @@ def test_a_frame_updated_from_the_last_perf_tuple_equals_a_rebuilt_one(default_p
     rng = random.Random(1)
     regions = [region(f"r{i}", pools=[pool("h100", "H100-80GB"), pool("a100", "A100-80GB", count=16)])
                for i in range(12)]
-    builder = SnapshotBuilder(tuple(regions), default_policy)
+    builder = SnapshotBuilder(compile_fleet(tuple(regions)), compile_policy(default_policy))
 
     def live() -> dict[str, RegionLiveState]:
         return {r.name: RegionLiveState(r.name, True, NOW, {p.name: PoolLiveState(
@@ -76,7 +77,7 @@ def test_a_frame_updated_from_the_last_perf_tuple_equals_a_rebuilt_one(default_p
         snapshot = builder.build(NOW, live=states)
         base, _ = selected(ModelIndex(), req(), snapshot)
         cols = frame(snapshot, "llama-3.1-8b", base)
-        fresh = SnapshotBuilder(tuple(regions), default_policy).build(NOW, live=states)
+        fresh = SnapshotBuilder(compile_fleet(tuple(regions)), compile_policy(default_policy)).build(NOW, live=states)
         expected = frame(fresh, "llama-3.1-8b", base)
         assert np.array_equal(cols.prediction, expected.prediction)
         assert np.array_equal(cols.queue_wait_s, expected.queue_wait_s)

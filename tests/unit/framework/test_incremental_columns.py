@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import PolicyConfig, RegionConfig, TelemetryGate
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.columns import by_model, frame
@@ -68,7 +69,8 @@ def columns_equal(a: Any, b: Any) -> bool:
 
 def fresh(regions: tuple[RegionConfig, ...], policy: PolicyConfig, snapshot: FleetSnapshot) -> FleetSnapshot:
     """The same inputs built by a new builder (no previous build: a delta of every input)."""
-    return SnapshotBuilder(regions, policy).build(snapshot.now, carbon=snapshot.carbon, live=snapshot.live)
+    return SnapshotBuilder(compile_fleet(regions),
+                           compile_policy(policy)).build(snapshot.now, carbon=snapshot.carbon, live=snapshot.live)
 
 
 def kept_columns(state: PlanState, snapshot: FleetSnapshot, index: Any, plugin: Prepares) -> Any:
@@ -81,7 +83,7 @@ def kept_columns(state: PlanState, snapshot: FleetSnapshot, index: Any, plugin: 
 def test_a_frame_updated_from_the_last_one_equals_a_rebuilt_one_on_a_multi_model_fleet(default_policy) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(3)
     regions = fleet()
-    builder = SnapshotBuilder(regions, default_policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     plan = PlanState(ModelIndex(), ())
     states = {r.name: RegionLiveState(r.name, True, NOW, {p.name: PoolLiveState() for p in r.pools}) for r in regions}
     for step in range(60):
@@ -111,7 +113,7 @@ def test_every_plugins_columns_kept_by_the_framework_equal_columns_computed_afre
     regions = fleet()
     policy = default_policy.model_copy(update={"telemetry_gate": TelemetryGate(modelled_only="canary-only")}
                                        ) if gated else default_policy
-    builder = SnapshotBuilder(regions, policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(policy))
     registry = default_scheduler_registry()
     plugins: tuple[Prepares, ...] = tuple(make() for kind in (registry.sources, registry.filters, registry.matchers,
                                                               registry.scorers) for make in kind.values())
@@ -146,7 +148,7 @@ def test_carbon_columns_kept_across_snapshots_equal_fresh_ones_at_every_clock(de
     clock-skew tolerance of the oldest and newest of them."""
     rng = random.Random(11)
     regions = fleet(5)
-    builder = SnapshotBuilder(regions, default_policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     max_age = default_policy.max_age.carbon
     scorer = CarbonScorer()
     plan = PlanState(ModelIndex(), (scorer,))
@@ -182,7 +184,7 @@ def test_pool_served_columns_kept_across_snapshots_equal_fresh_ones(default_poli
     """Regions publish pools with and without model lists, drop pools, go stale."""
     rng = random.Random(13)
     regions = fleet(6)
-    builder = SnapshotBuilder(regions, default_policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     plugin = PoolServedFilter()
     plan = PlanState(ModelIndex(), (plugin,))
     states: dict[str, RegionLiveState] = {}
@@ -239,7 +241,7 @@ def test_decisions_on_a_chain_of_snapshots_equal_decisions_on_fresh_ones(default
     is the decision on the same inputs with nothing carried over."""
     rng = random.Random(17)
     regions = fleet()
-    builder = SnapshotBuilder(regions, default_policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     registry = default_scheduler_registry()
     chained, afresh = (Scheduler.from_registry(registry, rng=random.Random(1)) for _ in range(2))
     signals = {r.grid_zone: Signal("carbon_intensity", r.grid_zone, rng.uniform(20, 800), "gCO2eq/kWh", NOW, NOW,
@@ -275,7 +277,7 @@ def test_the_affinity_scorer_prices_a_home_with_the_snapshot_prefill_coefficient
 
     rng = random.Random(19)
     regions = fleet(4)
-    builder = SnapshotBuilder(regions, default_policy)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(default_policy))
     scorer = AffinityScorer()
     request = Request(request_id="w", model="llama-3.1-8b", prompt_tokens=3000, max_tokens=50, workflow_id="wf-1")
     for _ in range(20):

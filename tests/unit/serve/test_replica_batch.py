@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import ModelDeployment, PoolConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.step import EnergyCoefficients
@@ -98,7 +99,7 @@ def closed_loop(concurrency: int, replicas: int, max_num_seqs: int, lifetimes: i
     fleet = load_checked_fleet()
     pool = pool_config(replicas)
     region = next(r for r in fleet.regions if r.name == "eu-north").model_copy(update={"pools": (pool,)})
-    builder = SnapshotBuilder((region,), fleet.policy("default"))
+    builder = SnapshotBuilder(compile_fleet((region,)), compile_policy(fleet.policy("default")))
     candidate = next(c for c in builder.candidates if c.model.name == MODEL)
     kv_capacity = builder.rated[candidate.index].costs.kv_capacity_tokens
     profile = PoolEnergyProfile.of(pool)

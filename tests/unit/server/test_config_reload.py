@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS, ConfigError
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.server.app import RouterDeps, build_deps, with_services
@@ -86,7 +87,8 @@ UNSIGNED = ConfigTrust(allow_unsigned=True)
 def router(sources: ConfigSources, store: MemoryStore, *, budgets: bool = False,
            ticket_keys: TicketKeyRing | None = None, trust: ConfigTrust = UNSIGNED) -> tuple[RouterDeps, ConfigReloader]:
     loaded = load_local(sources, ticket_keys)
-    deps = build_deps(SnapshotBuilder(loaded.regions, loaded.policy), store, "memory", keys=loaded.keys)
+    deps = build_deps(SnapshotBuilder(compile_fleet(loaded.regions),
+                                      compile_policy(loaded.policy)), store, "memory", keys=loaded.keys)
     if budgets:
         with_services(deps, carbon_pollers=False, budgets=loaded.budgets)
     reloader = ConfigReloader(deps, sources, loaded, ticket_keys=ticket_keys, trust=trust, watch_interval_s=0)
@@ -387,7 +389,7 @@ async def test_new_regions_get_probes_and_carbon_pollers(tmp_path: Path) -> None
     loaded = load_local(sources)
     store = MemoryStore()
     # A shared-store router: it probes its regions and polls their carbon zones.
-    deps = build_deps(SnapshotBuilder(loaded.regions, loaded.policy), store, "redis")
+    deps = build_deps(SnapshotBuilder(compile_fleet(loaded.regions), compile_policy(loaded.policy)), store, "redis")
     with_services(deps)
     reloader = ConfigReloader(deps, sources, loaded, trust=UNSIGNED, watch_interval_s=0)
     (pollers,) = [t for t in deps.background if isinstance(t, CarbonPollers)]

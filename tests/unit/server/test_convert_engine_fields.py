@@ -9,6 +9,7 @@ import pytest
 
 from scheduler import errors, tickets
 from scheduler.client import direct
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.server import convert
@@ -25,7 +26,7 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "description": "x"
 
 def snapshot() -> FleetSnapshot:
     fleet = load_fleet()
-    return SnapshotBuilder(fleet.regions, fleet.policy("default")).build(NOW)
+    return SnapshotBuilder(compile_fleet(fleet.regions), compile_policy(fleet.policy("default"))).build(NOW)
 
 
 def chat(*messages: pb.ChatMessage, engine: dict[str, object] | None = None) -> pb.GenerateRequest:

@@ -9,6 +9,7 @@ import pytest
 
 from scheduler import errors
 from scheduler.client.common import build_request
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.embodied import EMBODIED_CATALOGUE
@@ -27,7 +28,7 @@ def snapshot(carbon_age_s: float | None = None) -> FleetSnapshot:
     if carbon_age_s is not None:
         carbon = {r.grid_zone: Signal("carbon_intensity", r.grid_zone, 100.0, "gCO2eq/kWh", NOW - carbon_age_s,
                                       NOW, "test") for r in fleet.regions}
-    return SnapshotBuilder(fleet.regions, fleet.policy("default")).build(NOW, carbon=carbon)
+    return SnapshotBuilder(compile_fleet(fleet.regions), compile_policy(fleet.policy("default"))).build(NOW, carbon=carbon)
 
 
 @pytest.mark.parametrize("options, fields", [
@@ -103,7 +104,7 @@ def _signal_snapshot(value: float, age_s: float) -> FleetSnapshot:
     fleet = load_fleet()
     carbon = {r.grid_zone: Signal("carbon_intensity", r.grid_zone, value, "gCO2eq/kWh", NOW - age_s, NOW, "test")
               for r in fleet.regions}
-    return SnapshotBuilder(fleet.regions, fleet.policy("default")).build(NOW, carbon=carbon)
+    return SnapshotBuilder(compile_fleet(fleet.regions), compile_policy(fleet.policy("default"))).build(NOW, carbon=carbon)
 
 
 @pytest.mark.parametrize("snap, intensity, basis", [
@@ -142,7 +143,7 @@ def test_the_receipt_says_what_its_carbon_figure_is_and_its_embodied_line() -> N
                                   "electricitymaps:/v3/carbon-intensity/latest", is_estimated=True,
                                   estimation_method="TIME_SLICER_AVERAGE", signal_type="average",
                                   emission_factors="lifecycle") for r in fleet.regions}
-    snap = SnapshotBuilder(fleet.regions, fleet.policy("default")).build(NOW, carbon=carbon)
+    snap = SnapshotBuilder(compile_fleet(fleet.regions), compile_policy(fleet.policy("default"))).build(NOW, carbon=carbon)
     receipt = build_receipt(_inputs(snap, None))
     message = convert.receipt_to_proto(receipt).carbon_signal
     assert (message.signal_type, message.emission_factors, message.estimated, message.estimation_method) == (
@@ -159,7 +160,7 @@ def test_the_receipt_says_what_its_carbon_figure_is_and_its_embodied_line() -> N
     assert convert.receipt_to_proto(receipt).embodied_g == pytest.approx(receipt.embodied_g)
     # A policy that counts it adds it to carbon_g.
     counting = fleet.policy("default").model_copy(update={"embodied_in_carbon": True})
-    snap = SnapshotBuilder(fleet.regions, counting).build(NOW, carbon=carbon)
+    snap = SnapshotBuilder(compile_fleet(fleet.regions), compile_policy(counting)).build(NOW, carbon=carbon)
     with_embodied = build_receipt(_inputs(snap, None))
     assert with_embodied.carbon_g == pytest.approx(operational + receipt.embodied_g)
 

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from scheduler import tickets
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.errors import InvalidRequest
@@ -149,7 +150,7 @@ def test_a_chat_without_max_tokens_runs_up_to_the_context_within_the_policy_cap(
 
 def _fleet() -> tuple[Any, Any]:
     fleet = load_fleet()
-    return fleet.regions, fleet.policy("default")
+    return compile_fleet(fleet.regions), compile_policy(fleet.policy("default"))
 
 
 def test_hints_come_from_the_body_over_the_headers_and_defaults_follow_openai() -> None:

@@ -45,13 +45,12 @@ def test_keys_and_workflows_are_the_tenants_own(make_snapshot) -> None:  # type:
     assert auto_mine.prefix_key != auto_theirs.prefix_key
 
 
-def test_only_the_first_k_tokens_count(make_snapshot) -> None:  # type: ignore[no-untyped-def]
+def test_only_the_first_k_tokens_count(make_snapshot, default_policy) -> None:  # type: ignore[no-untyped-def]
     k = 32  # 128 bytes at 4 bytes a token
     head = "x" * 128
     assert derive_prefix_key(head + "tail one", k, 4) == derive_prefix_key(head + "tail two", k, 4)
     assert derive_prefix_key(head[:-1] + "y", k, 4) != derive_prefix_key(head, k, 4)
-    policy = make_snapshot([region("a")]).policy
-    short = make_snapshot([region("a")], policy=policy.model_copy(update={"prefix_key_tokens": 16}))
+    short = make_snapshot([region("a")], policy=default_policy.model_copy(update={"prefix_key_tokens": 16}))
     a = pb.GenerateRequest(model="llama-3.1-8b", prompt="y" * 64 + " one", sampling=pb.SamplingParams(max_tokens=4))
     b = pb.GenerateRequest(model="llama-3.1-8b", prompt="y" * 64 + " two", sampling=pb.SamplingParams(max_tokens=4))
     assert convert.incoming(a, "t", short).request.prefix_key == convert.incoming(b, "t", short).request.prefix_key

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import load_fleet
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.step import StepCosts
@@ -31,7 +32,7 @@ def request(workflow_id: str | None, prompt: int = 500) -> Request:
 def test_a_dispatch_shows_its_workflows_home_at_once_and_a_hit_from_the_next_publication() -> None:
     regions = (region("near", "CLEAN", PARIS), region("far", "DIRTY", OSLO))
     pol = policy()
-    builder = SnapshotBuilder(regions, pol)
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(pol))
     snap = builder.build(T0, {}, {})
     affinity = SimAffinity(pol)
     near = builder.candidates[0]
@@ -63,7 +64,7 @@ def test_a_dispatch_shows_its_workflows_home_at_once_and_a_hit_from_the_next_pub
 
 @pytest.mark.timeout(20)
 def test_a_pool_sends_a_warm_key_to_its_replica_while_that_one_has_room() -> None:
-    candidate = SnapshotBuilder((region("near", "CLEAN", PARIS, gpus=4),), policy()).candidates[0]
+    candidate = SnapshotBuilder(compile_fleet((region("near", "CLEAN", PARIS, gpus=4),)), compile_policy(policy())).candidates[0]
     aware = PoolSim(candidate, COSTS, lambda seq: None, seed=1, prefix_aware=True)
     blind = PoolSim(candidate, COSTS, lambda seq: None, seed=1)
 

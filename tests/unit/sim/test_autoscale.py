@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.sim.autoscale import AutoscalingSettings, PoolAutoscaler, PoolAutoscaling
 from scheduler.sim.pools import PoolSim
@@ -140,8 +141,8 @@ def test_same_decisions_as_ray_serves_policy_code(seed: int) -> None:
 
 
 def _pool(settings: AutoscalingSettings) -> PoolSim:
-    candidate = SnapshotBuilder((region("r", "CLEAN", PARIS, gpus=4),), policy()).candidates[0]
-    builder = SnapshotBuilder((region("r", "CLEAN", PARIS, gpus=4),), policy())
+    candidate = SnapshotBuilder(compile_fleet((region("r", "CLEAN", PARIS, gpus=4),)), compile_policy(policy())).candidates[0]
+    builder = SnapshotBuilder(compile_fleet((region("r", "CLEAN", PARIS, gpus=4),)), compile_policy(policy()))
     costs = builder.energy_model.rated_costs(candidate.model, candidate.gpu, "bf16", 1).costs
     return PoolSim(candidate, costs, lambda seq: None, autoscaling=settings.for_pool(candidate, costs.max_num_seqs),
                    start=0.0)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.loader import default_region, validate
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
@@ -96,7 +97,7 @@ def test_a_pool_at_zero_is_seen_cold_then_starting_then_warm_and_filtered_by_the
                          0, router).outcome(False)
     assert (outcome.ran_in >= 0).all()
 
-    clean = SnapshotBuilder(regions, pol).candidates[1]
+    clean = SnapshotBuilder(compile_fleet(regions), compile_policy(pol)).candidates[1]
     assert clean.region.name == "clean"
     start = cold_start(clean.gpu, clean.model, "bf16", 1)
     seen = router.seen
@@ -143,7 +144,7 @@ def test_the_simulators_cold_start_is_the_routers(files: Files) -> None:
     regions = (region_with("derived", "CLEAN", PARIS, gpus=4),
                region_with("given", "CLEAN", OSLO, gpus=4, cold_start_s="12s", cold_start_j=2500.0),
                region_with("tp2", "CLEAN", OSLO, gpus=4, model_name="llama-3.1-70b", tensor_parallel=2))
-    builder = SnapshotBuilder(regions, policy(), models=frozenset({MODEL, "llama-3.1-70b"}))
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(policy()), models=frozenset({MODEL, "llama-3.1-70b"}))
     cold = {r.name: RegionLiveState(region=r.name, healthy=True, observed_at=T0,
                                     pools={"h100": PoolLiveState(replicas=0, starting_replicas=0)}) for r in regions}
     snapshot = builder.build(T0, live=cold)
@@ -181,7 +182,8 @@ def test_a_region_files_autoscaling_block_reaches_the_simulated_autoscaler(files
     sim = Simulation(regions, pol, workload, carbon, Scenario(autoscaling=AutoscalingSettings()), 0)
     outcome = sim.outcome(False)
     scalers = {p.region: p for p in outcome.pool_energy}
-    settings = {c.region.name: AutoscalingSettings().for_pool(c, 256) for c in SnapshotBuilder(regions, pol).candidates}
+    settings = {c.region.name: AutoscalingSettings().for_pool(c, 256) for c in SnapshotBuilder(compile_fleet(regions),
+                                                                                               compile_policy(pol)).candidates}
     blocked, plain = settings["blocked"], settings["plain"]
     assert (blocked.min_replicas, blocked.max_replicas, blocked.target_ongoing_requests) == (2, 3, 7.0)
     assert (blocked.upscale_delay_s, blocked.downscale_delay_s) == (15.0, 120.0)
@@ -200,5 +202,6 @@ def test_a_region_files_autoscaling_block_reaches_the_simulated_autoscaler(files
     decisions = [scaler.decide(t, 2, scaler.observe(t, 100.0)) for t in (0.0, 5.0, 10.0, 15.0)]
     assert decisions == [2, 2, 2, 3]
     # a run-wide override replaces the block's value, the rest stays the block's
-    low = AutoscalingSettings(min_replicas=0).for_pool(SnapshotBuilder(regions, pol).candidates[0], 256)
+    low = AutoscalingSettings(min_replicas=0).for_pool(SnapshotBuilder(compile_fleet(regions),
+                                                                       compile_policy(pol)).candidates[0], 256)
     assert (low.min_replicas, low.initial_replicas, low.max_replicas, low.target_ongoing_requests) == (0, 0, 3, 7.0)

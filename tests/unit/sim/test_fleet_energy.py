@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.step import StepCosts
 from scheduler.sim.autoscale import AutoscalingSettings
@@ -57,7 +58,7 @@ def test_charged_idle_and_cold_starts_add_up_to_the_replicas_energy(files: Files
     assert ran.all()
     pools = outcome.pool_energy
     assert sum(p.cold_starts for p in pools) > 0
-    builder = SnapshotBuilder(regions, policy())
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(policy()))
     c = builder.candidates[0]
     idle_w = builder.energy_model.rated_costs(c.model, c.gpu, "bf16", 1).costs.idle_w
     span = workload.arrival_s[-1] - workload.arrival_s[0]

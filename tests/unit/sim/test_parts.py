@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.sim.carbon_feed import CarbonReplay, ProviderOutage
 from scheduler.sim.workload import DEFAULT_CONTINENTS, RequestFactory, WorkloadConfig, build_workload, load_trace
 from scheduler.types import WORKLOAD_CLASSES, GeoPoint, Request
@@ -176,7 +177,7 @@ def test_the_sim_prices_a_stale_zone_at_its_trailing_maximum(files: Files) -> No
 
     write_zone(files.carbon_dir, "SWINGY", [50.0, 250.0, 60.0, 55.0] + [58.0] * 20)
     regions = (kit.region("north", "SWINGY", kit.OSLO), kit.region("paris", "DIRTY", kit.PARIS))
-    builder = SnapshotBuilder(regions, kit.policy())
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(kit.policy()))
     replay = CarbonReplay.from_dir(files.carbon_dir, ["SWINGY", "DIRTY"], 2023,
                                    outages=(ProviderOutage("SWINGY", T0 + 6 * HOUR, T0 + 12 * HOUR),))
     data = SimDataLayer(builder, replay, {}, refresh_s=0.0)

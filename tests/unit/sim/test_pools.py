@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.energy.step import StepCosts
 from scheduler.sim.pools import PoolSim
@@ -20,7 +21,7 @@ COSTS = StepCosts(t_step=0.01, t_token=0.001, t_kv=1e-4, t_pair=1e-5, e_step=10.
 
 
 def candidate(gpus: int) -> Candidate:
-    return SnapshotBuilder((region("near", "DIRTY", PARIS, gpus=gpus),), policy()).candidates[0]
+    return SnapshotBuilder(compile_fleet((region("near", "DIRTY", PARIS, gpus=gpus),)), compile_policy(policy())).candidates[0]
 
 
 def pool(gpus: int, seed: int = 0) -> PoolSim:

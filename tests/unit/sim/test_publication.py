@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import random
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.datalayer import SimDataLayer, _healthy_states
@@ -35,7 +36,7 @@ def test_the_data_layer_publishes_what_every_pool_would_though_it_asks_only_thos
     request sent to it until it is quiet again); the states it publishes are, at every
     snapshot, those of a copy of the fleet whose every pool is asked every time."""
     regions = tuple(kit.region(f"r{i}", f"Z{i}", kit.PARIS, gpus=2) for i in range(4))
-    builder = SnapshotBuilder(regions, kit.policy())
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(kit.policy()))
 
     def fleet() -> list[PoolSim]:
         return [PoolSim(c, COSTS, lambda seq: None, 7) for c in builder.candidates]

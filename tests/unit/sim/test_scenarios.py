@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder
 from scheduler.framework.registry import Registry
@@ -52,7 +53,7 @@ def test_clean_region_outside_the_ttft_slo_takes_none(files: Files) -> None:
     # 2 ms, Paris->Oslo 2 x 1,340 km x 1.4 / 200,000 km/s + 2 ms = ~21 ms: an SLO halfway
     # between the near region's TTFT and the far one's RTT leaves only "near".
     regions = near_and_clean()
-    builder = SnapshotBuilder(regions, policy())
+    builder = SnapshotBuilder(compile_fleet(regions), compile_policy(policy()))
     near = builder.candidates[0]
     costs = builder.energy_model.rated_costs(near.model, near.gpu, "bf16", 1).costs
     near_ttft = 0.002 + costs.step_time(100, 0, 100 * 101 // 2)

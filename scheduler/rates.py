@@ -72,6 +72,10 @@ class Rate:
     def __str__(self) -> str:
         return f"{self.amount:g} {CURRENCY}" if self.per.dimension == "money" else f"{self.amount:g} {CURRENCY}/{self.per.name}"
 
+    def of(self, workload_class: str) -> Rate:
+        """The rate for ``workload_class``: this one, for every class (as ``ClassRates.of``)."""
+        return self
+
     def usd_per(self, unit: Unit) -> float:
         """The rate in USD per one ``unit`` (which must be of the same dimension; zero prices
         any quantity)."""
@@ -100,3 +104,19 @@ def parse_rate(value: object) -> Rate:
     if unit is None:
         raise ValueError(f"unknown unit {match.group(2)!r} in rate {value!r} (known: {', '.join(UNITS)})")
     return Rate(float(match.group(1)), unit)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassRates:
+    """A rate per workload class (what a millisecond is worth differs between them)."""
+
+    interactive: Rate
+    batch: Rate
+    deferrable: Rate
+
+    def of(self, workload_class: str) -> Rate:
+        rate: Rate = getattr(self, workload_class)
+        return rate
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name}: {self.of(name)}" for name in ("interactive", "batch", "deferrable"))
