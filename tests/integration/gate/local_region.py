@@ -1,7 +1,7 @@
 """A local region whose engines are cheap: the REAL ``RegionGateway`` (without Ray, as
-tests/unit/serve/test_gateway_energy.py runs it) served over HTTP on port 0 by uvicorn, in
+tests/unit/region/test_gateway_energy.py runs it) served over HTTP on port 0 by uvicorn, in
 front of one fake vLLM replica per pool (``FakeEngine``), its GPU read by the real
-``NvmlMeter`` over the fake NVML library of tests/unit/serve/fake_nvml.py, or by no meter.
+``NvmlMeter`` over the fake NVML library of tests/unit/region/fake_nvml.py, or by no meter.
 
 Real: the gateway's request path, its ``InFlight`` accounts and per-GPU split of the metered
 joules (rule predicted-share-v1), the energy object of its receipts (``energy_report``), its
@@ -41,7 +41,7 @@ from scheduler.region.gateway import GatewaySettings, PoolEngine, RegionGateway
 from scheduler.region.replica_report import ReplicaReport, RunningIntegral
 from scheduler.server.stub_region import bind
 from scheduler.types import RegionLiveState
-from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
+from tests.unit.region.fake_nvml import FakeGpu, FakeNvml
 
 STEP_S = 0.003
 E_STEP_J = 1.2

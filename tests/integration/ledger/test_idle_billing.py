@@ -31,8 +31,8 @@ from scheduler.server.region_receipt_ingest import RegionReceiptIngest
 from scheduler.state.redis_store import RedisStore
 from scheduler.tickets import COMPLETIONS, HEADER, MAX_TICKET_TTL_S, Ticket, TicketKeyRing, body_digest
 from tests.integration.ledger.conftest import SHARED_REDIS
-from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
-from tests.unit.serve.test_gateway_energy import POOL, WATTS, FakePool, FakeReplica, relayed_request
+from tests.unit.region.fake_nvml import FakeGpu, FakeNvml
+from tests.unit.region.test_gateway_energy import POOL, WATTS, FakePool, FakeReplica, relayed_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

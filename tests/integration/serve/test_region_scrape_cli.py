@@ -20,7 +20,7 @@ from scheduler.config.loader import EMBEDDED_POLICIES, EMBEDDED_REGIONS
 from scheduler.state import codec, keys
 from scheduler.state.factory import open_store
 from tests.unit.config.test_vllm_region import VLLM_REGION
-from tests.unit.serve.test_vllm_scrape import Server
+from tests.unit.region.test_vllm_scrape import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

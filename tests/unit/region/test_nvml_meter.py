@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from scheduler.energy.nvml import COUNTER, POWER_POLL, GpuEnergyReading, NvmlMeter, delta_mj
-from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
+from tests.unit.region.fake_nvml import FakeGpu, FakeNvml
 
 
 @dataclass

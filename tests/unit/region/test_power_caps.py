@@ -18,7 +18,7 @@ from scheduler.region.power_caps import (
     matches,
     region_pool_caps,
 )
-from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
+from tests.unit.region.fake_nvml import FakeGpu, FakeNvml
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from scheduler.region.app import EngineOptions, check_deployments
 from scheduler.region.gateway import GatewaySettings, PoolEngine
 from scheduler.types import ModelReplicas, RegionLiveState
 from tests.region_host import EngineTally, LocalHandle, StubEngine, asgi, gateway_class
-from tests.unit.serve.fake_nvml import FakeNvml
+from tests.unit.region.fake_nvml import FakeNvml
 
 REGION = next(r for r in load_fleet().regions if r.name == "eu-north")
 POOL = "a100-batch"  # count 128: llama-3.1-8b and llama-3.2-3b

@@ -16,7 +16,7 @@ from scheduler.energy.nvml import COUNTER_QUANTUM_J, READING_LAG_S, NvmlMeter
 from scheduler.region.energy_report import PoolEnergyProfile, RegionPricing
 from scheduler.region.inflight import UNCLAIMED, InFlight, MeasuredEnergy, RequestShare
 from scheduler.region.replica_report import ReplicaReport, RunningIntegral, lifetime_batch
-from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
+from tests.unit.region.fake_nvml import FakeGpu, FakeNvml
 
 POOL = "h100-chat"
 MODEL = "llama-3.1-8b"

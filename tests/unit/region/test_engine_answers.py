@@ -14,7 +14,7 @@ from ray.serve.exceptions import RequestCancelledError
 from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.region.gateway import EngineAnswers, GatewaySettings, PoolEngine, RegionGateway
 from scheduler.types import RegionLiveState
-from tests.unit.serve.fake_nvml import FakeNvml
+from tests.unit.region.fake_nvml import FakeNvml
 
 
 def engine_dead() -> BaseException:

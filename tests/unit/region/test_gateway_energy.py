@@ -21,7 +21,7 @@ from starlette.requests import Request
 from scheduler.plugins.checked_fleet import load_checked_fleet
 from scheduler.region.gateway import GatewaySettings, PoolEngine, RegionGateway
 from scheduler.region.replica_report import ReplicaReport, RunningIntegral
-from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
+from tests.unit.region.fake_nvml import FakeGpu, FakeNvml
 
 POOL = "h200-long"
 STEP_S = 0.01

@@ -11,7 +11,7 @@ import pytest
 
 from scheduler.energy.nvml import NvmlMeter
 from scheduler.region import gpu_check
-from tests.unit.serve.fake_nvml import FakeGpu, FakeNvml
+from tests.unit.region.fake_nvml import FakeGpu, FakeNvml
 
 
 @dataclass

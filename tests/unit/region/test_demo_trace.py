@@ -82,7 +82,7 @@ def test_trace_file_is_shipped() -> None:
 def test_report_ends_with_the_power_cap_dry_run_per_region_and_pool() -> None:
     from scheduler.plugins.checked_fleet import load_checked_fleet
     from scheduler.region.power_caps import PowerCapper, apply_region_caps
-    from tests.unit.serve.fake_nvml import FakeNvml
+    from tests.unit.region.fake_nvml import FakeNvml
 
     regions = {r.name: r for r in load_checked_fleet().regions}
     eu = regions["eu-north"].model_copy(update={"eco": True})
