@@ -45,7 +45,10 @@ def build_frozen(cls: type[FrozenT], fields: dict[str, Any]) -> FrozenT:
     """The instance of the frozen, unslotted dataclass ``cls`` whose fields are ``fields``
     (which names every one of them): what the generated ``__init__`` makes, without its one
     ``object.__setattr__`` per field. For the objects every decision makes (``Decision``,
-    ``RequestView``); the instance is as immutable to its users as any other."""
+    ``RequestView``, the framework's ``Frame`` and ``LazyRejections``; the snapshot): the
+    constructors instead made ``scheduler bench decide``'s p50 12 % higher (12 regions x 4 pools:
+    34.5 -> 39.0 us, 2026-12-06). The instance is as immutable to its users as any other, and
+    equal to the constructor's (``tests/unit/test_build_frozen.py``)."""
     instance = object.__new__(cls)
     instance.__dict__.update(fields)
     return instance
