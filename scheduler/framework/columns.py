@@ -205,7 +205,7 @@ def perf_column(snapshot: FleetSnapshot, last: FloatArray | None, value: Callabl
         return np.asarray([value(p) for p in perf], dtype=np.float64)
     changed = list(delta.perf)  # a list: a tuple would index dimensions
     values = [value(perf[i]) for i in changed]
-    if values == last[changed].tolist():
+    if values == [last.item(i) for i in changed]:  # (a few: cheaper than indexing the array)
         return last
     column = last.copy()  # the last build's columns stay as they were
     column[changed] = values
