@@ -69,14 +69,6 @@ def signal_problem(signal: Signal, now: float, max_age_s: float) -> SignalProble
     return None
 
 
-def in_time(observed_at: float, now: float, max_age_s: float) -> bool:
-    """Whether a signal observed at ``observed_at`` is neither dated in the future nor stale at
-    ``now``, as ``signal_problem`` judges its time (for a reader that checked its value once,
-    ``value_problem``, and asks again at every later clock)."""
-    age = now - observed_at
-    return -age <= CLOCK_SKEW_S and age <= max_age_s
-
-
 def carbon_bound(zone: str, bounds: Mapping[str, float], window_s: float) -> tuple[float, str]:
     """What a zone whose carbon signal is unusable is priced at (gCO2e/kWh), and on what basis:
     its highest accepted value over the trailing window (``FleetSnapshot.carbon_bounds``), else

@@ -424,8 +424,7 @@ class _CarbonSeen:
                 and now - last.oldest <= max_age and -(now - last.newest) <= CLOCK_SKEW_S):
             # The same signals, usable still: judged as signal_problem judges each (a float
             # difference is monotonic in each operand: the oldest and the newest decide for all).
-            # (``last`` itself when it was already the same as its own last: equal in every field)
-            return last if last.same_as_last else cls(signals, True, last.oldest, last.newest, True)
+            return cls(signals, True, last.oldest, last.newest, True)
         usable = all(s is not None and signal_problem(s, now, max_age) is None for s in signals)
         observed = [s.observed_at for s in signals if s is not None]
         return cls(signals, usable, min(observed, default=now), max(observed, default=now), False)

@@ -197,18 +197,13 @@ def updated_frame(last: Frame, perf: tuple[CandidatePerf, ...], previous: tuple[
 def perf_column(snapshot: FleetSnapshot, last: FloatArray | None, value: Callable[[CandidatePerf], float]) -> FloatArray:
     """``value`` of every candidate's ``CandidatePerf``: from ``last`` (the column of the
     delta's previous build, as a plugin's ``update`` gets it) computed again only at the
-    candidates whose ``CandidatePerf`` changed (``SnapshotDelta.perf``) while they are few;
-    ``last`` itself when none of those values moved (a pool's new state rarely moves every
-    value read from it: the plugin then keeps its columns without comparing them whole)."""
+    candidates whose ``CandidatePerf`` changed (``SnapshotDelta.perf``) while they are few."""
     perf, delta = snapshot.perf, snapshot.delta
     if last is None or delta is None or len(delta.perf) * 2 >= len(perf):
         return np.asarray([value(p) for p in perf], dtype=np.float64)
-    changed = list(delta.perf)  # a list: a tuple would index dimensions
-    values = [value(perf[i]) for i in changed]
-    if values == [last.item(i) for i in changed]:  # (a few: cheaper than indexing the array)
-        return last
     column = last.copy()  # the last build's columns stay as they were
-    column[changed] = values
+    changed = list(delta.perf)  # a list: a tuple would index dimensions
+    column[changed] = [value(perf[i]) for i in changed]
     return column
 
 

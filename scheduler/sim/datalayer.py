@@ -31,7 +31,7 @@ from scheduler.config.schema import PolicyConfig
 from scheduler.datalayer.pending import PendingDispatches
 from scheduler.datalayer.refresher import MAX_WARM_KEYS, MAX_WORKFLOWS
 from scheduler.datalayer.snapshot import SnapshotBuilder
-from scheduler.signal_check import in_time, value_problem
+from scheduler.signal_check import signal_problem
 from scheduler.sim.carbon_feed import CarbonReplay
 from scheduler.sim.pools import PoolSim
 from scheduler.sim.slots import slot_setters
@@ -197,9 +197,6 @@ class SimDataLayer:
         self._carbon_limits: tuple[object, float, list[float]] | None = None
         self._zones = tuple(dict.fromkeys(r.grid_zone for r in builder.regions))
         # (zone, hour) -> the zone's trailing maximum then (``_carbon_bounds``)
-        # the carbon mapping ``_carbon_bounds`` last read, and per zone of ``_zones`` its signal's
-        # observed_at, None where it has none or its value is never usable (``value_problem``)
-        self._checked: tuple[object, tuple[tuple[str, float | None], ...]] | None = None
         self._bounds: dict[tuple[str, int], float | None] = {}
         self.down: set[str] = set()
         self.published: dict[str, RegionLiveState] = {}
@@ -300,16 +297,9 @@ class SimDataLayer:
         policy = self.builder.policy
         max_age = policy.max_age.carbon
         bounds: dict[str, float] = {}
-        checked = self._checked
-        if checked is None or checked[0] is not carbon:
-            # Once per carbon mapping the replay publishes (an hour's): the values, then only
-            # the signals' times at each build.
-            signals = tuple((zone, carbon.get(zone)) for zone in self._zones)
-            checked = self._checked = (carbon, tuple(
-                (zone, None if signal is None or value_problem(signal) is not None else signal.observed_at)
-                for zone, signal in signals))
-        for zone, observed_at in checked[1]:
-            if observed_at is not None and in_time(observed_at, now, max_age):
+        for zone in self._zones:
+            signal = carbon.get(zone)
+            if signal is not None and signal_problem(signal, now, max_age) is None:
                 continue
             key = (zone, int(now // 3600.0))
             if key not in self._bounds:

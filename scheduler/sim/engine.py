@@ -350,16 +350,10 @@ class _EnergyBook:
     def pool_energy(self, fleet: _Fleet, intensity: Callable[[str, float], float]) -> list[PoolEnergy]:
         """Each pool's energy, its grams at the true intensity of the hours it was booked to."""
         pool_energy: list[PoolEnergy] = []
-        # per pool number: hour -> joules (one pass over the bookings, not one per pool)
-        idle_by_pool: list[dict[int, float]] = [{} for _ in fleet.pools]
-        cold_by_pool: list[dict[int, float]] = [{} for _ in fleet.pools]
-        for (number, hour), j in self.idle_by_hour.items():
-            idle_by_pool[number][hour] = j
-        for (number, hour), j in self.cold_by_hour.items():
-            cold_by_pool[number][hour] = j
         for (region, pool_name), pool in fleet.by_pool.items():
             _, zone, pue, _ = fleet.pool_regions[pool.number]
-            idle_hours, cold_hours = idle_by_pool[pool.number], cold_by_pool[pool.number]
+            idle_hours = {hour: j for (number, hour), j in self.idle_by_hour.items() if number == pool.number}
+            cold_hours = {hour: j for (number, hour), j in self.cold_by_hour.items() if number == pool.number}
             pool_energy.append(PoolEnergy(
                 place=f"{region}/{pool_name}", region=region, pue=pue,
                 idle_j=sum(idle_hours.values()),

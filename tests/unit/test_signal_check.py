@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from scheduler.signal_check import CLOCK_SKEW_S, in_time, signal_problem
+from scheduler.signal_check import CLOCK_SKEW_S, signal_problem
 from scheduler.types import Signal
 
 NOW = 1_800_000_000.0
@@ -45,9 +45,3 @@ def test_older_than_the_limit_is_stale_with_its_age() -> None:
 def test_a_nan_observed_at_is_invalid_not_fresh() -> None:
     problem = signal_problem(carbon(300, math.nan), NOW, 3600)
     assert problem is not None and problem.kind == "invalid"
-
-
-@pytest.mark.parametrize("age", [-CLOCK_SKEW_S - 1, -CLOCK_SKEW_S, -1.0, 0.0, 3599.0, 3600.0, 3600.5, math.nextafter(3600.0, 0)])
-def test_in_time_judges_a_valid_signal_as_signal_problem_does(age: float) -> None:
-    """The time half of the check, for readers that checked the value once."""
-    assert in_time(NOW - age, NOW, 3600) is (signal_problem(carbon(300, NOW - age), NOW, 3600) is None)

@@ -43,7 +43,7 @@ class ColdPoolFilter(Plugin):
 
     def update(self, snapshot: FleetSnapshot, state: None, last: Columns | None) -> Columns:
         seconds = perf_column(snapshot, None if last is None else last.cold_start_s, _COLD_START_S)
-        if last is not None and (seconds is last.cold_start_s or np.array_equal(seconds, last.cold_start_s)):
+        if last is not None and np.array_equal(seconds, last.cold_start_s):
             return last
         return Columns(cold_start_s=seconds, any_cold=bool(np.any(seconds > 0.0)))
 
