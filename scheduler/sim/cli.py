@@ -402,7 +402,7 @@ def _bench(args: argparse.Namespace) -> int:
     print(
         f"simulate: {result.requests:,} requests, 12 regions, {args.hours:.0f} h of hourly grid data, "
         f"policy {args.policy}{shards}: {wall:.1f} s wall ({wall / result.requests * 1e6:.1f} us/request; "
-        f"goal <= 60 s)"
+        f"goal <= 45 s)"
     )
     # With shards: CPU seconds summed over them; "the rest" and setup then overlap.
     print(
