@@ -185,10 +185,6 @@ class SimDataLayer:
         self._active: dict[PoolSim, tuple[str, str]] = {
             pool: (region, pool.candidate.pool.name) for region, sims in self._pools.items() for pool in sims}
         self._place = {(region, pool.candidate.pool.name): pool for region, sims in self._pools.items() for pool in sims}
-        # candidate index -> (the candidate, its simulated pool, region and pool name): looked up
-        # per dispatch without reading the candidate's config models (attribute reads on them
-        # cost several times a plain object's)
-        self._placed: dict[int, tuple[Candidate, PoolSim, str, str]] = {}
         # the carbon mapping ``_exact_until`` last read, and its signals' stale-from times, sorted
         self._carbon_limits: tuple[object, float, list[float]] | None = None
         self._zones = tuple(dict.fromkeys(r.grid_zone for r in builder.regions))
@@ -210,11 +206,8 @@ class SimDataLayer:
         """The engine sent ``request`` to ``candidate``: as ``SnapshotRefresher.record_dispatch``
         (``prefill``: the request's predicted prefill there, ``PendingDispatches.record``)."""
         self.pending.record(snapshot, candidate, request, now, prefill)
-        placed = self._placed.get(candidate.index)
-        if placed is None or placed[0] is not candidate:
-            region, name = candidate.region.name, candidate.pool.name
-            placed = self._placed[candidate.index] = (candidate, self._place[(region, name)], region, name)
-        _, pool, region, name = placed
+        region, name = candidate.region.name, candidate.pool.name
+        pool = self._place[(region, name)]
         if pool not in self._active:
             # Its region published at every snapshot since the pool went quiet.
             pool.published_quiet(self._last_publish[region])

@@ -78,7 +78,6 @@ from scheduler.config.compile import compile_fleet, compile_policy
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.datalayer.snapshot import SnapshotBuilder, replicas_of
 from scheduler.deferral.window import choose_release
-from scheduler.fleet import Region
 from scheduler.framework.scheduler import Scheduler
 from scheduler.framework.slo import ttft_budget_s
 from scheduler.plan.schedule import DailySchedule, warm_replicas_at
@@ -277,9 +276,8 @@ class _Fleet:
     pools: list[PoolSim]
     # ``Candidate.index`` -> its pool
     pool_of: dict[int, PoolSim]
-    # Per pool number: its region's position, grid zone, PUE and config (read at each request's
-    # end: attribute reads on a config model cost several times a plain object's).
-    pool_regions: list[tuple[int, str, float, Region]]
+    # Per pool number: its region's position in the fleet
+    region_of_pool: list[int]
     region_pools: dict[str, list[PoolSim]]
 
 
@@ -312,15 +310,11 @@ def _build_fleet(sim: Simulation, builder: SnapshotBuilder, first_arrival: float
                                    number=len(by_pool), knee=truth.knee, autoscaling=settings, start=first_arrival)
         pool_of[c.index] = by_pool[key]
     region_index = {r.name: i for i, r in enumerate(sim.regions)}
-    pool_regions: list[tuple[int, str, float, Region]] = []
-    for number, sim_pool in enumerate(by_pool.values()):
-        assert sim_pool.number == number
-        home = sim_pool.candidate.region
-        pool_regions.append((region_index[home.name], home.grid_zone, home.pue, home))
+    region_of_pool = [region_index[sim_pool.candidate.region.name] for sim_pool in by_pool.values()]
     region_pools: dict[str, list[PoolSim]] = {}
     for (region, _), pool in by_pool.items():
         region_pools.setdefault(region, []).append(pool)
-    return _Fleet(by_pool, list(by_pool.values()), pool_of, pool_regions, region_pools)
+    return _Fleet(by_pool, list(by_pool.values()), pool_of, region_of_pool, region_pools)
 
 
 @dataclass
@@ -353,7 +347,7 @@ class _EnergyBook:
         """Each pool's energy, its grams at the true intensity of the hours it was booked to."""
         pool_energy: list[PoolEnergy] = []
         for (region, pool_name), pool in fleet.by_pool.items():
-            _, zone, pue, _ = fleet.pool_regions[pool.number]
+            zone, pue = pool.candidate.region.grid_zone, pool.candidate.region.pue
             idle_hours = {hour: j for (number, hour), j in self.idle_by_hour.items() if number == pool.number}
             cold_hours = {hour: j for (number, hour), j in self.cold_by_hour.items() if number == pool.number}
             pool_energy.append(PoolEnergy(
@@ -628,9 +622,10 @@ class _Run:
         steps that waited only for it."""
         assert isinstance(seq, Job) and seq.pool is not None
         request = seq.request
-        r, zone, pue, region = self.fleet.pool_regions[seq.pool.number]
+        region = seq.pool.candidate.region
         tally = self.tally
-        tally.finished(seq, r, seq.energy_j / J_PER_KWH * self.intensity(zone, seq.admitted) * pue)
+        tally.finished(seq, self.fleet.region_of_pool[seq.pool.number],
+                       seq.energy_j / J_PER_KWH * self.intensity(region.grid_zone, seq.admitted) * region.pue)
         counters = tally.counters
         if request.allowed_jurisdictions and region.jurisdiction not in request.allowed_jurisdictions:
             counters["violations"] += 1
