@@ -174,10 +174,6 @@ class PoolConfig(Strict):
     # Only in a region of kind ``vllm``: the servers this pool is.
     vllm: VllmServers | None = None
 
-    def served_model_name(self, model: str) -> str:
-        """The name the pool's engine knows ``model`` by (the catalogue name unless renamed)."""
-        return model if self.vllm is None else self.vllm.served_model_names.get(model, model)
-
     @model_validator(mode="after")
     def _replicas_fit(self) -> PoolConfig:
         spec = GPU_CATALOGUE[self.gpu]
@@ -294,18 +290,6 @@ class RegionConfig(Strict):
             raise ValueError(f"kind 'vllm': plain vLLM servers are neither autoscaled nor woken from zero; remove "
                              f"{', '.join([*(f'autoscaling of {m}' for m in scaled), *(f'cold_start of {p}' for p in cold)])}")
         return self
-
-    @property
-    def tickets_enforced(self) -> bool:
-        """Whether the region refuses a request without a valid dispatch ticket (only the Ray
-        Serve gateway checks them; a plain vLLM server runs whatever reaches it)."""
-        return self.kind == "ray-serve"
-
-    @property
-    def energy_measured(self) -> bool:
-        """Whether the region can report measured energy (its gateway's NVML meter, where a GPU
-        is); a plain vLLM region's energy is always the model's."""
-        return self.kind == "ray-serve"
 
 
 WORKLOAD_CLASS_NAMES = ("interactive", "batch", "deferrable")

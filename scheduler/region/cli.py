@@ -121,13 +121,14 @@ def _scrape(args: argparse.Namespace) -> int:
 async def _scrape_region(region: RegionConfig, store: StateStore, interval_s: float, timeout_s: float, once: bool) -> int:
     import httpx
 
+    from scheduler.config.compile import compile_fleet
     from scheduler.region.publisher import RegionStatePublisher
     from scheduler.region.vllm_scrape import VllmRegionSource
     from scheduler.state import codec
 
     async with httpx.AsyncClient() as client:
-        publisher = RegionStatePublisher(region.name, VllmRegionSource(region, client, timeout_s), store,
-                                         interval_s=interval_s)
+        source = VllmRegionSource(compile_fleet((region,)).regions[0], client, timeout_s)
+        publisher = RegionStatePublisher(region.name, source, store, interval_s=interval_s)
         try:
             if once:
                 published = await publisher.publish_once()

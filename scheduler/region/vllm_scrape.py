@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from scheduler.config.schema import PoolConfig, RegionConfig, VllmServers
+from scheduler.fleet import Pool, Region, VllmServers
 from scheduler.types import PoolLiveState, RegionLiveState
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class _PoolCounters:
     prompt_tokens_rate: float = 0.0
 
 
-def _pool_models(pool: PoolConfig, readings: list[ServerReading]) -> dict[str, int]:
+def _pool_models(pool: Pool, readings: list[ServerReading]) -> dict[str, int]:
     """The pool's models that every answering server serves, at the least context limit."""
     models: dict[str, int] = {}
     for deployment in pool.models:
@@ -169,7 +169,7 @@ class VllmRegionSource:
     """A ``StateSource`` (scheduler.region.publisher) for a region of kind ``vllm``: one pass
     over every server of every pool per call."""
 
-    region: RegionConfig
+    region: Region
     client: httpx.AsyncClient
     timeout_s: float = 1.0
     monotonic: Callable[[], float] = time.monotonic
@@ -219,7 +219,7 @@ class VllmRegionSource:
                 raise MetricsError(f"${servers.api_key_env}, the servers' API key, is not set here")
         return await read_server(self.client, url, self.timeout_s, api_key)
 
-    def _pool_state(self, pool: PoolConfig, readings: list[ServerReading], now: float) -> PoolLiveState:
+    def _pool_state(self, pool: Pool, readings: list[ServerReading], now: float) -> PoolLiveState:
         def total(name: str) -> float:
             return sum(reading.metrics.get(name, 0.0) for reading in readings)
 

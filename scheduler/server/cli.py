@@ -257,7 +257,8 @@ def _router(args: argparse.Namespace) -> int:
         ticket_keys = TicketKeyRing.load(args.ticket_keys) if args.ticket_keys else None
         if ticket_keys is not None:
             # A plain vLLM region checks no ticket: it needs no key (docs/byo-vllm.md).
-            missing = sorted({r.name for r in fleet.regions if r.tickets_enforced} - set(ticket_keys.regions))
+            enforcing = {r.name for r in compile_fleet(fleet.regions).regions if r.tickets_enforced}
+            missing = sorted(enforcing - set(ticket_keys.regions))
             if missing:
                 raise TicketKeysError(f"{args.ticket_keys}: no keys for regions {missing}")
         # What the router runs on: every file read once, checked as a reload checks it.

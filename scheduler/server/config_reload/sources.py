@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from scheduler.config.compile import compile_fleet
 from scheduler.config.loader import ConfigError, ConfigIssue
 from scheduler.config.schema import PolicyConfig, RegionConfig
 from scheduler.ledger.budget import BudgetError, TenantBudget, load_budgets
@@ -241,7 +242,7 @@ def validate_bundle(bundle: ConfigBundle, policy_name: str, parts: frozenset[str
         except ConfigError as exc:
             issues.extend(exc.issues)
         if ticket_keys is not None and regions:
-            for region in regions:
+            for region in compile_fleet(regions).regions:
                 if region.tickets_enforced and region.name not in ticket_keys.regions:
                     issues.append(ConfigIssue(shown["regions"], "name", f"region {region.name!r} has no dispatch-ticket "
                                               f"keys in {ticket_keys_file} (the ticket keys are not reloaded: add them "

@@ -187,7 +187,7 @@ async def test_a_plain_vllm_server_is_a_region_its_state_scraped_and_its_request
 
         # Live load from /metrics: a long request straight to the server shows as running.
         async with httpx.AsyncClient() as client:
-            source = VllmRegionSource(region, client)
+            source = VllmRegionSource(compile_fleet((region,)).regions[0], client)
             body = {"model": SERVED_NAME, "prompt": "energy " * 40, "max_tokens": 1500, "min_tokens": 1500,
                     "ignore_eos": True}
             # Without the key the server refuses it: the router's key is what lets its requests in.

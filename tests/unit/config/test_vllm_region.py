@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scheduler.config.compile import compile_fleet
 from scheduler.config.loader import ConfigError, load_region
 
 pytestmark = pytest.mark.timeout(30)
@@ -54,13 +55,15 @@ def test_a_vllm_region_loads_with_its_servers_and_defaults(tmp_path: Path) -> No
     region = load_region(write(tmp_path, VLLM_REGION))
     pool = region.pools[0]
     assert region.kind == "vllm"
-    assert not region.tickets_enforced and not region.energy_measured
+    compiled = compile_fleet((region,)).regions[0]
+    assert not compiled.tickets_enforced and not compiled.energy_measured
     # No endpoint given: the first server's, what the routers probe.
     assert region.endpoint == "http://10.0.0.5:8000"
     assert pool.vllm is not None and pool.vllm.urls == ("http://10.0.0.5:8000", "http://10.0.0.6:8000")
-    assert pool.served_model_name("llama-3.1-8b") == "meta-llama/Llama-3.1-8B-Instruct"
+    served = compiled.pools[0]
+    assert served.served_model_name("llama-3.1-8b") == "meta-llama/Llama-3.1-8B-Instruct"
     # A model without a served name is asked for by its catalogue name.
-    assert pool.served_model_name("llama-3.2-3b") == "llama-3.2-3b"
+    assert served.served_model_name("llama-3.2-3b") == "llama-3.2-3b"
 
 
 def test_a_given_endpoint_is_kept(tmp_path: Path) -> None:
@@ -74,7 +77,8 @@ def test_regions_are_ray_serve_by_default_and_enforce_tickets(tmp_path: Path) ->
     data["endpoint"] = "http://127.0.0.1:8000/eu-byo"
     del data["pools"][0]["vllm"]
     region = load_region(write(tmp_path, yaml.safe_dump(data)))
-    assert region.kind == "ray-serve" and region.tickets_enforced and region.energy_measured
+    compiled = compile_fleet((region,)).regions[0]
+    assert region.kind == "ray-serve" and compiled.tickets_enforced and compiled.energy_measured
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
+from scheduler.config.compile import compile_fleet
 from scheduler.config.schema import RegionConfig
 from scheduler.region.vllm_scrape import MetricsError, VllmRegionSource, engine_count, parse_metrics
 from scheduler.server.stub_region import bind
@@ -166,7 +167,7 @@ async def test_a_pools_servers_are_summed_and_its_models_are_those_every_server_
     a.models = {"served-8b": 2048, "llama-3.2-3b": 8192}
     b.models = {"served-8b": 4096}
     async with httpx.AsyncClient() as client:
-        state = await VllmRegionSource(region({"a100-chat": [a.url, b.url]}), client)()
+        state = await VllmRegionSource(compile_fleet((region({"a100-chat": [a.url, b.url]}),)).regions[0], client)()
     pool = state.pools["a100-chat"]
     assert state.healthy and state.region == "eu-byo"
     assert (pool.running, pool.queue_depth, pool.replicas) == (5, 5, 2)
@@ -182,7 +183,7 @@ async def test_rates_come_from_the_counters_growth_and_survive_a_restart(servers
     clock = Clock()
     server.metrics_text = metrics(hits=30, queries=100, prompt=1000, finished=10)
     async with httpx.AsyncClient() as client:
-        source = VllmRegionSource(region({"a100-chat": [server.url]}), client, monotonic=clock)
+        source = VllmRegionSource(compile_fleet((region({"a100-chat": [server.url]}),)).regions[0], client, monotonic=clock)
         first = (await source()).pools["a100-chat"]
         # The first pass: the hit rate since the server started, no arrival rate yet.
         assert first.prefix_cache_hit_rate == pytest.approx(0.3)
@@ -216,7 +217,8 @@ async def test_servers_that_do_not_answer_as_vllm_are_left_out(servers: list[Ser
     a, b = servers
     b.metrics_text = "# HELP process_cpu_seconds_total\nprocess_cpu_seconds_total 12.0\n"  # not vLLM's
     async with httpx.AsyncClient() as client:
-        source = VllmRegionSource(region({"a100-chat": [a.url, b.url], "h100-chat": [b.url]}), client, timeout_s=0.5)
+        config = region({"a100-chat": [a.url, b.url], "h100-chat": [b.url]})
+        source = VllmRegionSource(compile_fleet((config,)).regions[0], client, timeout_s=0.5)
         for _ in range(3):
             state = await source()
             assert list(state.pools) == ["a100-chat"] and state.pools["a100-chat"].replicas == 1
@@ -234,7 +236,8 @@ async def test_the_servers_api_key_comes_from_the_environment(servers: list[Serv
     server = servers[0]
     server.api_key = "sk-byo"
     async with httpx.AsyncClient() as client:
-        source = VllmRegionSource(region({"a100-chat": [server.url]}, api_key_env="BYO_SCRAPE_KEY"), client)
+        config = region({"a100-chat": [server.url]}, api_key_env="BYO_SCRAPE_KEY")
+        source = VllmRegionSource(compile_fleet((config,)).regions[0], client)
         monkeypatch.delenv("BYO_SCRAPE_KEY", raising=False)
         assert not (await source()).pools
         monkeypatch.setenv("BYO_SCRAPE_KEY", "sk-wrong")
@@ -249,4 +252,4 @@ def test_only_a_vllm_region_is_scraped() -> None:
     for pool in ray_region["pools"]:
         del pool["vllm"]
     with pytest.raises(ValueError, match="only a region of kind 'vllm' is scraped"):
-        VllmRegionSource(RegionConfig.model_validate(ray_region), httpx.AsyncClient())
+        VllmRegionSource(compile_fleet((RegionConfig.model_validate(ray_region),)).regions[0], httpx.AsyncClient())
